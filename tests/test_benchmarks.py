@@ -1,0 +1,242 @@
+"""Tests of the benchmark harness benchmarks/run.py on synthetic TensorBoard runs and tiny fake training scripts."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+REPO = Path(__file__).resolve().parents[1]
+HARNESS = REPO / "benchmarks" / "run.py"
+ENV_ID = "Fake-v0"
+EXP_NAME = "fake"
+NUM_EPISODES = 150
+SEED_OFFSETS = {1: 0.0, 2: 10.0}  # seed 2 returns are seed 1 returns + 10
+
+
+def load_harness():
+    spec = importlib.util.spec_from_file_location("benchmarks_run_under_test", HARNESS)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up in sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = load_harness()
+
+# A fake training script that follows the contract: it parses the contract args (ignoring unknown ones) and writes
+# `charts/episodic_return` (value = episode index + seed) to DIR/<run_name>/. It fails with exit code 3 when its
+# seed equals --fail-seed. It uses tensorboard's own event writer (no torch import) to keep the tests fast.
+FAKE_TRAIN = textwrap.dedent(
+    """
+    import argparse, sys, time
+    from pathlib import Path
+
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--env-id")
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--total-timesteps", type=int)
+    parser.add_argument("--exp-name")
+    parser.add_argument("--runs-dir")
+    parser.add_argument("--episodes", type=int, default=5)
+    parser.add_argument("--fail-seed", type=int, default=None)
+    args, _ = parser.parse_known_args()
+    print(f"fake training seed {args.seed}", flush=True)
+    if args.seed == args.fail_seed:
+        print("boom: fake failure", flush=True)
+        sys.exit(3)
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    writer = EventFileWriter(str(Path(args.runs_dir) / run_name))
+    for episode in range(args.episodes):
+        step = (episode + 1) * args.total_timesteps // args.episodes
+        value = Summary.Value(tag="charts/episodic_return", simple_value=float(episode + args.seed))
+        writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=[value])))
+    writer.close()
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def runs_out(tmp_path_factory) -> Path:
+    """`<out>` prefix whose `<out>_runs/` holds two fake seeds of 150 episodes with known returns."""
+    out = tmp_path_factory.mktemp("bench") / "fake_result"
+    runs_dir = out.parent / f"{out.name}_runs"
+    for seed, offset in SEED_OFFSETS.items():
+        run_dir = runs_dir / f"{ENV_ID}__{EXP_NAME}__{seed}__1700000000"
+        writer = SummaryWriter(str(run_dir))
+        for episode in range(NUM_EPISODES):
+            writer.add_scalar("charts/episodic_return", episode + offset, (episode + 1) * 100)
+        writer.add_scalar("charts/SPS", 1000.0, NUM_EPISODES * 100)
+        writer.close()
+        # events in a subfolder must not be mixed into the training curve
+        nested = SummaryWriter(str(run_dir / "eval" / "nested"))
+        nested.add_scalar("charts/episodic_return", -1e6, 5)
+        nested.close()
+        (run_dir / "checkpoints").mkdir()
+    return out
+
+
+def run_dir_of(out: Path, seed: int) -> Path:
+    return out.parent / f"{out.name}_runs" / f"{ENV_ID}__{EXP_NAME}__{seed}__1700000000"
+
+
+def harness_args(out: Path, script: str, seeds: list[int]) -> list[str]:
+    return [
+        "--script",
+        script,
+        "--env-id",
+        ENV_ID,
+        "--exp-name",
+        EXP_NAME,
+        "--seeds",
+        *map(str, seeds),
+        "--total-timesteps",
+        "1000",
+        "--out",
+        str(out),
+    ]
+
+
+def write_script(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Pure functions
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_read_scalars_in_step_order_ignoring_subfolders(runs_out):
+    steps, values = bench.read_scalars(run_dir_of(runs_out, 2), "charts/episodic_return")
+    np.testing.assert_array_equal(steps, (np.arange(NUM_EPISODES) + 1) * 100)
+    np.testing.assert_array_equal(values, np.arange(NUM_EPISODES) + 10.0)
+
+
+def test_read_scalars_missing_tag_is_empty(runs_out):
+    steps, values = bench.read_scalars(run_dir_of(runs_out, 1), "no/such_tag")
+    assert len(steps) == 0 and len(values) == 0
+
+
+def test_summarize_seed_hand_computed(runs_out):
+    summary = bench.summarize_seed(*bench.read_scalars(run_dir_of(runs_out, 1), "charts/episodic_return"))
+    # values are 0..149: the last 100 are 50..149 (mean 99.5), the last 10 are 140..149 (mean 144.5)
+    assert summary == {"last100_mean": 99.5, "last10_mean": 144.5, "num_episodes": 150, "final_step": 15000}
+
+
+def test_summarize_seed_fewer_episodes_than_window():
+    summary = bench.summarize_seed(np.array([1, 2, 3]), np.array([1.0, 2.0, 6.0]))
+    assert summary == {"last100_mean": 3.0, "last10_mean": 3.0, "num_episodes": 3, "final_step": 3}
+    with pytest.raises(ValueError):
+        bench.summarize_seed(np.zeros(0), np.zeros(0))
+
+
+def test_summarize_seeds_population_std():
+    summary = bench.summarize_seeds(
+        [{"last100_mean": 99.5, "last10_mean": 144.5}, {"last100_mean": 109.5, "last10_mean": 154.5}]
+    )
+    assert summary["num_seeds"] == 2 and summary["std_ddof"] == 0
+    assert summary["last100_mean"] == {"mean": 104.5, "std": 5.0}
+    assert summary["last10_mean"] == {"mean": 149.5, "std": 5.0}
+    assert bench.summarize_seeds([])["last100_mean"] is None
+
+
+def test_moving_average_and_mean_curve():
+    np.testing.assert_allclose(bench.moving_average(np.array([2.0, 4.0, 6.0, 8.0]), 2), [2.0, 3.0, 5.0, 7.0])
+    curves = [(np.array([0, 10]), np.array([0.0, 10.0])), (np.array([0, 5, 10]), np.array([10.0, 10.0, 10.0]))]
+    grid, mean = bench.mean_curve(curves, window=1, num_points=3)
+    np.testing.assert_allclose(grid, [0.0, 5.0, 10.0])
+    np.testing.assert_allclose(mean, [5.0, 7.5, 10.0])
+
+
+def test_machine_helpers():
+    assert bench.cpu_model("processor\t: 0\nmodel name\t: Fancy CPU 3000\n") == "Fancy CPU 3000"
+    assert bench.mem_total_gib("MemTotal:       2097152 kB\nMemFree: 1 kB\n") == 2.0
+    assert bench.package_versions(["numpy", "surely-not-installed-pkg"])["surely-not-installed-pkg"] is None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# End to end
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_summarize_only_writes_json_and_png(runs_out):
+    argv = harness_args(runs_out, "fake_train.py", [1, 2])
+    argv += ["--summarize-only", "--reference", "120", "--reference-std", "15", "--reference-label", "paper"]
+    assert bench.main(argv) == 0
+    report = json.loads(runs_out.with_suffix(".json").read_text())
+    assert report["summary"]["last100_mean"] == {"mean": 104.5, "std": 5.0}
+    assert report["summary"]["last10_mean"] == {"mean": 149.5, "std": 5.0}
+    assert report["summary"]["std_ddof"] == 0 and "ddof=0" in report["summary"]["std_note"]
+    first, second = report["per_seed"]
+    assert (first["seed"], first["status"], first["last100_mean"], first["last10_mean"]) == (1, "ok", 99.5, 144.5)
+    assert (second["num_episodes"], second["final_step"], second["sps_median"]) == (150, 15000, 1000.0)
+    assert second["run_dir"] == f"fake_result_runs/{ENV_ID}__{EXP_NAME}__2__1700000000"
+    assert report["reference"] == {"value": 120.0, "std": 15.0, "label": "paper"}
+    assert "--summarize-only" in report["harness_command"]
+    assert report["machine"]["note"] == bench.MACHINE_NOTE
+    assert {"platform", "cpu_model", "cpu_count", "cpu_affinity_count", "mem_total_gib", "python"} <= set(report["machine"])
+    assert set(report["machine"]["packages"]) >= {"torch", "gymnasium", "numpy"}
+    png = runs_out.with_suffix(".png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 1000
+
+
+def test_failing_script_exits_nonzero_with_log_tail(tmp_path):
+    script = write_script(tmp_path / "fail.py", "print('about to fail: boom')\nraise SystemExit(3)\n")
+    out = tmp_path / "results" / "fail"
+    command = [sys.executable, str(HARNESS), *harness_args(out, str(script), [7])]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "seed 7 FAILED with exit code 3" in result.stderr
+    assert "about to fail: boom" in result.stderr
+    assert (out.parent / "fail_runs" / "seed7.log").read_text().startswith("about to fail")
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["per_seed"][0]["status"] == "failed" and report["per_seed"][0]["returncode"] == 3
+    assert report["summary"]["num_seeds"] == 0
+
+
+def test_fake_training_two_seeds_end_to_end(tmp_path):
+    script = write_script(tmp_path / "fake_train.py", FAKE_TRAIN)
+    out = tmp_path / "results" / "fake"
+    argv = harness_args(out, str(script), [1, 2]) + ["--parallel", "2", "--", "--episodes", "4"]
+    assert bench.main(argv) == 0
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert report["extra_args"] == ["--episodes", "4"]
+    for entry, seed in zip(report["per_seed"], [1, 2]):
+        # returns are seed, seed+1, seed+2, seed+3 at steps 250, 500, 750, 1000
+        assert entry["status"] == "ok" and entry["returncode"] == 0 and entry["wall_time_s"] > 0
+        assert (entry["num_episodes"], entry["final_step"], entry["last100_mean"]) == (4, 1000, seed + 1.5)
+        assert entry["command"].endswith(f"--runs-dir {out.parent / 'fake_runs'} --episodes 4")
+        assert (out.parent / entry["run_dir"]).is_dir()
+        assert (out.parent / entry["log"]).read_text().strip() == f"fake training seed {seed}"
+    assert report["summary"]["last100_mean"] == {"mean": 3.0, "std": 0.5}
+    assert report["runs_harness_command"] == report["harness_command"]
+    assert out.with_suffix(".png").stat().st_size > 1000
+
+    # --summarize-only afterwards keeps the per-seed command and wall time of the runs
+    assert bench.main(harness_args(out, str(script), [1, 2]) + ["--summarize-only", "--", "--episodes", "4"]) == 0
+    again = json.loads(out.with_suffix(".json").read_text())
+    assert again["per_seed"] == report["per_seed"]
+    assert again["runs_harness_command"] == report["harness_command"]
+
+
+def test_partial_failure_still_writes_finished_seeds(tmp_path, capsys):
+    script = write_script(tmp_path / "fake_train.py", FAKE_TRAIN)
+    out = tmp_path / "partial"
+    assert bench.main(harness_args(out, str(script), [1, 2]) + ["--", "--fail-seed", "2"]) == 1
+    assert "seed 2 FAILED with exit code 3" in capsys.readouterr().err
+    report = json.loads(out.with_suffix(".json").read_text())
+    ok, failed = report["per_seed"]
+    assert ok["status"] == "ok" and ok["last10_mean"] == 3.0  # values 1..5
+    assert failed["status"] == "failed" and failed["returncode"] == 3 and failed["run_dir"] is None
+    assert report["summary"]["seeds_used"] == [1] and report["summary"]["last10_mean"] == {"mean": 3.0, "std": 0.0}
+    assert out.with_suffix(".png").stat().st_size > 1000
