@@ -7,6 +7,7 @@ Runs on gymnasium 1.x: episode boundaries are handled explicitly, and a time-lim
 """
 import copy
 import dataclasses
+import importlib
 import json
 import math
 import os
@@ -254,6 +255,19 @@ def compute_gae(
     return advantages
 
 
+def true_next_obs(raw_obs: np.ndarray, episode_ended: np.ndarray, infos: dict) -> np.ndarray:
+    """The real next observation of each env's transition under same-step autoreset: `raw_obs`, except where the
+    episode ended at this step: there `raw_obs` already holds the next episode's first observation, and the last
+    observation of the finished episode is in infos["final_obs"]. Never mix the two: that would be a transition
+    across an auto-reset."""
+    if not episode_ended.any():
+        return raw_obs
+    real = np.array(raw_obs)
+    for i in np.flatnonzero(episode_ended):
+        real[i] = infos["final_obs"][i]
+    return real
+
+
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
@@ -357,8 +371,14 @@ def run_cli(main: Callable[[], None]) -> None:
 
 
 def check_env_id(env_id: str) -> None:
+    """Fail early and clearly on an unknown id. "module:Env-v0" ids import `module` first, as gym.make does."""
+    module, _, name = env_id.rpartition(":")
     try:
-        gym.spec(env_id)
+        if module:
+            importlib.import_module(module)
+        gym.spec(name)
+    except ImportError as e:
+        raise UserError(f"environment id '{env_id}': module '{module}' could not be imported ({e}).") from None
     except gym.error.Error as e:
         raise UserError(f"unknown environment id '{env_id}' ({e}). Check the spelling and version suffix.") from None
 
@@ -527,13 +547,18 @@ def wandb_credentials_available() -> bool:
     return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")
 
 
-def init_tracking(args, run_name: str, run_dir: Path) -> None:
-    """wandb mirrors the TensorBoard scalars (sync_tensorboard). Never wait at a login prompt: with no
-    credentials and WANDB_MODE not offline/disabled, stop with a message before anything is written."""
+def check_tracking(track: bool) -> None:
+    """Never wait at wandb's login prompt: with no credentials and WANDB_MODE not offline/disabled, stop at once,
+    before anything is written."""
     mode = os.environ.get("WANDB_MODE", "").lower()
-    if mode not in ("offline", "disabled", "dryrun") and not wandb_credentials_available():
+    if track and mode not in ("offline", "disabled", "dryrun") and not wandb_credentials_available():
         raise UserError("--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
                         "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`).")  # fmt: skip
+
+
+def init_tracking(args, run_name: str, run_dir: Path) -> None:
+    """wandb mirrors the TensorBoard scalars (sync_tensorboard=True: call before creating the SummaryWriter)."""
+    check_tracking(True)
     import wandb
 
     wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
@@ -612,8 +637,7 @@ def validate_args(args: Args) -> None:
                         f"{batch_size}): no update would run. Raise --total-timesteps or lower --num-steps.")  # fmt: skip
     if args.checkpoint_interval < 0 or args.keep_checkpoints < 1 or args.eval_episodes < 1:
         raise UserError("checkpoint_interval must be >= 0, keep_checkpoints >= 1 and eval_episodes >= 1.")
-    if args.resume and args.eval_checkpoint:
-        raise UserError("--resume and --eval-checkpoint exclude each other: evaluate a checkpoint, or continue it.")
+    check_tracking(args.track)
 
 
 def probe_env(env_id: str) -> tuple[tuple, tuple]:
@@ -656,7 +680,10 @@ def merge_resume_args(cli: Args, saved: dict) -> Args:
 def main() -> None:
     quiet_mujoco_warnings()
     args = tyro.cli(Args)
-    validate_args(args)
+    if args.resume and args.eval_checkpoint:
+        raise UserError("--resume and --eval-checkpoint exclude each other: evaluate a checkpoint, or continue it.")
+    if not args.resume:  # a resumed run is checked once its Args are merged with the checkpoint's
+        validate_args(args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     # Small MLPs: a thread per core is the deliberate default (README, "Speed"); --torch-threads overrides.
     torch.set_num_threads(pick_torch_threads(args.torch_threads))
@@ -682,7 +709,9 @@ def main() -> None:
         run_dir = Path(args.resume).resolve().parent.parent
         run_name = ckpt["run_name"]
     else:
-        run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        # "ALE/Pong-v5" or "module:Env-v0" must not become nested or odd folder names
+        safe_env_id = args.env_id.replace("/", "-").replace(":", "-")
+        run_name = f"{safe_env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
         run_dir = Path(args.runs_dir) / run_name
     ckpt_dir = run_dir / "checkpoints"
 
@@ -810,12 +839,9 @@ def main() -> None:
                 episode_ended = terminations | truncations
                 episode_return += reward
                 episode_length += 1
-                real_next_raw = raw_obs
+                real_next_raw = true_next_obs(raw_obs, episode_ended, infos)
                 if episode_ended.any():
-                    # The true last obs of a finished episode; raw_obs already holds the next episode's first obs.
-                    real_next_raw = np.array(raw_obs)
                     for i in np.flatnonzero(episode_ended):
-                        real_next_raw[i] = infos["final_obs"][i]
                         writer.add_scalar("charts/episodic_return", episode_return[i], global_step)
                         writer.add_scalar("charts/episodic_length", episode_length[i], global_step)
                         recent_returns = (recent_returns + [float(episode_return[i])])[-10:]

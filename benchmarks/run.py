@@ -112,7 +112,8 @@ def mean_curve(
 
 def find_run_dir(runs_dir: Path, env_id: str, exp_name: str, seed: int, not_before: Optional[int] = None) -> Optional[Path]:
     """Newest `{env_id}__{exp_name}__{seed}__{timestamp}` folder in `runs_dir` (timestamp >= not_before if given)."""
-    prefix = runs_dir / f"{env_id}__{exp_name}__{seed}__"
+    safe_env_id = env_id.replace("/", "-").replace(":", "-")  # as the scripts name their run folders
+    prefix = runs_dir / f"{safe_env_id}__{exp_name}__{seed}__"
     if not prefix.parent.is_dir():
         return None
     candidates = []

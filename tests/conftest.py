@@ -1,0 +1,51 @@
+"""Helpers shared by the tests: run a top-level script as a user would, and read what it logged."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.run import read_scalars  # noqa: E402  (the harness's reader: one implementation for both)
+
+# Every subprocess run gets these: wandb off unless a test turns it on, headless MuJoCo rendering.
+BASE_ENV = {"WANDB_MODE": "disabled", "MUJOCO_GL": "egl", "PYTHONUNBUFFERED": "1"}
+
+
+def run_script(script: str, *args, timeout: float = 300, env: dict = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, **BASE_ENV, **(env or {})}
+    cmd = [sys.executable, str(ROOT / script), *map(str, args)]
+    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def only_run_dir(runs_dir: Path) -> Path:
+    dirs = [d for d in runs_dir.iterdir() if d.is_dir()]
+    assert len(dirs) == 1, f"expected one run folder in {runs_dir}, found {dirs}"
+    return dirs[0]
+
+
+def scalars(run_dir: Path, tag: str) -> dict:
+    """{global_step: value} of one TensorBoard tag (resumed runs: the values TensorBoard shows)."""
+    steps, values = read_scalars(run_dir, tag)
+    return dict(zip(steps.tolist(), values.tolist()))
+
+
+def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    """A user error: exit code 2, a short message naming the problem, and no traceback wall."""
+    assert proc.returncode == 2, f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("error: "), proc.stderr
+    assert len(proc.stderr.strip().splitlines()) <= 3, proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, f"{needle!r} not in {proc.stderr!r}"
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(0)

@@ -1,0 +1,43 @@
+"""Tiny deterministic environments for the tests: episode boundaries whose every step is known in advance.
+
+Use them by id from a script run in the repository root, e.g. `--env-id tests.fake_envs:Counting-v0`
+(gymnasium imports the module named before the colon, which registers the ids below).
+"""
+from typing import Optional
+
+import gymnasium as gym
+import numpy as np
+
+
+class CountingEnv(gym.Env):
+    """obs = [t, episode index] with t the step within the episode; reward 1 per step.
+    Terminates after `terminate_at` steps (if given); the TimeLimit from registration truncates otherwise."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, terminate_at: Optional[int] = None):
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float64)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.terminate_at = terminate_at
+        self.t, self.episode = 0, -1
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
+        super().reset(seed=seed)
+        self.t, self.episode = 0, self.episode + 1
+        return np.array([self.t, self.episode], np.float64), {}
+
+    def step(self, action):
+        self.t += 1
+        terminated = self.terminate_at is not None and self.t >= self.terminate_at
+        return np.array([self.t, self.episode], np.float64), 1.0, terminated, False, {}
+
+
+gym.register("Counting-v0", entry_point=CountingEnv, max_episode_steps=7)  # truncated at 7 steps
+gym.register("CountingTerminates-v0", entry_point=CountingEnv, max_episode_steps=50, kwargs={"terminate_at": 5})
+gym.register("DiscreteCounting-v0", entry_point=lambda: DiscreteCountingEnv(), max_episode_steps=7)
+
+
+class DiscreteCountingEnv(CountingEnv):
+    def __init__(self):
+        super().__init__()
+        self.action_space = gym.spaces.Discrete(2)

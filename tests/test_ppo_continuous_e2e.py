@@ -1,0 +1,204 @@
+"""ppo_continuous.py run as a user runs it (subprocess): tags, checkpoints, resume, evaluation, errors, Ctrl-C."""
+
+import os
+import pty
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import BASE_ENV, ROOT, assert_clean_error, only_run_dir, run_script, scalars
+
+SCRIPT = "ppo_continuous.py"
+# Small but complete iterations: 2 envs x 128 steps, 4 minibatches, 2 epochs. One torch thread: tests may run beside
+# other work on 2 cores.
+SMALL = ["--num-envs", "2", "--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "2", "--torch-threads", "1"]
+LOSS_TAGS = ["losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl", "losses/approx_kl",
+             "losses/clipfrac", "losses/explained_variance", "losses/grad_norm"]  # fmt: skip
+CHART_TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/learning_rate", "charts/SPS"]
+
+
+def test_short_run_logs_every_tag_and_writes_complete_checkpoints(tmp_path):
+    proc = run_script(SCRIPT, "--env-id", "HalfCheetah-v4", *SMALL, "--total-timesteps", "2560", "--checkpoint-interval", "2",
+                      "--keep-checkpoints", "2", "--save-model", "--eval-episodes", "1", "--runs-dir", tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    # MuJoCo 4's deprecation warning about the -v4 model files stays out of the user's way; no traceback
+    assert "settotalmass" not in proc.stderr + proc.stdout and "out of date" not in proc.stderr
+    assert "eval:" in proc.stdout
+    run_dir = only_run_dir(tmp_path)
+    for tag in LOSS_TAGS + CHART_TAGS + ["eval/episodic_return"]:
+        assert scalars(run_dir, tag), f"tag {tag} missing"
+    assert sorted(scalars(run_dir, "losses/value_loss")) == [256 * i for i in range(1, 11)]
+    assert scalars(run_dir, "charts/episodic_length") == {2000: 1000.0}  # both envs' time limits, at step 1000 each
+    lrs = scalars(run_dir, "charts/learning_rate")
+    assert lrs[256] == pytest.approx(3e-4) and lrs[2560] == pytest.approx(3e-5)  # annealed linearly
+
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert ckpts == ["final_0000002560.pt", "step_0000002048.pt", "step_0000002560.pt"]  # newest 2 + final
+    ckpt = torch.load(run_dir / "checkpoints" / "final_0000002560.pt", weights_only=True, map_location="cpu")
+    assert ckpt["global_step"] == 2560 and ckpt["iteration"] == 10
+    assert {"model", "optimizer", "obs_rms", "return_rms", "env_states", "run_state", "rng_states", "args"} <= ckpt.keys()
+    assert ckpt["args"]["env_id"] == "HalfCheetah-v4" and ckpt["args"]["num_envs"] == 2
+    assert ckpt["obs_rms"]["mean"].shape == (17,) and ckpt["obs_rms"]["count"] > 2560
+    assert len(ckpt["env_states"]) == 2 and all(s["exact"] and "mujoco" in s for s in ckpt["env_states"])
+    assert (run_dir / "args.json").is_file()
+
+
+def test_episodic_return_is_the_true_return(tmp_path):
+    """Counting-v0 pays 1 per step and truncates at 7: with reward scaling on, the logged return must still be 7."""
+    proc = run_script(SCRIPT, "--env-id", "tests.fake_envs:Counting-v0", *SMALL, "--total-timesteps", "512",
+                      "--runs-dir", tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    run_dir = only_run_dir(tmp_path)
+    steps, values = zip(*scalars(run_dir, "charts/episodic_return").items())
+    assert set(values) == {7.0} and set(scalars(run_dir, "charts/episodic_length").values()) == {7.0}
+    assert steps[0] == 14  # both envs finish their first episode at their 7th step (global step 2 * 7)
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
+    """Stop after iteration 2, resume: iterations 3-4 log the same losses as the uninterrupted run. The envs cross
+    their 1000-step time limit during iteration 4, so the MuJoCo state, RNGs and time-limit counters must be right."""
+    args = ["--env-id", "HalfCheetah-v5", "--num-envs", "2", "--num-steps", "256", "--num-minibatches", "4",
+            "--update-epochs", "2", "--torch-threads", "1", "--total-timesteps", "2048", "--checkpoint-interval", "1",
+            "--keep-checkpoints", "10"]  # fmt: skip
+    proc = run_script(SCRIPT, *args, "--runs-dir", tmp_path / "a")
+    assert proc.returncode == 0, proc.stderr
+    full = only_run_dir(tmp_path / "a")
+    expected = {tag: scalars(full, tag) for tag in LOSS_TAGS + ["charts/episodic_return", "charts/learning_rate"]}
+    assert sorted(expected["losses/value_loss"]) == [512, 1024, 1536, 2048]
+
+    resumed = tmp_path / "b" / full.name
+    shutil.copytree(full, resumed)  # the resumed run appends to its own folder: work on a copy
+    proc = run_script(SCRIPT, "--resume", resumed / "checkpoints" / "step_0000001024.pt", "--total-timesteps", "2048",
+                      "--torch-threads", "1")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "resumed from" in proc.stdout
+    events = sorted(resumed.glob("events.out.tfevents.*"))
+    assert len(events) == 2, "the resumed run appends a new event file to the same run folder"
+    new_only = {tag: scalars(events[-1], tag) for tag in expected}
+    for tag, values in expected.items():
+        later = {s: v for s, v in values.items() if s > 1024}
+        assert new_only[tag] == pytest.approx(later, rel=1e-6, abs=1e-9), tag  # logged by the resumed process
+        assert scalars(resumed, tag) == pytest.approx(values, rel=1e-6, abs=1e-9), tag  # one curve, no duplicates
+    assert expected["charts/episodic_return"], "the window must contain an episode end (time limit)"
+    assert all(s > 1024 for s in new_only["charts/episodic_return"])
+
+
+def test_eval_checkpoint_is_deterministic_and_logged(tmp_path):
+    proc = run_script(SCRIPT, "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "512", "--save-model",
+                      "--eval-episodes", "1", "--runs-dir", tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    ckpt = next((only_run_dir(tmp_path) / "checkpoints").glob("final_*.pt"))
+    outs = [run_script(SCRIPT, "--eval-checkpoint", ckpt, "--eval-episodes", "3", "--torch-threads", "1") for _ in range(2)]
+    for out in outs:
+        assert out.returncode == 0, out.stderr
+        assert "+-" in out.stdout and "over 3 episodes" in out.stdout
+    assert outs[0].stdout == outs[1].stdout  # deterministic actions, frozen statistics, seeded episodes
+    eval_dir = only_run_dir(tmp_path) / "eval" / ckpt.stem
+    logged = scalars(eval_dir, "eval/episodic_return")
+    assert list(logged) == [512]
+    mean = float(outs[0].stdout.split(":")[1].split("+-")[0])
+    assert logged[512] == pytest.approx(mean, abs=0.01)
+
+
+@pytest.fixture(scope="module")
+def pendulum_checkpoint(tmp_path_factory) -> Path:
+    runs = tmp_path_factory.mktemp("runs")
+    proc = run_script(SCRIPT, "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "256", "--save-model",
+                      "--eval-episodes", "1", "--runs-dir", runs)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return next((only_run_dir(runs) / "checkpoints").glob("final_*.pt"))
+
+
+@pytest.mark.parametrize(
+    "flags, needles",
+    [
+        (["--env-id", "CartPole-v1"], ["CartPole-v1", "Discrete(2)", "continuous"]),
+        (["--env-id", "NoSuchEnv-v0"], ["unknown environment id", "NoSuchEnv-v0"]),
+        (["--num-minibatches", "3"], ["num_minibatches (3)", "2048"]),
+        (["--total-timesteps", "1000"], ["below one batch", "2048"]),
+        (["--resume", "does/not/exist.pt"], ["does not exist"]),
+        (["--eval-checkpoint", "does/not/exist.pt"], ["does not exist"]),
+    ],
+)
+def test_bad_input_gets_a_short_message(tmp_path, flags, needles):
+    proc = run_script(SCRIPT, *flags, "--runs-dir", tmp_path, timeout=120)
+    assert_clean_error(proc, *needles)
+    assert not any(tmp_path.iterdir()), "nothing is written for a rejected run"
+
+
+@pytest.mark.parametrize("mode", ["--resume", "--eval-checkpoint"])
+def test_corrupt_or_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path, pendulum_checkpoint, mode):
+    corrupt = tmp_path / "run" / "checkpoints" / "corrupt.pt"
+    corrupt.parent.mkdir(parents=True)
+    corrupt.write_bytes(pendulum_checkpoint.read_bytes()[:-200])
+    before = corrupt.read_bytes()
+    assert_clean_error(run_script(SCRIPT, mode, corrupt, "--total-timesteps", "100000", timeout=120), "corrupt")
+    assert corrupt.read_bytes() == before and sorted(p.name for p in (tmp_path / "run").rglob("*")) == ["checkpoints", "corrupt.pt"]
+
+    # a checkpoint whose network does not fit its env (here: relabelled as HalfCheetah, 17-d observations)
+    ckpt = torch.load(pendulum_checkpoint, weights_only=True)
+    ckpt["args"]["env_id"] = "HalfCheetah-v4"
+    other = tmp_path / "run" / "checkpoints" / "other_env.pt"
+    torch.save(ckpt, other)
+    assert_clean_error(run_script(SCRIPT, mode, other, "--total-timesteps", "100000", timeout=120), "does not fit", "(17,)")
+
+
+def test_ctrl_c_saves_the_last_completed_iteration_and_resumes(tmp_path):
+    cmd = [sys.executable, str(ROOT / SCRIPT), "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "10000000",
+           "--checkpoint-interval", "0", "--runs-dir", str(tmp_path)]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **BASE_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until a few iterations have been logged
+        runs = list(tmp_path.glob("*/events.out.tfevents.*"))
+        if runs and scalars(runs[0].parent, "losses/value_loss") and len(scalars(runs[0].parent, "losses/value_loss")) >= 3:
+            break
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    ckpts = list((only_run_dir(tmp_path) / "checkpoints").glob("interrupted_*.pt"))
+    assert len(ckpts) == 1, err
+    state = torch.load(ckpts[0], weights_only=True)
+    assert state["iteration"] >= 3 and state["global_step"] == state["iteration"] * 256
+    assert "resume with" in err
+    resumed = run_script(SCRIPT, "--resume", ckpts[0], "--total-timesteps", state["global_step"] + 512, "--torch-threads", "1")
+    assert resumed.returncode == 0, resumed.stderr
+    assert max(scalars(only_run_dir(tmp_path), "losses/value_loss")) == state["global_step"] + 512
+
+
+def test_progress_display_only_on_a_terminal(tmp_path):
+    args = [sys.executable, str(ROOT / SCRIPT), "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "512"]
+    piped = run_script(SCRIPT, *args[2:], "--runs-dir", tmp_path / "piped")
+    assert piped.returncode == 0 and "SPS" not in piped.stdout
+
+    main_fd, child_fd = pty.openpty()
+    proc = subprocess.Popen([*args, "--runs-dir", str(tmp_path / "tty")], cwd=ROOT, env={**os.environ, **BASE_ENV},
+                            stdin=subprocess.DEVNULL, stdout=child_fd, stderr=child_fd)  # fmt: skip
+    os.close(child_fd)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(main_fd, 4096)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        output += chunk
+    assert proc.wait(timeout=60) == 0
+    text = output.decode(errors="replace")
+    assert "SPS" in text and "512/512" in text.replace(",", ""), text
+
+
+def test_track_without_credentials_stops_at_once(tmp_path):
+    env = {"WANDB_MODE": "", "WANDB_API_KEY": "", "HOME": str(tmp_path), "NETRC": str(tmp_path / "no-netrc")}
+    start = time.time()
+    proc = run_script(SCRIPT, "--track", "--env-id", "Pendulum-v1", "--runs-dir", tmp_path / "runs", env=env, timeout=120)
+    assert_clean_error(proc, "WANDB_MODE=offline", "wandb login")
+    assert time.time() - start < 60

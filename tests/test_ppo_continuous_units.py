@@ -1,0 +1,289 @@
+"""Unit tests of ppo_continuous.py's helpers, imported from the script itself (no copies)."""
+
+import math
+import pickle
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import ppo_continuous as ppo
+import tests.fake_envs  # noqa: F401  (registers Counting-v0 and friends)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# GAE: a hand-computed rollout with a termination and a truncation
+# ---------------------------------------------------------------------------------------------------------------
+def test_gae_termination_and_truncation_hand_computed():
+    gamma, lam = 0.9, 0.8
+    # env 0: t=1 is a time-limit truncation (V(final obs) = 2.0), t=3 a termination (its next value must be ignored)
+    # env 1: no episode end; bootstraps from next_values at the end of the rollout
+    rewards = np.array([[1.0, 1.0], [2.0, 1.0], [3.0, 1.0], [4.0, 1.0]], np.float32)
+    values = np.array([[0.5, 0.0], [0.6, 0.0], [0.7, 0.0], [0.8, 0.0]], np.float32)
+    next_values = np.array([[0.6, 0.0], [2.0, 0.0], [0.8, 0.0], [5.0, 10.0]], np.float32)
+    terminations = np.array([[0, 0], [0, 0], [0, 0], [1, 0]], bool)
+    truncations = np.array([[0, 0], [1, 0], [0, 0], [0, 0]], bool)
+    adv = ppo.compute_gae(rewards, values, next_values, terminations, truncations, gamma, lam)
+
+    a3 = 4.0 - 0.8  # terminal: no bootstrap
+    a2 = (3.0 + 0.9 * 0.8 - 0.7) + 0.9 * 0.8 * a3
+    a1 = 2.0 + 0.9 * 2.0 - 0.6  # truncated: bootstrap V(final obs), and the recursion stops here
+    a0 = (1.0 + 0.9 * 0.6 - 0.5) + 0.9 * 0.8 * a1
+    np.testing.assert_allclose(adv[:, 0], [a0, a1, a2, a3], rtol=1e-6)
+    assert a1 == pytest.approx(3.2) and a0 == pytest.approx(3.344) and a2 == pytest.approx(5.324)
+
+    # env 1: delta_t = 1 for t < 3 and 1 + 0.9 * 10 at t = 3; A_t = sum_k (gamma*lam)^k delta_{t+k}
+    deltas = np.array([1.0, 1.0, 1.0, 10.0])
+    expected = [sum((gamma * lam) ** k * deltas[t + k] for k in range(4 - t)) for t in range(4)]
+    np.testing.assert_allclose(adv[:, 1], expected, rtol=1e-6)
+
+
+def test_gae_truncation_is_not_termination():
+    """The classic bug (done = terminated | truncated in the value mask) would give a different advantage."""
+    rewards, values = np.array([[1.0]], np.float32), np.array([[0.0]], np.float32)
+    next_values = np.array([[3.0]], np.float32)
+    trunc = ppo.compute_gae(rewards, values, next_values, np.array([[False]]), np.array([[True]]), 0.99, 0.95)
+    term = ppo.compute_gae(rewards, values, next_values, np.array([[True]]), np.array([[False]]), 0.99, 0.95)
+    assert trunc[0, 0] == pytest.approx(1.0 + 0.99 * 3.0)
+    assert term[0, 0] == pytest.approx(1.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Episode boundaries on gymnasium 1.x vector envs
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("env_id, ends_at, by_truncation", [("Counting-v0", 7, True), ("CountingTerminates-v0", 5, False)])
+def test_true_next_obs_never_crosses_an_autoreset(env_id, ends_at, by_truncation):
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    obs, _ = envs.reset(seed=0)
+    for t in range(1, 2 * ends_at + 1):
+        raw_obs, _, terminations, truncations, infos = envs.step(np.zeros((2, 1), np.float32))
+        ended = terminations | truncations
+        real_next = ppo.true_next_obs(raw_obs, ended, infos)
+        step_in_episode = (t - 1) % ends_at + 1
+        episode = (t - 1) // ends_at
+        # the transition's next obs is always the step after obs, in the same episode
+        np.testing.assert_array_equal(real_next[:, 0], obs[:, 0] + 1)
+        np.testing.assert_array_equal(real_next[:, 1], obs[:, 1])
+        np.testing.assert_array_equal(real_next, [[step_in_episode, episode]] * 2)
+        if step_in_episode == ends_at:
+            assert ended.all() and truncations.all() == by_truncation and terminations.all() != by_truncation
+            np.testing.assert_array_equal(raw_obs, [[0, episode + 1]] * 2)  # already the next episode's first obs
+        else:
+            assert not ended.any()
+        obs = raw_obs
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Normalization
+# ---------------------------------------------------------------------------------------------------------------
+def test_running_mean_std_matches_numpy(rng):
+    rms = ppo.RunningMeanStd(shape=(3,), epsilon=1e-12)
+    batches = [rng.normal(2.0, 3.0, size=(n, 3)) for n in (1, 5, 2, 40)]
+    for b in batches:
+        rms.update(b)
+    data = np.concatenate(batches)
+    np.testing.assert_allclose(rms.mean, data.mean(0), rtol=1e-9)
+    np.testing.assert_allclose(rms.var, data.var(0), rtol=1e-9)
+    restored = ppo.RunningMeanStd(shape=(3,))
+    restored.load_state_dict(rms.state_dict())
+    np.testing.assert_array_equal(restored.mean, rms.mean)
+    assert restored.count == rms.count
+
+
+def test_normalize_obs_clips():
+    rms = ppo.RunningMeanStd(shape=(2,))
+    rms.mean, rms.var = np.array([1.0, 0.0]), np.array([4.0, 1e-6])
+    out = ppo.normalize_obs(np.array([[3.0, 1.0]]), rms, clip=10.0)
+    np.testing.assert_allclose(out, [[1.0, 10.0]], rtol=1e-6)
+    assert out.dtype == np.float32
+
+
+def test_scale_rewards_divides_by_return_std_and_restarts_at_any_episode_end():
+    rms = ppo.RunningMeanStd(shape=())
+    g = np.zeros(2)
+    rewards = np.array([1.0, 2.0])
+    scaled, g = ppo.scale_rewards(rewards, g, np.array([False, False]), rms, gamma=0.5, clip=10.0)
+    np.testing.assert_allclose(scaled, rewards / np.sqrt(rms.var + 1e-8), rtol=1e-6)
+    np.testing.assert_allclose(g, [1.0, 2.0])
+    _, g = ppo.scale_rewards(rewards, g, np.array([False, True]), rms, gamma=0.5, clip=10.0)  # env 1 truncated
+    np.testing.assert_allclose(g, [1.5, 0.0])  # 0.5 * 1 + 1; env 1 starts a new episode
+    assert (scaled > 0).all(), "scaling must keep the reward's sign (no mean subtraction)"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Policy math and losses
+# ---------------------------------------------------------------------------------------------------------------
+def test_gaussian_log_prob_and_entropy_match_torch_distributions():
+    torch.manual_seed(0)
+    mean, log_std, action = torch.randn(5, 3), torch.randn(1, 3), torch.randn(5, 3)
+    normal = torch.distributions.Normal(mean, log_std.exp())
+    torch.testing.assert_close(ppo.gaussian_log_prob(mean, log_std, action), normal.log_prob(action).sum(-1))
+    torch.testing.assert_close(ppo.gaussian_entropy(log_std).expand(5), normal.entropy().sum(-1))
+
+
+def test_ppo_losses_hand_computed():
+    # sample 0: A=+1, ratio 1.5 -> clipped to 1.2; sample 1: A=-1, ratio 0.5 -> clipped to 0.8 (the pessimistic side)
+    new_lp = torch.tensor([math.log(1.5), math.log(0.5)])
+    old_lp = torch.zeros(2)
+    adv = torch.tensor([1.0, -1.0])
+    new_v, old_v, ret = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 0.0]), torch.tensor([2.0, 0.0])
+    pg, v, log_ratio = ppo.ppo_losses(new_lp, old_lp, adv, new_v, old_v, ret, clip_coef=0.2, clip_vloss=True)
+    assert pg.item() == pytest.approx((-1.2 + 0.8) / 2)
+    # value: sample 0 unclipped (1-2)^2 = 1, clipped (0.2-2)^2 = 3.24 -> max 3.24; sample 1: 0
+    assert v.item() == pytest.approx(0.5 * (3.24 + 0.0) / 2)
+    _, v_plain, _ = ppo.ppo_losses(new_lp, old_lp, adv, new_v, old_v, ret, clip_coef=0.2, clip_vloss=False)
+    assert v_plain.item() == pytest.approx(0.5 * (1.0 + 0.0) / 2)
+    kl = ppo.kl_diagnostics(log_ratio, clip_coef=0.2)
+    r = np.array([1.5, 0.5])
+    np.testing.assert_allclose(kl.numpy(), [np.mean(-np.log(r)), np.mean(r - 1 - np.log(r)), 1.0], rtol=1e-6)
+
+
+def test_policy_gradient_raises_probability_of_advantaged_actions():
+    """Sign check: one gradient step on L^CLIP makes a positive-advantage action more likely."""
+    mean = torch.zeros(1, 1, requires_grad=True)
+    log_std = torch.zeros(1, 1)
+    action = torch.tensor([[0.5]])
+    old_lp = ppo.gaussian_log_prob(mean, log_std, action).detach()
+    new_lp = ppo.gaussian_log_prob(mean, log_std, action)
+    pg, _, _ = ppo.ppo_losses(new_lp, old_lp, torch.tensor([1.0]), torch.zeros(1), torch.zeros(1), torch.zeros(1), 0.2, True)
+    pg.backward()
+    assert mean.grad.item() < 0  # gradient descent moves the mean towards the action
+
+
+def test_explained_variance_and_annealed_lr():
+    y = np.array([1.0, 2.0, 3.0])
+    assert ppo.explained_variance(y, y) == 1.0
+    assert ppo.explained_variance(np.full(3, 2.0), y) == pytest.approx(0.0)
+    assert math.isnan(ppo.explained_variance(y, np.ones(3)))
+    assert ppo.annealed_lr(1, 10, 1e-3) == pytest.approx(1e-3)
+    assert ppo.annealed_lr(10, 10, 1e-3) == pytest.approx(1e-4)
+
+
+def test_flat_parameters_train_like_plain_adam():
+    """flatten_parameters + one fused Adam + clipping on the flat grad == torch's Adam and clip_grad_norm_ per tensor."""
+    torch.manual_seed(0)
+    plain, flat_agent = ppo.Agent(4, 2), ppo.Agent(4, 2)
+    flat_agent.load_state_dict(plain.state_dict())
+    flat = ppo.flatten_parameters(flat_agent)
+    opt_plain = torch.optim.Adam(plain.parameters(), lr=1e-2, eps=1e-5, foreach=False)
+    opt_flat = torch.optim.Adam([flat], lr=1e-2, eps=1e-5, fused=True)
+    x = torch.randn(16, 4)
+    for _ in range(5):
+        opt_plain.zero_grad()
+        loss = (plain.actor_mean(x) ** 2).sum() + plain.get_value(x).sum() + plain.actor_logstd.sum()
+        loss.backward()
+        norm_plain = torch.nn.utils.clip_grad_norm_(plain.parameters(), 0.5)
+        opt_plain.step()
+        flat.grad.zero_()
+        loss = (flat_agent.actor_mean(x) ** 2).sum() + flat_agent.get_value(x).sum() + flat_agent.actor_logstd.sum()
+        loss.backward()
+        norm_flat = torch.nn.utils.clip_grad_norm_([flat], 0.5)
+        opt_flat.step()
+        torch.testing.assert_close(norm_flat, norm_plain, rtol=1e-5, atol=1e-6)  # summation order differs
+    for (name, a), b in zip(plain.state_dict().items(), flat_agent.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_mlp_numpy_acts_like_the_torch_actor():
+    torch.manual_seed(0)
+    agent = ppo.Agent(17, 6)
+    with torch.no_grad():  # non-trivial output layer (its init std is 0.01)
+        agent.actor_mean[4].weight.mul_(100.0)
+    x = np.random.default_rng(0).normal(size=(3, 17)).astype(np.float32)
+    weights = [p.detach().numpy() for p in agent.actor_mean.parameters()]
+    with torch.no_grad():
+        expected = agent.actor_mean(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(ppo.mlp_numpy(x, weights), expected, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Environment state capture: a restored env continues bit-exactly
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("env_id, warmup", [("HalfCheetah-v4", 40), ("HalfCheetah-v5", 40), ("Pendulum-v1", 190)])
+def test_env_state_roundtrip_is_exact(env_id, warmup):
+    ppo.quiet_mujoco_warnings()
+    rng = np.random.default_rng(1)
+    actions = [rng.uniform(-1, 1, size=gym.make(env_id).action_space.shape).astype(np.float32) for _ in range(warmup + 30)]
+    a = gym.make(env_id)
+    a.reset(seed=3)
+    for act in actions[:warmup]:
+        a.step(act)
+    state = ppo.capture_env_state(a)
+    assert state["exact"]
+    state = pickle.loads(pickle.dumps(state))  # survives serialization as plain data
+    b = gym.make(env_id)
+    b.reset(seed=99)  # a different episode entirely
+    ppo.restore_env_state(b, state)
+    for act in actions[warmup:]:
+        out_a, out_b = a.step(act), b.step(act)
+        np.testing.assert_array_equal(out_a[0], out_b[0])
+        assert out_a[1:4] == out_b[1:4]  # reward, terminated, truncated (Pendulum truncates at 200 within the window)
+        if out_a[3]:
+            np.testing.assert_array_equal(a.reset()[0], b.reset()[0])  # the env RNG was restored too
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------------------------------------------
+class ArbitraryObject:
+    """Stands for any pickled object that is not plain data (unpickling such objects can run code)."""
+
+
+def minimal_checkpoint() -> dict:
+    return {"format": 1, "args": {"env_id": "Pendulum-v1"}, "model": {"w": torch.ones(2)}, "global_step": 5}
+
+
+def test_save_checkpoint_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "ckpt" / "step_0000000005.pt"
+    ppo.save_checkpoint(minimal_checkpoint(), path)
+    before = path.read_bytes()
+
+    def crash_mid_write(obj, f):
+        f.write(b"half a checkpoint")
+        raise KeyboardInterrupt  # Ctrl-C (or a crash) in the middle of writing
+
+    monkeypatch.setattr(ppo.torch, "save", crash_mid_write)
+    with pytest.raises(KeyboardInterrupt):
+        ppo.save_checkpoint({**minimal_checkpoint(), "global_step": 6}, path)
+    assert path.read_bytes() == before  # the existing checkpoint is intact
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # and no temporary file is left behind
+
+
+def test_load_checkpoint_rejects_bad_files(tmp_path):
+    good = tmp_path / "good.pt"
+    ppo.save_checkpoint(minimal_checkpoint(), good)
+    assert ppo.load_checkpoint(str(good), torch.device("cpu"))["global_step"] == 5
+    with pytest.raises(ppo.UserError, match="does not exist"):
+        ppo.load_checkpoint(str(tmp_path / "missing.pt"), torch.device("cpu"))
+    corrupt = tmp_path / "corrupt.pt"
+    corrupt.write_bytes(good.read_bytes()[:100])
+    with pytest.raises(ppo.UserError, match="corrupt"):
+        ppo.load_checkpoint(str(corrupt), torch.device("cpu"))
+    not_ours = tmp_path / "weights.pt"
+    torch.save({"w": torch.ones(1)}, not_ours)
+    with pytest.raises(ppo.UserError, match="not a checkpoint"):
+        ppo.load_checkpoint(str(not_ours), torch.device("cpu"))
+    # weights_only=True: an arbitrary pickled object is refused, not unpickled
+    evil = tmp_path / "evil.pt"
+    torch.save({"format": 1, "args": {}, "payload": ArbitraryObject()}, evil)
+    with pytest.raises(ppo.UserError, match="corrupt or not a checkpoint"):
+        ppo.load_checkpoint(str(evil), torch.device("cpu"))
+
+
+def test_prune_keeps_the_newest_periodic_checkpoints(tmp_path):
+    for step in (100, 2000, 300, 40):
+        (tmp_path / ppo.checkpoint_name("step", step)).write_bytes(b"x")
+    (tmp_path / ppo.checkpoint_name("final", 3000)).write_bytes(b"x")
+    ppo.prune_checkpoints(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final_0000003000.pt", "step_0000000300.pt", "step_0000002000.pt"]
+
+
+def test_merge_resume_args_keeps_checkpoint_values_and_warns(capsys):
+    saved = ppo.Args(env_id="Pendulum-v1", learning_rate=1e-3, total_timesteps=10_000)
+    cli = ppo.Args(learning_rate=5e-4, total_timesteps=20_000, resume="x.pt")
+    merged = ppo.merge_resume_args(cli, vars(saved))
+    assert merged.env_id == "Pendulum-v1" and merged.learning_rate == 1e-3  # the checkpoint wins...
+    assert merged.total_timesteps == 20_000 and merged.resume == "x.pt"  # ...except total_timesteps and output flags
+    err = capsys.readouterr().err
+    assert "--learning-rate" in err and "--env-id" not in err
