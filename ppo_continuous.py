@@ -678,8 +678,11 @@ def merge_resume_args(cli: Args, saved: dict) -> Args:
 
 
 def main() -> None:
-    quiet_mujoco_warnings()
     args = tyro.cli(Args)
+    if args.capture_video and not os.environ.get("DISPLAY"):
+        # headless: MuJoCo renders through EGL (Mesa's software EGL works without a GPU). Set before mujoco loads.
+        os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL") or "egl"
+    quiet_mujoco_warnings()
     if args.resume and args.eval_checkpoint:
         raise UserError("--resume and --eval-checkpoint exclude each other: evaluate a checkpoint, or continue it.")
     if not args.resume:  # a resumed run is checked once its Args are merged with the checkpoint's
