@@ -287,3 +287,11 @@ def test_merge_resume_args_keeps_checkpoint_values_and_warns(capsys):
     assert merged.total_timesteps == 20_000 and merged.resume == "x.pt"  # ...except total_timesteps and output flags
     err = capsys.readouterr().err
     assert "--learning-rate" in err and "--env-id" not in err
+
+
+def test_epoch_diagnostics_are_the_mean_over_all_minibatches():
+    """The logged KL / clip-fraction are averages over every minibatch, not the last minibatch's values."""
+    log_ratios = torch.randn(8, 16, generator=torch.Generator().manual_seed(0)) * 0.3
+    per_minibatch = torch.stack([ppo.kl_diagnostics(row, 0.2) for row in log_ratios])
+    torch.testing.assert_close(ppo.kl_diagnostics(log_ratios, 0.2), per_minibatch.mean(0))
+    assert not torch.allclose(per_minibatch[-1], per_minibatch.mean(0))
