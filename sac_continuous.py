@@ -1,0 +1,1106 @@
+# Docs: README.md, section "sac_continuous.py" (https://arxiv.org/abs/1812.05905 for the algorithm)
+"""Soft Actor-Critic for continuous actions (MuJoCo, classic control), in one file.
+
+Read it top to bottom: Args, the env factory, then the five parts a distributed version maps onto one-to-one,
+each a marked block that `sac_continuous_ray.py` reuses verbatim: networks, replay buffer, parameter holder,
+learner update, rollout, evaluation. Then the shared blocks (errors, seeding, env-state capture, checkpoints,
+logging) and the training loop. Runs on gymnasium 1.x: at an auto-reset the true final observation is stored, and
+only a termination (never a time-limit truncation) stops bootstrapping.
+"""
+import copy
+import dataclasses
+import importlib
+import json
+import math
+import os
+import random
+import resource
+import signal
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+
+
+@dataclass
+class Args:
+    # --- experiment ---
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be used when available"""
+    torch_threads: int = 0
+    """CPU threads for torch; 0 = one per core this process may use (os.sched_getaffinity)"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases (WANDB_MODE=offline works without network)"""
+    wandb_project_name: str = "onefile-rl"
+    """the wandb's project name"""
+    wandb_entity: Optional[str] = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """whether to capture videos of the agent performances (env 0; under `runs/<run>/videos`)"""
+    save_model: bool = False
+    """whether to save a final checkpoint at the end of training, then evaluate it"""
+    runs_dir: str = "runs"
+    """folder that holds one sub-folder per run (TensorBoard events, checkpoints, videos)"""
+    checkpoint_interval: int = 100_000
+    """write a checkpoint every N env steps (0 = never; Ctrl-C and --save-model still save)"""
+    keep_checkpoints: int = 3
+    """keep the newest K periodic checkpoints (the final one is always kept)"""
+    save_buffer: bool = False
+    """also store the replay buffer in checkpoints (large: up to buffer_size transitions), so --resume is exact"""
+    resume: Optional[str] = None
+    """path of a checkpoint to continue from (appends to that run's folder)"""
+    eval_checkpoint: Optional[str] = None
+    """path of a checkpoint to evaluate (no training)"""
+    eval_episodes: int = 10
+    """number of episodes for evaluation (every --eval-interval, after --save-model, or with --eval-checkpoint)"""
+    eval_interval: int = 0
+    """run --eval-episodes deterministic episodes on a separate env every N env steps (0 = never)"""
+    log_interval: int = 100
+    """log losses (averaged over the window's gradient steps) and speed every N env steps"""
+    progress: bool = True
+    """show a one-line progress display (only when stdout is a terminal)"""
+
+    # --- algorithm ---
+    env_id: str = "HalfCheetah-v4"
+    """the id of the environment"""
+    total_timesteps: int = 1_000_000
+    """total timesteps of the experiments"""
+    num_envs: int = 1
+    """the number of parallel game environments (one gradient step per vector step)"""
+    buffer_size: int = 1_000_000
+    """the replay memory buffer size"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 0.005
+    """target smoothing coefficient"""
+    batch_size: int = 256
+    """the batch size of sample from the replay memory"""
+    learning_starts: int = 5_000
+    """timestep to start learning (uniform random actions before it)"""
+    policy_lr: float = 3e-4
+    """the learning rate of the policy network optimizer"""
+    q_lr: float = 1e-3
+    """the learning rate of the Q network optimizer (and of the entropy temperature's)"""
+    policy_frequency: int = 2
+    """the frequency of training policy (delayed); each time it runs policy_frequency actor updates"""
+    target_network_frequency: int = 1
+    """the frequency of updates for the target networks (in gradient steps)"""
+    alpha: float = 0.2
+    """entropy regularization coefficient (the initial value is 1.0 with --autotune)"""
+    autotune: bool = True
+    """automatic tuning of the entropy coefficient (target entropy -|A|)"""
+
+    # --- derived (filled in at runtime) ---
+    num_iterations: int = 0
+    """the number of vector steps (computed in runtime: total_timesteps // num_envs)"""
+
+
+# Flags that --resume takes from the command line; every other field comes from the checkpoint.
+RESUME_OVERRIDABLE = (
+    "total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "runs_dir",
+    "checkpoint_interval", "keep_checkpoints", "save_buffer", "resume", "eval_checkpoint", "eval_episodes",
+    "eval_interval", "log_interval", "progress", "cuda", "torch_threads",
+)  # fmt: skip
+
+
+def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Callable[[], gym.Env]:
+    """One environment. Episode statistics are kept on the whole batch in the rollout (vectorized, checkpointable),
+    not by per-env wrappers. No action clipping: the tanh-squashed actions are always within the bounds."""
+
+    def thunk() -> gym.Env:
+        if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
+        else:
+            env = gym.make(env_id)
+        return gym.wrappers.FlattenObservation(env)
+
+    return thunk
+
+
+# --- shared: sac-networks ---
+HIDDEN = 256
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+def linear_init_(weight: torch.Tensor, bias: torch.Tensor, fan_in: int) -> None:
+    """nn.Linear's default initialization, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases alike."""
+    bound = 1.0 / math.sqrt(fan_in)
+    with torch.no_grad():
+        weight.uniform_(-bound, bound)
+        bias.uniform_(-bound, bound)
+
+
+class Actor(nn.Module):
+    """obs -> 256 -> 256 -> (mean, raw log-std) of a Gaussian over the pre-tanh action u, ReLU MLP."""
+
+    def __init__(self, obs_dim: int, act_dim: int):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(obs_dim, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 2 * act_dim)
+        )  # one output layer for mean and log-std: the same function as two heads, one matmul
+        self.act_dim = act_dim
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, raw_log_std = self.net(obs).split(self.act_dim, dim=-1)
+        return mean, bounded_log_std(raw_log_std)
+
+
+class TwinQ(nn.Module):
+    """Both soft Q-networks (obs, action) -> 256 -> 256 -> 1 in one module: each weight is stacked along a leading
+    axis of size 2, and one batched matmul (baddbmm) evaluates both critics. Same functions and initialization as
+    two separate nn.Sequential MLPs, a third of the ops."""
+
+    def __init__(self, obs_dim: int, act_dim: int):
+        super().__init__()
+        sizes = [obs_dim + act_dim, HIDDEN, HIDDEN, 1]
+        for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:]), 1):
+            w, b = torch.empty(2, fan_in, fan_out), torch.empty(2, 1, fan_out)  # x @ w + b, per critic
+            linear_init_(w, b, fan_in)
+            self.register_parameter(f"w{i}", nn.Parameter(w))
+            self.register_parameter(f"b{i}", nn.Parameter(b))
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor, params: Optional[list] = None) -> torch.Tensor:
+        """Q1 and Q2 as a (2, batch) tensor. `params` (w1, b1, w2, b2, w3, b3) replaces the module's own, e.g. with
+        detached copies so that the actor's loss does not backpropagate into the critics' weights."""
+        w1, b1, w2, b2, w3, b3 = params if params is not None else self.parameters()
+        x = torch.cat([obs, action], -1)
+        h = torch.relu(torch.baddbmm(b1, x.expand(2, *x.shape), w1))
+        h = torch.relu(torch.baddbmm(b2, h, w2))
+        return torch.baddbmm(b3, h, w3).squeeze(-1)
+
+
+def bounded_log_std(raw: torch.Tensor) -> torch.Tensor:
+    """Squash the network's raw log-std into [LOG_STD_MIN, LOG_STD_MAX] smoothly (tanh), not by clipping."""
+    return LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(raw) + 1)
+
+
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def squashed_gaussian(
+    mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor, action_scale: torch.Tensor, action_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reparameterized sample a = tanh(u) * scale + bias, u = mean + std * noise, and its log-density, summed over
+    action dimensions. Change of variables (SAC paper, appendix C):
+        log pi(a|s) = log N(u; mean, std) - sum_i log(scale_i * (1 - tanh(u_i)^2))
+    with log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)): exact, and finite even where tanh(u) rounds to +-1
+    (the usual `log(1 - y^2 + 1e-6)` biases the density there)."""
+    u = mean + log_std.exp() * noise
+    log_prob_u = (-0.5 * noise.pow(2) - log_std - LOG_SQRT_2PI).sum(-1)  # (u - mean) / std = noise
+    log_det = (2.0 * (math.log(2.0) - u - nn.functional.softplus(-2.0 * u)) + torch.log(action_scale)).sum(-1)
+    return torch.tanh(u) * action_scale + action_bias, log_prob_u - log_det
+
+
+def soft_q_target(
+    rewards: torch.Tensor,
+    terminated: torch.Tensor,
+    next_q: torch.Tensor,
+    next_log_prob: torch.Tensor,
+    alpha: torch.Tensor,
+    gamma: float,
+) -> torch.Tensor:
+    """y = r + gamma * (1 - terminated) * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s')),  a' ~ pi(.|s').
+    `next_q` is the target critics' (2, batch) output. Only a termination stops bootstrapping: at a time-limit
+    truncation s' is the true final observation and the value beyond it is real."""
+    soft_value = next_q.min(0).values - alpha * next_log_prob
+    return rewards + gamma * (1.0 - terminated) * soft_value
+
+
+def flatten_parameters(module: nn.Module) -> nn.Parameter:
+    """Make all of `module`'s parameters views into one flat parameter, and their .grad views into one flat grad.
+    Why: Adam is then one fused call, and Polyak averaging of a target network one lerp_. Zero the gradient with
+    `flat.grad.zero_()`, never `optimizer.zero_grad()`: set_to_none would cut the views loose."""
+    params = list(module.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    flat_grad = torch.zeros_like(flat)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.data = flat[offset : offset + n].view_as(p)
+        p.grad = flat_grad[offset : offset + n].view_as(p)
+        offset += n
+    flat_param = nn.Parameter(flat)
+    flat_param.grad = flat_grad
+    return flat_param
+
+
+# --- end shared: sac-networks ---
+
+
+# --- shared: sac-replay-buffer ---
+class ReplayBuffer:
+    """Preallocated circular storage of transitions (s, a, r, s', terminated), float32 (bool for the flag).
+
+    `next_obs` is the true next observation (the final one at an auto-reset, never the next episode's first), and
+    the done flag is `terminated` only: a time-limit truncation must still bootstrap. The arrays are numpy (cheap
+    single-row writes from the rollout) and torch views of the same memory (one index_select per field to sample)."""
+
+    FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated")
+
+    def __init__(self, capacity: int, obs_dim: int, act_dim: int):
+        self.capacity, self.pos, self.size = capacity, 0, 0
+        self.arrays = {
+            "obs": np.zeros((capacity, obs_dim), np.float32),
+            "next_obs": np.zeros((capacity, obs_dim), np.float32),
+            "actions": np.zeros((capacity, act_dim), np.float32),
+            "rewards": np.zeros(capacity, np.float32),
+            "terminated": np.zeros(capacity, np.bool_),
+        }
+        self.tensors = {k: torch.from_numpy(v) for k, v in self.arrays.items()}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+    def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, terminated: np.ndarray):
+        """Store a batch of n transitions (one per env), wrapping around and overwriting the oldest."""
+        n = len(rewards)
+        idx = (self.pos + np.arange(n)) % self.capacity if self.pos + n > self.capacity else slice(self.pos, self.pos + n)
+        for name, value in zip(self.FIELDS, (obs, next_obs, actions, rewards, terminated)):
+            self.arrays[name][idx] = value
+        self.pos = (self.pos + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
+
+    def sample(self, batch_size: int, device: torch.device) -> dict:
+        """Uniform with replacement over the stored transitions (torch's global RNG: checkpointed, reproducible)."""
+        idx = torch.randint(0, self.size, (batch_size,))
+        batch = {k: v.index_select(0, idx).to(device, non_blocking=True) for k, v in self.tensors.items()}
+        batch["terminated"] = batch["terminated"].float()
+        return batch
+
+    def state_dict(self) -> dict:
+        """The stored part as torch tensors (copies), with the write position: loads with weights_only=True."""
+        return {"capacity": self.capacity, "pos": self.pos, "size": self.size,
+                **{k: v[: self.size].clone() for k, v in self.tensors.items()}}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["capacity"] != self.capacity:
+            raise ValueError(f"buffer capacity {state['capacity']} != {self.capacity}")
+        for k in self.FIELDS:
+            self.arrays[k][: state["size"]] = state[k].numpy()
+        self.pos, self.size = state["pos"], state["size"]
+
+
+# --- end shared: sac-replay-buffer ---
+
+
+# --- shared: sac-parameters ---
+class ParameterHolder:
+    """The weights the actors act with (numpy copies of the actor's parameters) and their version: the number of
+    actor updates they include. The learner publishes, the rollout and the evaluation read. In a distributed
+    version this object lives in one place and actors fetch `weights` when `version` has moved on."""
+
+    def __init__(self):
+        self.weights: list = []
+        self.version = 0
+
+    def publish(self, actor: Actor, version: int) -> None:
+        self.weights = [p.detach().cpu().numpy().copy() for p in actor.parameters()]
+        self.version = version
+
+
+# --- end shared: sac-parameters ---
+
+
+# --- shared: sac-learner ---
+@dataclass
+class Learner:
+    """Everything the update changes: the networks, their flat parameters, the optimizers and the temperature."""
+
+    actor: Actor
+    actor_flat: nn.Parameter
+    actor_optimizer: torch.optim.Optimizer
+    qf: TwinQ
+    qf_flat: nn.Parameter
+    qf_target: TwinQ
+    qf_target_flat: nn.Parameter
+    q_optimizer: torch.optim.Optimizer
+    log_alpha: torch.Tensor  # log of the entropy temperature; trained only with autotune
+    alpha_optimizer: Optional[torch.optim.Optimizer]
+    target_entropy: float
+    action_scale: torch.Tensor  # (high - low) / 2
+    action_bias: torch.Tensor  # (high + low) / 2
+
+    def alpha(self) -> torch.Tensor:
+        return self.log_alpha.detach().exp()
+
+
+def make_learner(obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, args, device: torch.device) -> Learner:
+    actor = Actor(obs_dim, act_dim).to(device)
+    qf = TwinQ(obs_dim, act_dim).to(device)
+    qf_target = TwinQ(obs_dim, act_dim).to(device)
+    actor_flat, qf_flat, qf_target_flat = flatten_parameters(actor), flatten_parameters(qf), flatten_parameters(qf_target)
+    qf_target_flat.requires_grad_(False)
+    qf_target_flat.data.copy_(qf_flat.data)  # the targets start equal to the critics
+    use_fused = device.type in ("cpu", "cuda")
+    autotune = args.autotune
+    log_alpha = torch.zeros(1, device=device, requires_grad=autotune)  # alpha = 1 at the start with autotune
+    if not autotune:
+        log_alpha.data.fill_(math.log(args.alpha))
+    return Learner(
+        actor=actor,
+        actor_flat=actor_flat,
+        actor_optimizer=torch.optim.Adam([actor_flat], lr=args.policy_lr, fused=use_fused),
+        qf=qf,
+        qf_flat=qf_flat,
+        qf_target=qf_target,
+        qf_target_flat=qf_target_flat,
+        q_optimizer=torch.optim.Adam([qf_flat], lr=args.q_lr, fused=use_fused),
+        log_alpha=log_alpha,
+        alpha_optimizer=torch.optim.Adam([log_alpha], lr=args.q_lr, fused=use_fused) if autotune else None,
+        target_entropy=-float(act_dim),
+        action_scale=torch.tensor((high - low) / 2.0, dtype=torch.float32, device=device),
+        action_bias=torch.tensor((high + low) / 2.0, dtype=torch.float32, device=device),
+    )
+
+
+def critic_update(learner: Learner, batch: dict, gamma: float) -> torch.Tensor:
+    """One gradient step on both critics: L_i = E[(Q_i(s, a) - y)^2], y from soft_q_target (the target critics and
+    a fresh a' ~ pi(.|s')). Returns [mean Q1, mean Q2, L1, L2] as a detached tensor (no sync)."""
+    with torch.no_grad():
+        mean, log_std = learner.actor(batch["next_obs"])
+        noise = torch.randn_like(mean)
+        next_actions, next_log_prob = squashed_gaussian(mean, log_std, noise, learner.action_scale, learner.action_bias)
+        next_q = learner.qf_target(batch["next_obs"], next_actions)
+        y = soft_q_target(batch["rewards"], batch["terminated"], next_q, next_log_prob, learner.alpha(), gamma)
+    q = learner.qf(batch["obs"], batch["actions"])
+    losses = (q - y).pow(2).mean(1)  # (2,): one MSE per critic
+    learner.qf_flat.grad.zero_()
+    losses.sum().backward()
+    learner.q_optimizer.step()
+    return torch.cat([q.detach().mean(1), losses.detach()])
+
+
+def actor_update(learner: Learner, obs: torch.Tensor, autotune: bool) -> torch.Tensor:
+    """One gradient step on the actor, then (autotune) on the temperature. Returns [actor loss, alpha, alpha loss].
+        L_pi    = E_s[ alpha * log pi(a|s) - min(Q1, Q2)(s, a) ],  a = tanh-squashed reparameterized sample
+        L_alpha = E_s[ -alpha * (log pi(a|s) + target_entropy) ]   (log pi detached: only alpha moves)"""
+    alpha = learner.alpha()
+    mean, log_std = learner.actor(obs)
+    noise = torch.randn_like(mean)
+    actions, log_prob = squashed_gaussian(mean, log_std, noise, learner.action_scale, learner.action_bias)
+    # Freeze the critics: detached weights, so the gradient reaches the action (and the actor) but not the critics
+    frozen = [p.detach() for p in learner.qf.parameters()]
+    q = learner.qf(obs, actions, params=frozen).min(0).values
+    actor_loss = (alpha * log_prob - q).mean()
+    learner.actor_flat.grad.zero_()
+    actor_loss.backward()
+    learner.actor_optimizer.step()
+    if autotune:
+        alpha_loss = (-learner.log_alpha.exp() * (log_prob.detach() + learner.target_entropy)).mean()
+        learner.alpha_optimizer.zero_grad()
+        alpha_loss.backward()
+        learner.alpha_optimizer.step()
+    else:
+        alpha_loss = torch.zeros((), device=obs.device)
+    return torch.stack([actor_loss.detach(), alpha.reshape(()), alpha_loss.detach()])
+
+
+def soft_update(target_flat: torch.Tensor, flat: torch.Tensor, tau: float) -> None:
+    """Polyak averaging, in place: theta' <- tau * theta + (1 - tau) * theta' (one lerp_ over the flat weights)."""
+    with torch.no_grad():
+        target_flat.lerp_(flat, tau)
+
+
+# --- end shared: sac-learner ---
+
+
+# --- shared: sac-rollout ---
+def actor_numpy(obs: np.ndarray, weights: list) -> tuple[np.ndarray, np.ndarray]:
+    """The actor MLP in numpy, for acting on one step's observations: (mean, bounded log-std).
+    Why: torch spends ~5 us of dispatch per op on a single observation, numpy ~1 us. Training stays in torch;
+    the tests check both give the same numbers."""
+    w1, b1, w2, b2, w3, b3 = weights
+    h = np.maximum(obs @ w1.T + b1, 0.0)
+    h = np.maximum(h @ w2.T + b2, 0.0)
+    mean, raw = np.split(h @ w3.T + b3, 2, axis=-1)
+    return mean, LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (np.tanh(raw) + 1)
+
+
+def policy_actions(obs: np.ndarray, weights: list, noise: Optional[np.ndarray], scale: np.ndarray, bias: np.ndarray):
+    """a = tanh(mean + std * noise) * scale + bias; noise=None gives the deterministic action tanh(mean)."""
+    mean, log_std = actor_numpy(obs, weights)
+    u = mean if noise is None else mean + np.exp(log_std) * noise
+    return (np.tanh(u) * scale + bias).astype(np.float32)
+
+
+def true_next_obs(raw_obs: np.ndarray, episode_ended: np.ndarray, infos: dict) -> np.ndarray:
+    """The real next observation of each env's transition under same-step autoreset: `raw_obs`, except where the
+    episode ended at this step: there `raw_obs` already holds the next episode's first observation, and the last
+    observation of the finished episode is in infos["final_obs"]. Never mix the two: that would be a transition
+    across an auto-reset."""
+    if not episode_ended.any():
+        return raw_obs
+    real = np.array(raw_obs)
+    for i in np.flatnonzero(episode_ended):
+        real[i] = infos["final_obs"][i]
+    return real
+
+
+def env_step(envs: gym.vector.VectorEnv, actions: np.ndarray, episode_return: np.ndarray, episode_length: np.ndarray):
+    """Step the envs once. Returns (obs to act on next, true next obs of this transition, rewards, terminations,
+    new episode_return, new episode_length, [(return, length) of each episode that ended])."""
+    raw_obs, rewards, terminations, truncations, infos = envs.step(actions)
+    ended = terminations | truncations
+    episode_return, episode_length = episode_return + rewards, episode_length + 1
+    finished = [(float(episode_return[i]), int(episode_length[i])) for i in np.flatnonzero(ended)]
+    real_next = true_next_obs(raw_obs, ended, infos)
+    episode_return, episode_length = np.where(ended, 0.0, episode_return), np.where(ended, 0, episode_length)
+    return raw_obs, real_next, rewards, terminations, episode_return, episode_length, finished
+
+
+# --- end shared: sac-rollout ---
+
+
+# --- shared: sac-evaluation ---
+def evaluate(weights: list, env_id: str, episodes: int, seed: int, video_dir: Optional[str] = None) -> list:
+    """Deterministic episodes (tanh of the Gaussian's mean) on a separate env, seeded seed, seed+1, ...; returns
+    their returns. Uses no global RNG, so evaluating during training does not change the training run."""
+    env = make_env(env_id, 0, video_dir is not None, video_dir or "")()
+    low, high = env.action_space.low, env.action_space.high
+    scale, bias = (high - low) / 2.0, (high + low) / 2.0
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        done, total = False, 0.0
+        while not done:
+            action = policy_actions(obs.astype(np.float32)[None], weights, None, scale, bias)[0]
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            done = terminated or truncated
+        returns.append(total)
+    env.close()
+    return returns
+
+
+# --- end shared: sac-evaluation ---
+
+
+def crossed(step: int, advance: int, interval: int) -> bool:
+    """Did global_step pass a multiple of `interval` in its last advance (num_envs steps)? (interval 0: never)"""
+    return interval > 0 and step // interval > (step - advance) // interval
+
+
+# --- shared: errors ---
+class UserError(Exception):
+    """A problem with the user's input (flags, env, checkpoint): reported as one paragraph, exit code 2."""
+
+
+def run_cli(main: Callable[[], None]) -> None:
+    """Run main(); turn a UserError into a short message on stderr and exit code 2 instead of a traceback."""
+    try:
+        main()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def check_env_id(env_id: str) -> None:
+    """Fail early and clearly on an unknown id. "module:Env-v0" ids import `module` first, as gym.make does."""
+    module, _, name = env_id.rpartition(":")
+    try:
+        if module:
+            importlib.import_module(module)
+        gym.spec(name)
+    except ImportError as e:
+        raise UserError(f"environment id '{env_id}': module '{module}' could not be imported ({e}).") from None
+    except gym.error.Error as e:
+        raise UserError(f"unknown environment id '{env_id}' ({e}). Check the spelling and version suffix.") from None
+
+
+def quiet_mujoco_warnings() -> None:
+    """MuJoCo 4 warns at every model load that the -v4 files' `settotalmass` attribute is deprecated; the -v4 and
+    -v5 gymnasium environments still load and run the same. Hide that one warning (and gymnasium's note that -v4 is
+    out of date), keep every other MuJoCo warning."""
+    warnings.filterwarnings("ignore", message=r".*The environment .* is out of date.*")
+    try:
+        import mujoco
+    except ImportError:
+        return
+
+    def on_warning(message: str) -> None:
+        if "settotalmass" not in message:
+            print(f"MuJoCo warning: {message}", file=sys.stderr)
+
+    mujoco.set_mju_user_warning(on_warning)
+
+
+# --- end shared: errors ---
+
+
+# --- shared: seeding ---
+def seed_everything(seed: int, torch_deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.backends.cudnn.deterministic = torch_deterministic
+
+
+def get_rng_states() -> dict:
+    """The global RNG states (python, numpy, torch, cuda) as plain data that loads with weights_only=True."""
+    np_state = np.random.get_state()
+    states = {
+        "python": random.getstate(),
+        "numpy": {"key": torch.from_numpy(np_state[1].astype(np.int64)), "pos": np_state[2], "has_gauss": np_state[3],
+                  "cached_gaussian": np_state[4]},
+        "torch": torch.get_rng_state(),
+    }  # fmt: skip
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict) -> None:
+    random.setstate(states["python"])
+    n = states["numpy"]
+    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def pick_torch_threads(requested: int) -> int:
+    """0 means one thread per core this process may run on (respects taskset/cgroups, unlike os.cpu_count)."""
+    return requested if requested > 0 else len(os.sched_getaffinity(0))
+
+
+# --- end shared: seeding ---
+
+
+# --- shared: env-state ---
+def _find_wrapper(env: gym.Env, wrapper_type: type) -> Optional[gym.Wrapper]:
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, wrapper_type):
+            return env
+        env = env.env
+    return None
+
+
+def capture_env_state(env: gym.Env) -> dict:
+    """Everything needed to continue one environment exactly where it is, as plain numbers and tensors:
+    its RNG, the time-limit counter, and the simulator state (MuJoCo's integration state, or a classic-control
+    env's `state` array). Returns {"exact": False} parts when the env type is unknown (it then restarts from reset)."""
+    base = env.unwrapped
+    state: dict = {"np_random": base.np_random.bit_generator.state, "exact": True}
+    time_limit = _find_wrapper(env, gym.wrappers.TimeLimit)
+    state["elapsed_steps"] = None if time_limit is None else time_limit._elapsed_steps
+    if hasattr(base, "model") and hasattr(base, "data") and type(base.data).__name__ == "MjData":
+        import mujoco
+
+        spec = mujoco.mjtState.mjSTATE_INTEGRATION  # qpos, qvel, act, warm-start, ctrl, time...: bit-exact stepping
+        buffer = np.empty(mujoco.mj_stateSize(base.model, spec), np.float64)
+        mujoco.mj_getState(base.model, base.data, buffer, spec)
+        state["mujoco"] = torch.from_numpy(buffer)
+    elif isinstance(getattr(base, "state", None), np.ndarray):
+        state["classic"] = torch.from_numpy(np.array(base.state, dtype=np.float64))
+        if hasattr(base, "last_u"):  # Pendulum renders with it; keep it for completeness
+            state["last_u"] = None if base.last_u is None else float(np.asarray(base.last_u).reshape(-1)[0])
+    else:
+        state["exact"] = False
+    return state
+
+
+def restore_env_state(env: gym.Env, state: dict) -> None:
+    base = env.unwrapped
+    base.np_random.bit_generator.state = state["np_random"]
+    time_limit = _find_wrapper(env, gym.wrappers.TimeLimit)
+    if time_limit is not None and state["elapsed_steps"] is not None:
+        time_limit._elapsed_steps = state["elapsed_steps"]
+    if "mujoco" in state:
+        import mujoco
+
+        mujoco.mj_setState(base.model, base.data, state["mujoco"].numpy().copy(), mujoco.mjtState.mjSTATE_INTEGRATION)
+    elif "classic" in state:
+        base.state = state["classic"].numpy().copy()
+        if "last_u" in state:
+            base.last_u = state["last_u"]
+
+
+# --- end shared: env-state ---
+
+
+# --- shared: checkpoint ---
+def save_checkpoint(state: dict, path: Path) -> None:
+    """Write atomically: a temporary file in the same folder, fsync, then rename over the target. A crash or
+    Ctrl-C mid-write leaves at worst a stray .tmp file, never a truncated checkpoint under the real name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_checkpoint(path: str, map_location: torch.device) -> dict:
+    """Load with weights_only=True: plain tensors and Python data only, never arbitrary pickled objects."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"checkpoint '{path}' does not exist (or is not a file).")
+    try:
+        state = torch.load(p, map_location=map_location, weights_only=True)
+    except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
+        raise UserError(f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}).") from None  # fmt: skip
+    if not isinstance(state, dict) or "format" not in state or "args" not in state:
+        raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
+    return state
+
+
+def prune_checkpoints(ckpt_dir: Path, keep: int, prefix: str = "step_") -> None:
+    """Delete all but the newest `keep` periodic checkpoints (names sort by zero-padded global step)."""
+    periodic = sorted(ckpt_dir.glob(f"{prefix}*.pt"))
+    for old in periodic[: max(len(periodic) - keep, 0)]:
+        old.unlink()
+
+
+def checkpoint_name(kind: str, global_step: int) -> str:
+    return f"{kind}_{global_step:010d}.pt"
+
+
+# --- end shared: checkpoint ---
+
+
+# --- shared: logging ---
+def wandb_credentials_available() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")
+
+
+def check_tracking(track: bool) -> None:
+    """Never wait at wandb's login prompt: with no credentials and WANDB_MODE not offline/disabled, stop at once,
+    before anything is written."""
+    mode = os.environ.get("WANDB_MODE", "").lower()
+    if track and mode not in ("offline", "disabled", "dryrun") and not wandb_credentials_available():
+        raise UserError("--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
+                        "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`).")  # fmt: skip
+
+
+def init_tracking(args, run_name: str, run_dir: Path) -> None:
+    """wandb mirrors the TensorBoard scalars (sync_tensorboard=True: call before creating the SummaryWriter)."""
+    check_tracking(True)
+    import wandb
+
+    wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
+               name=run_name, dir=str(run_dir), save_code=True)  # fmt: skip
+
+
+def make_writer(run_dir: Path, args, purge_step: Optional[int]):
+    """TensorBoard writer. On resume, purge_step hides events logged after the checkpoint (one continuous curve)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(run_dir), purge_step=purge_step)
+    if purge_step is None:
+        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer
+
+
+class Progress:
+    """One self-overwriting status line on a terminal; silent when stdout is not a TTY (logs, CI, nohup)."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.enabled = enabled and sys.stdout.isatty()
+        self.total = total
+
+    def update(self, step: int, sps: float, recent_return: Optional[float]) -> None:
+        if self.enabled:
+            ret = "   n/a" if recent_return is None else f"{recent_return:9.1f}"
+            print(f"\rstep {step:>10,}/{self.total:,} | {sps:6.0f} SPS | return (last 10) {ret}", end="", flush=True)
+
+    def close(self) -> None:
+        if self.enabled:
+            print()
+
+
+# --- end shared: logging ---
+
+
+def validate_args(args: Args) -> None:
+    if args.num_envs < 1 or args.batch_size < 1 or args.buffer_size < 1:
+        raise UserError("num_envs, batch_size and buffer_size must all be at least 1.")
+    if args.total_timesteps < args.num_envs:
+        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one vector step (num_envs = {args.num_envs}).")
+    if args.learning_starts > args.total_timesteps:
+        raise UserError(f"learning_starts ({args.learning_starts}) is above total_timesteps ({args.total_timesteps}): "
+                        "no update would run. Lower --learning-starts or raise --total-timesteps.")  # fmt: skip
+    if args.learning_starts < 0:
+        raise UserError(f"learning_starts ({args.learning_starts}) must be >= 0.")
+    if args.batch_size > args.buffer_size:
+        raise UserError(f"batch_size ({args.batch_size}) is larger than buffer_size ({args.buffer_size}). "
+                        "Lower --batch-size or raise --buffer-size.")  # fmt: skip
+    if args.policy_frequency < 1 or args.target_network_frequency < 1 or args.log_interval < 1:
+        raise UserError("policy_frequency, target_network_frequency and log_interval must all be at least 1.")
+    if not 0.0 < args.tau <= 1.0 or not 0.0 <= args.gamma <= 1.0 or args.alpha < 0.0:
+        raise UserError(f"tau must be in (0, 1], gamma in [0, 1] and alpha >= 0 (got {args.tau}, {args.gamma}, {args.alpha}).")
+    if args.checkpoint_interval < 0 or args.keep_checkpoints < 1 or args.eval_episodes < 1 or args.eval_interval < 0:
+        raise UserError("checkpoint_interval and eval_interval must be >= 0, keep_checkpoints and eval_episodes >= 1.")
+    check_tracking(args.track)
+
+
+def probe_env(env_id: str) -> tuple[tuple, tuple]:
+    """Make the env once to check it exists and has a bounded continuous (Box) action space; return the shapes."""
+    check_env_id(env_id)
+    try:
+        env = gym.wrappers.FlattenObservation(gym.make(env_id))
+    except gym.error.Error as e:
+        raise UserError(f"environment '{env_id}' could not be created: {e}") from None
+    obs_space, act_space = env.observation_space, env.action_space
+    env.close()
+    if not isinstance(act_space, gym.spaces.Box):
+        raise UserError(f"{env_id} has a {type(act_space).__name__} action space ({act_space}); this SAC needs a "
+                        f"continuous Box action space. For discrete actions use a discrete-action algorithm.")  # fmt: skip
+    if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
+        raise UserError(f"{env_id}'s action space {act_space} is unbounded; SAC squashes actions into its bounds.")
+    return obs_space.shape, act_space.shape
+
+
+def check_checkpoint_matches(ckpt: dict, path: str, obs_shape: tuple, act_shape: tuple) -> None:
+    if ckpt.get("script") != "sac_continuous":
+        raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script', 'another script')}.py, not by "
+                        f"sac_continuous.py.")  # fmt: skip
+    if tuple(ckpt["obs_shape"]) != tuple(obs_shape) or tuple(ckpt["act_shape"]) != tuple(act_shape):
+        raise UserError(f"checkpoint '{path}' was made for {ckpt['args']['env_id']} (observations {tuple(ckpt['obs_shape'])}"
+                        f", actions {tuple(ckpt['act_shape'])}), which does not fit this env (observations {obs_shape}, "
+                        f"actions {act_shape}).")  # fmt: skip
+
+
+def merge_resume_args(cli: Args, saved: dict) -> Args:
+    """The checkpoint's Args win, except the flags in RESUME_OVERRIDABLE; a conflicting flag gets a warning."""
+    defaults = Args()
+    merged = dict(saved)
+    for f in dataclasses.fields(Args):
+        if f.name in RESUME_OVERRIDABLE or f.name not in saved:
+            merged[f.name] = getattr(cli, f.name)
+        elif getattr(cli, f.name) != getattr(defaults, f.name) and getattr(cli, f.name) != saved[f.name]:
+            print(f"warning: --{f.name.replace('_', '-')} {getattr(cli, f.name)} ignored: resuming keeps the checkpoint's "
+                  f"value {saved[f.name]}.", file=sys.stderr)  # fmt: skip
+    return Args(**{f.name: merged[f.name] for f in dataclasses.fields(Args)})
+
+
+class StopRequest:
+    """Ctrl-C / SIGTERM handler: the first signal asks the loop to stop at the end of the current step (a consistent
+    state to save); a second one interrupts at once, without saving."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __call__(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+LOSS_NAMES = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss")
+ACTOR_NAMES = ("actor_loss", "alpha", "alpha_loss")
+
+
+def main() -> None:
+    args = tyro.cli(Args)
+    if args.capture_video and not os.environ.get("DISPLAY"):
+        # headless: MuJoCo renders through EGL (Mesa's software EGL works without a GPU). Set before mujoco loads.
+        os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL") or "egl"
+    quiet_mujoco_warnings()
+    if args.resume and args.eval_checkpoint:
+        raise UserError("--resume and --eval-checkpoint exclude each other: evaluate a checkpoint, or continue it.")
+    if not args.resume:  # a resumed run is checked once its Args are merged with the checkpoint's
+        validate_args(args)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    torch.set_num_threads(pick_torch_threads(args.torch_threads))
+
+    if args.eval_checkpoint:
+        return eval_only(args, device)
+
+    ckpt = None
+    if args.resume:
+        ckpt = load_checkpoint(args.resume, device)
+        args = merge_resume_args(args, ckpt["args"])
+        validate_args(args)
+    args.num_iterations = args.total_timesteps // args.num_envs
+    obs_shape, act_shape = probe_env(args.env_id)
+    if ckpt is not None:
+        check_checkpoint_matches(ckpt, args.resume, obs_shape, act_shape)
+        if ckpt["iteration"] >= args.num_iterations:
+            raise UserError(f"checkpoint '{args.resume}' is at step {ckpt['global_step']} and --total-timesteps is "
+                            f"{args.total_timesteps}: nothing left to do. Raise --total-timesteps to continue.")  # fmt: skip
+        run_dir = Path(args.resume).resolve().parent.parent
+        run_name = ckpt["run_name"]
+    else:
+        # "ALE/Pong-v5" or "module:Env-v0" must not become nested or odd folder names
+        safe_env_id = args.env_id.replace("/", "-").replace(":", "-")
+        run_name = f"{safe_env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        run_dir = Path(args.runs_dir) / run_name
+    ckpt_dir = run_dir / "checkpoints"
+
+    # ---- logging ----
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if args.track:
+        init_tracking(args, run_name, run_dir)
+    writer = make_writer(run_dir, args, purge_step=None if ckpt is None else ckpt["global_step"] + 1)
+    if ckpt is None:
+        (run_dir / "args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2))
+    print(f"run: {run_dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
+
+    # ---- seeding ----
+    seed_everything(args.seed, args.torch_deterministic)
+
+    # ---- env setup ----
+    # SAME_STEP autoreset: step() returns the next episode's first obs and puts the true last obs of the finished
+    # episode in infos["final_obs"]: that one is stored as the transition's next obs (NEXT_STEP, gymnasium 1.x's
+    # default, would return one extra step per episode whose action is ignored, which must not enter the buffer).
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id, i, args.capture_video, str(run_dir / "videos")) for i in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "the loop assumes same-step autoreset"
+    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_shape))
+    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+    action_scale, action_bias = (action_high - action_low) / 2.0, (action_high + action_low) / 2.0
+
+    # ---- the five parts: networks + learner, parameter holder, replay buffer ----
+    learner = make_learner(obs_dim, act_dim, action_low, action_high, args, device)
+    holder = ParameterHolder()
+    buffer = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
+    print(f"replay buffer: {args.buffer_size:,} transitions, {buffer.nbytes / 1e6:.1f} MB of arrays "
+          f"({buffer.nbytes // args.buffer_size} bytes per transition)")  # fmt: skip
+
+    # ---- start or restore the state that runs across steps ----
+    raw_obs, _ = envs.reset(seed=args.seed)
+    episode_return = np.zeros(args.num_envs)
+    episode_length = np.zeros(args.num_envs, np.int64)
+    recent_returns: list = []
+    global_step, start_iteration, grad_steps, actor_updates = 0, 1, 0, 0
+    updates_start = args.learning_starts  # the first gradient step comes once global_step reaches it
+    loss_sums = torch.zeros(len(LOSS_NAMES), device=device)  # summed over the log window's gradient steps
+    actor_sums = torch.zeros(len(ACTOR_NAMES), device=device)  # summed over its actor updates
+    window_grad_steps, window_actor_updates = 0, 0
+    if ckpt is not None:
+        learner.actor.load_state_dict(ckpt["actor"])
+        learner.qf.load_state_dict(ckpt["qf"])
+        learner.qf_target.load_state_dict(ckpt["qf_target"])
+        learner.actor_optimizer.load_state_dict(ckpt["actor_optimizer"])
+        learner.q_optimizer.load_state_dict(ckpt["q_optimizer"])
+        learner.log_alpha.data.copy_(ckpt["log_alpha"])
+        if learner.alpha_optimizer is not None:
+            learner.alpha_optimizer.load_state_dict(ckpt["alpha_optimizer"])
+        run_state = ckpt["run_state"]
+        if len(ckpt["env_states"]) != args.num_envs:
+            raise UserError(f"checkpoint has {len(ckpt['env_states'])} env states, the run has {args.num_envs} envs.")
+        exact = True
+        for env, env_state in zip(envs.envs, ckpt["env_states"]):
+            restore_env_state(env, env_state)
+            exact = exact and env_state["exact"]
+        if exact:
+            raw_obs = run_state["raw_obs"].numpy()
+            episode_return, episode_length = run_state["episode_return"].numpy(), run_state["episode_length"].numpy()
+        else:
+            print(f"warning: {args.env_id}'s simulator state cannot be captured; its envs restart from a reset.")
+        recent_returns = list(run_state["recent_returns"])
+        grad_steps, actor_updates = run_state["grad_steps"], run_state["actor_updates"]
+        loss_sums, actor_sums = run_state["loss_sums"].to(device), run_state["actor_sums"].to(device)
+        window_grad_steps, window_actor_updates = run_state["window_grad_steps"], run_state["window_actor_updates"]
+        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
+        updates_start = run_state["updates_start"]
+        if ckpt["replay_buffer"] is not None:
+            buffer.load_state_dict(ckpt["replay_buffer"])
+        else:
+            updates_start = global_step + args.learning_starts
+            print(f"warning: the checkpoint holds no replay buffer (saved without --save-buffer): the buffer starts "
+                  f"empty, and updates pause until {args.learning_starts} new transitions are in it (step "
+                  f"{updates_start}). Acting continues with the trained policy.", file=sys.stderr)  # fmt: skip
+        set_rng_states(ckpt["rng_states"])
+    holder.publish(learner.actor, actor_updates)
+
+    def training_state(iteration: int) -> dict:
+        """A complete checkpoint as plain data (loads with weights_only=True); tensors are copies."""
+        return {
+            "format": 1,
+            "script": "sac_continuous",
+            "run_name": run_name,
+            "args": dataclasses.asdict(args),
+            "global_step": global_step,
+            "iteration": iteration,
+            "obs_shape": list(obs_shape),
+            "act_shape": list(act_shape),
+            "actor": {k: v.detach().clone().cpu() for k, v in learner.actor.state_dict().items()},
+            "qf": {k: v.detach().clone().cpu() for k, v in learner.qf.state_dict().items()},
+            "qf_target": {k: v.detach().clone().cpu() for k, v in learner.qf_target.state_dict().items()},
+            "actor_optimizer": copy.deepcopy(learner.actor_optimizer.state_dict()),
+            "q_optimizer": copy.deepcopy(learner.q_optimizer.state_dict()),
+            "log_alpha": learner.log_alpha.detach().clone().cpu(),
+            "alpha_optimizer": None if learner.alpha_optimizer is None else copy.deepcopy(learner.alpha_optimizer.state_dict()),
+            "env_states": [capture_env_state(env) for env in envs.envs],
+            "run_state": {
+                "raw_obs": torch.from_numpy(np.array(raw_obs, dtype=np.float64)),
+                "episode_return": torch.from_numpy(np.array(episode_return, dtype=np.float64)),
+                "episode_length": torch.from_numpy(np.array(episode_length, dtype=np.int64)),
+                "recent_returns": list(recent_returns),
+                "grad_steps": grad_steps,
+                "actor_updates": actor_updates,
+                "updates_start": updates_start,
+                "loss_sums": loss_sums.detach().clone().cpu(),
+                "actor_sums": actor_sums.detach().clone().cpu(),
+                "window_grad_steps": window_grad_steps,
+                "window_actor_updates": window_actor_updates,
+            },
+            "replay_buffer": buffer.state_dict() if args.save_buffer else None,
+            "rng_states": get_rng_states(),
+        }
+
+    # Ctrl-C (and SIGTERM, e.g. a cluster preempting the job) stops the loop at the end of the current step, whose
+    # state is consistent, and saves it. (A step is milliseconds, so this answers at once.)
+    stop = StopRequest()
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    progress = Progress(args.progress, args.total_timesteps)
+    start_time, start_step = time.time(), global_step
+    rollout_time = update_time = 0.0  # in the current log window
+    window_start_step = global_step
+    iteration = start_iteration - 1
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        # ---- rollout: act (uniform random before learning_starts), step the envs, store the transitions ----
+        t0 = time.perf_counter()
+        if global_step < args.learning_starts:
+            # torch's RNG rather than action_space.sample(): one checkpointed generator for everything
+            actions = (torch.rand((args.num_envs, act_dim)).numpy() * (action_high - action_low) + action_low).astype(np.float32)
+        else:
+            noise = torch.randn((args.num_envs, act_dim)).numpy()
+            actions = policy_actions(raw_obs.astype(np.float32), holder.weights, noise, action_scale, action_bias)
+        obs = raw_obs
+        raw_obs, real_next_obs, rewards, terminations, episode_return, episode_length, finished = env_step(
+            envs, actions, episode_return, episode_length
+        )
+        global_step += args.num_envs
+        # store terminations, not truncations: a time limit is not a terminal state (next obs = true final obs)
+        buffer.add(obs, real_next_obs, actions, rewards, terminations)
+        for ret, length in finished:
+            writer.add_scalar("charts/episodic_return", ret, global_step)
+            writer.add_scalar("charts/episodic_length", length, global_step)
+            recent_returns = (recent_returns + [ret])[-10:]
+        t1 = time.perf_counter()
+        rollout_time += t1 - t0
+
+        # ---- learner update: one gradient step per vector step, metrics accumulated as tensors (no sync) ----
+        if global_step >= max(updates_start, 1):
+            grad_steps += 1
+            batch = buffer.sample(args.batch_size, device)
+            loss_sums += critic_update(learner, batch, args.gamma)
+            window_grad_steps += 1
+            if grad_steps % args.policy_frequency == 0:  # delayed policy: policy_frequency updates every policy_frequency steps
+                for _ in range(args.policy_frequency):
+                    actor_sums += actor_update(learner, batch["obs"], args.autotune)
+                actor_updates += args.policy_frequency
+                window_actor_updates += args.policy_frequency
+                holder.publish(learner.actor, actor_updates)  # the rollout acts with the new weights
+            if grad_steps % args.target_network_frequency == 0:
+                soft_update(learner.qf_target_flat, learner.qf_flat, args.tau)
+            update_time += time.perf_counter() - t1
+
+        # ---- logging: one sync per log window ----
+        if crossed(global_step, args.num_envs, args.log_interval):
+            if window_grad_steps > 0:
+                q_means = (loss_sums / window_grad_steps).tolist()
+                for name, value in zip(LOSS_NAMES, q_means):
+                    writer.add_scalar(f"losses/{name}", value, global_step)
+                writer.add_scalar("losses/qf_loss", (q_means[2] + q_means[3]) / 2.0, global_step)
+            if window_actor_updates > 0:
+                for name, value in zip(ACTOR_NAMES, (actor_sums / window_actor_updates).tolist()):
+                    if name != "alpha_loss" or args.autotune:
+                        writer.add_scalar(f"losses/{name}", value, global_step)
+            sps = (global_step - start_step) / (time.time() - start_time)
+            window = global_step - window_start_step
+            writer.add_scalar("charts/SPS", sps, global_step)
+            writer.add_scalar("charts/rollout_us_per_step", rollout_time / window * 1e6, global_step)
+            writer.add_scalar("charts/update_us_per_step", update_time / window * 1e6, global_step)
+            progress.update(global_step, sps, float(np.mean(recent_returns)) if recent_returns else None)
+            loss_sums.zero_()
+            actor_sums.zero_()
+            window_grad_steps = window_actor_updates = 0
+            rollout_time = update_time = 0.0
+            window_start_step = global_step
+
+        if crossed(global_step, args.num_envs, args.eval_interval):
+            returns_eval = evaluate(holder.weights, args.env_id, args.eval_episodes, args.seed + 10_000)
+            writer.add_scalar("eval/episodic_return", float(np.mean(returns_eval)), global_step)
+        if crossed(global_step, args.num_envs, args.checkpoint_interval):
+            save_checkpoint(training_state(iteration), ckpt_dir / checkpoint_name("step", global_step))
+            prune_checkpoints(ckpt_dir, args.keep_checkpoints)
+        if stop.requested:
+            break
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    progress.close()
+
+    if stop.requested:
+        path = ckpt_dir / checkpoint_name("interrupted", global_step)
+        save_checkpoint(training_state(iteration), path)
+        print(f"interrupted: saved step {global_step} to {path}\nresume with: python {os.path.basename(__file__)} "
+              f"--resume {path}", file=sys.stderr)  # fmt: skip
+        writer.close()
+        envs.close()
+        sys.exit(130)
+
+    if args.save_model:
+        path = ckpt_dir / checkpoint_name("final", global_step)
+        save_checkpoint(training_state(iteration), path)
+        print(f"model saved to {path}")
+        video_dir = str(run_dir / "videos" / "eval") if args.capture_video else None
+        returns_eval = evaluate(holder.weights, args.env_id, args.eval_episodes, args.seed + 10_000, video_dir)
+        writer.add_scalar("eval/episodic_return", float(np.mean(returns_eval)), global_step)
+        print(f"eval: {np.mean(returns_eval):.2f} +- {np.std(returns_eval):.2f} over {len(returns_eval)} episodes")
+    print(f"peak RSS: {peak_rss_mb():.0f} MB")
+    writer.close()
+    envs.close()
+    if args.track:
+        import wandb
+
+        wandb.finish()
+
+
+def eval_only(args: Args, device: torch.device) -> None:
+    """--eval-checkpoint: deterministic episodes; print and log eval/episodic_return."""
+    ckpt = load_checkpoint(args.eval_checkpoint, device)
+    saved = Args(**{f.name: ckpt["args"][f.name] for f in dataclasses.fields(Args) if f.name in ckpt["args"]})
+    obs_shape, act_shape = probe_env(saved.env_id)
+    check_checkpoint_matches(ckpt, args.eval_checkpoint, obs_shape, act_shape)
+    actor = Actor(int(np.prod(obs_shape)), int(np.prod(act_shape)))
+    actor.load_state_dict(ckpt["actor"])
+    holder = ParameterHolder()
+    holder.publish(actor, ckpt["run_state"]["actor_updates"])
+    run_dir = Path(args.eval_checkpoint).resolve().parent.parent
+    eval_dir = run_dir / "eval" / Path(args.eval_checkpoint).stem
+    video_dir = str(eval_dir / "videos") if args.capture_video else None
+    returns = evaluate(holder.weights, saved.env_id, args.eval_episodes, saved.seed + 10_000, video_dir)
+    writer = make_writer(eval_dir, saved, purge_step=None)
+    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), ckpt["global_step"])
+    writer.close()
+    print(f"eval {saved.env_id} at step {ckpt['global_step']}: {np.mean(returns):.2f} +- {np.std(returns):.2f} "
+          f"over {len(returns)} episodes")  # fmt: skip
+
+
+if __name__ == "__main__":
+    run_cli(main)
