@@ -658,6 +658,8 @@ def probe_env(env_id: str) -> tuple[tuple, tuple]:
 
 
 def check_checkpoint_matches(ckpt: dict, path: str, obs_shape: tuple, act_shape: tuple) -> None:
+    if ckpt.get("script") != "ppo_continuous":
+        raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script')}.py, not ppo_continuous.py.")
     if tuple(ckpt["obs_shape"]) != tuple(obs_shape) or tuple(ckpt["act_shape"]) != tuple(act_shape):
         raise UserError(f"checkpoint '{path}' was made for {ckpt['args']['env_id']} (observations {tuple(ckpt['obs_shape'])}"
                         f", actions {tuple(ckpt['act_shape'])}), which does not fit this env (observations {obs_shape}, "

@@ -148,6 +148,13 @@ def test_corrupt_or_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path
     torch.save(ckpt, other)
     assert_clean_error(run_script(SCRIPT, mode, other, "--total-timesteps", "100000", timeout=120), "does not fit", "(17,)")
 
+    # a checkpoint written by another script of the project
+    ckpt = torch.load(pendulum_checkpoint, weights_only=True)
+    ckpt["script"] = "sac_continuous"
+    foreign = tmp_path / "run" / "checkpoints" / "foreign.pt"
+    torch.save(ckpt, foreign)
+    assert_clean_error(run_script(SCRIPT, mode, foreign, "--total-timesteps", "100000", timeout=120), "sac_continuous.py")
+
 
 def test_ctrl_c_saves_the_last_completed_iteration_and_resumes(tmp_path):
     cmd = [sys.executable, str(ROOT / SCRIPT), "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "10000000",

@@ -1,0 +1,269 @@
+"""Unit tests of sac_continuous.py's parts (networks, replay buffer, parameter holder, learner, rollout), imported
+from the script itself (no copies)."""
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import sac_continuous as sac
+import tests.fake_envs  # noqa: F401  (registers Counting-v0 and friends)
+
+
+def make_learner(obs_dim=3, act_dim=2, low=-2.0, high=2.0, **overrides) -> sac.Learner:
+    torch.manual_seed(0)
+    args = sac.Args(**overrides)
+    return sac.make_learner(obs_dim, act_dim, np.full(act_dim, low, np.float32), np.full(act_dim, high, np.float32),
+                            args, torch.device("cpu"))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The tanh-squashed Gaussian
+# ---------------------------------------------------------------------------------------------------------------
+def test_squashed_log_prob_matches_a_numerical_change_of_variables():
+    """p_A(a) ~ P(a - d < A < a + d) / 2d, with P computed from the Gaussian CDF of u = atanh((a - bias) / scale):
+    a density obtained from probabilities alone, without the Jacobian formula under test."""
+    torch.manual_seed(0)
+    mean = torch.tensor([[0.3, -1.2, 2.5]], dtype=torch.float64)
+    log_std = torch.tensor([[-0.5, 0.2, -1.0]], dtype=torch.float64)
+    scale = torch.tensor([2.0, 0.5, 1.0], dtype=torch.float64)
+    bias = torch.tensor([1.0, 0.0, -0.25], dtype=torch.float64)
+    for noise in (torch.zeros(1, 3, dtype=torch.float64), torch.tensor([[0.7, -1.5, 1.1]], dtype=torch.float64)):
+        action, log_prob = sac.squashed_gaussian(mean, log_std, noise, scale, bias)
+        normal = torch.distributions.Normal(mean, log_std.exp())
+        d = 1e-6 * scale
+        lo = torch.atanh((action - d - bias) / scale)
+        hi = torch.atanh((action + d - bias) / scale)
+        density = (normal.cdf(hi) - normal.cdf(lo)) / (2 * d)  # per dimension: the dimensions are independent
+        torch.testing.assert_close(log_prob, density.log().sum(-1), rtol=1e-6, atol=1e-6)
+
+
+def test_squashed_sample_is_inside_the_bounds_and_stable_at_saturation():
+    mean = torch.tensor([[40.0, -40.0, 0.0]])  # tanh rounds to +-1 in float32
+    log_std = torch.zeros(1, 3)
+    scale, bias = torch.tensor([2.0, 2.0, 2.0]), torch.tensor([1.0, 1.0, 1.0])
+    action, log_prob = sac.squashed_gaussian(mean, log_std, torch.zeros(1, 3), scale, bias)
+    assert ((action >= -1.0) & (action <= 3.0)).all()
+    assert torch.isfinite(log_prob).all()
+    # log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)): for u = 40 that is about -78.6, not log(1e-6) = -13.8
+    expected_log_det = 2 * (math.log(2) - 40.0) + math.log(2.0)
+    unsquashed = -math.log(math.sqrt(2 * math.pi))
+    assert log_prob.item() == pytest.approx(3 * unsquashed - 2 * expected_log_det - math.log(2.0), rel=1e-4)
+
+
+def test_bounded_log_std_range():
+    out = sac.bounded_log_std(torch.tensor([-100.0, 0.0, 100.0]))
+    torch.testing.assert_close(out, torch.tensor([sac.LOG_STD_MIN, (sac.LOG_STD_MIN + sac.LOG_STD_MAX) / 2, sac.LOG_STD_MAX]))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Networks
+# ---------------------------------------------------------------------------------------------------------------
+def test_twin_q_is_two_independent_mlps():
+    torch.manual_seed(0)
+    qf = sac.TwinQ(5, 2)
+    obs, act = torch.randn(7, 5), torch.randn(7, 2)
+    out = qf(obs, act)
+    assert out.shape == (2, 7)
+    x = torch.cat([obs, act], -1)
+    for i in range(2):
+        h = torch.relu(x @ qf.w1[i] + qf.b1[i])
+        h = torch.relu(h @ qf.w2[i] + qf.b2[i])
+        torch.testing.assert_close(out[i], (h @ qf.w3[i] + qf.b3[i]).squeeze(-1))
+    assert not torch.allclose(out[0], out[1]), "the two critics are initialized independently"
+    assert qf.w2.abs().max() <= 1 / math.sqrt(256) and qf.w1.abs().max() <= 1 / math.sqrt(7)  # nn.Linear's init
+
+
+def test_numpy_actor_acts_like_the_torch_actor():
+    torch.manual_seed(0)
+    actor = sac.Actor(17, 6)
+    holder = sac.ParameterHolder()
+    holder.publish(actor, version=3)
+    assert holder.version == 3
+    obs = np.random.default_rng(0).normal(size=(4, 17)).astype(np.float32)
+    noise = np.random.default_rng(1).normal(size=(4, 6)).astype(np.float32)
+    scale, bias = np.full(6, 2.0, np.float32), np.full(6, 0.5, np.float32)
+    with torch.no_grad():
+        mean, log_std = actor(torch.from_numpy(obs))
+        expected, _ = sac.squashed_gaussian(mean, log_std, torch.from_numpy(noise), torch.from_numpy(scale), torch.from_numpy(bias))
+    np.testing.assert_allclose(sac.policy_actions(obs, holder.weights, noise, scale, bias), expected.numpy(), rtol=1e-5, atol=1e-5)
+    deterministic = np.tanh(mean.numpy()) * scale + bias
+    np.testing.assert_allclose(sac.policy_actions(obs, holder.weights, None, scale, bias), deterministic, rtol=1e-5, atol=1e-5)
+
+
+def test_parameter_holder_publishes_snapshots():
+    learner = make_learner()
+    holder = sac.ParameterHolder()
+    holder.publish(learner.actor, 0)
+    before = [w.copy() for w in holder.weights]
+    with torch.no_grad():
+        learner.actor_flat.add_(1.0)
+    for a, b in zip(before, holder.weights):
+        np.testing.assert_array_equal(a, b)  # a copy: the actors act with the published version until the next one
+    holder.publish(learner.actor, 1)
+    np.testing.assert_allclose(holder.weights[0], before[0] + 1.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Learner: target, soft update, which weights each step moves
+# ---------------------------------------------------------------------------------------------------------------
+def test_soft_q_target_termination_vs_truncation():
+    rewards = torch.tensor([1.0, 1.0])
+    next_q = torch.tensor([[5.0, 5.0], [3.0, 7.0]])  # (2 critics, batch): min is 3 and 5
+    next_log_prob = torch.tensor([-1.0, 2.0])
+    y = sac.soft_q_target(rewards, torch.tensor([0.0, 1.0]), next_q, next_log_prob, torch.tensor(0.5), 0.9)
+    # sample 0 (truncated or mid-episode): 1 + 0.9 * (3 - 0.5 * -1) = 4.15; sample 1 (terminated): just the reward
+    torch.testing.assert_close(y, torch.tensor([1.0 + 0.9 * 3.5, 1.0]))
+
+
+def test_soft_update_is_polyak_averaging():
+    learner = make_learner()
+    torch.testing.assert_close(learner.qf_target_flat, learner.qf_flat.detach())  # targets start equal
+    with torch.no_grad():
+        learner.qf_flat.add_(torch.randn_like(learner.qf_flat))
+    before = learner.qf_target_flat.clone()
+    sac.soft_update(learner.qf_target_flat, learner.qf_flat, 0.005)
+    torch.testing.assert_close(learner.qf_target_flat, 0.005 * learner.qf_flat.detach() + 0.995 * before)
+    # the per-layer views of the target network see the new values
+    torch.testing.assert_close(learner.qf_target.w1.reshape(-1), learner.qf_target_flat[: learner.qf_target.w1.numel()])
+    sac.soft_update(learner.qf_target_flat, learner.qf_flat, 1.0)
+    torch.testing.assert_close(learner.qf_target_flat, learner.qf_flat.detach())
+
+
+def random_batch(n=16, obs_dim=3, act_dim=2) -> dict:
+    g = torch.Generator().manual_seed(1)
+    return {"obs": torch.randn(n, obs_dim, generator=g), "next_obs": torch.randn(n, obs_dim, generator=g),
+            "actions": torch.rand(n, act_dim, generator=g) * 4 - 2, "rewards": torch.randn(n, generator=g),
+            "terminated": (torch.rand(n, generator=g) < 0.3).float()}  # fmt: skip
+
+
+def test_critic_update_moves_only_the_critics_and_lowers_their_loss():
+    learner = make_learner()
+    batch = random_batch()
+    actor_before, target_before = learner.actor_flat.detach().clone(), learner.qf_target_flat.clone()
+    first = sac.critic_update(learner, batch, 0.99)
+    for _ in range(50):
+        last = sac.critic_update(learner, batch, 0.99)
+    assert first.shape == (4,) and (last[2:] < first[2:]).all()
+    torch.testing.assert_close(learner.actor_flat.detach(), actor_before)
+    torch.testing.assert_close(learner.qf_target_flat, target_before)  # targets move only by soft_update
+
+
+def test_actor_update_does_not_touch_the_critics_and_tunes_alpha():
+    learner = make_learner()
+    obs = random_batch()["obs"]
+    critic_before, actor_before = learner.qf_flat.detach().clone(), learner.actor_flat.detach().clone()
+    out = sac.actor_update(learner, obs, autotune=True)
+    assert out.shape == (3,) and out[1].item() == pytest.approx(1.0)  # alpha = exp(0) before the first step
+    torch.testing.assert_close(learner.qf_flat.detach(), critic_before)
+    assert learner.qf_flat.grad.abs().sum() == 0, "the actor's loss must not leave gradients in the critics"
+    assert not torch.equal(learner.actor_flat.detach(), actor_before)
+    # the initial policy's entropy (std ~ e^-1.5 on [-2, 2]^2) is far above the target -|A| = -2: alpha goes down
+    assert learner.alpha().item() < 1.0
+
+    fixed = make_learner(autotune=False, alpha=0.2)
+    out = sac.actor_update(fixed, obs, autotune=False)
+    assert out[1].item() == pytest.approx(0.2) and out[2].item() == 0.0 and fixed.alpha().item() == pytest.approx(0.2)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Replay buffer
+# ---------------------------------------------------------------------------------------------------------------
+def transitions(start: int, n: int) -> tuple:
+    """n distinguishable transitions numbered start, start+1, ...: every field encodes the number."""
+    k = np.arange(start, start + n, dtype=np.float32)
+    return (np.stack([k, -k], 1), np.stack([k + 0.5, -k], 1), k[:, None] * 0.01, k * 10, k % 2 == 0)
+
+
+def test_buffer_wraps_around_and_overwrites_the_oldest():
+    buf = sac.ReplayBuffer(capacity=5, obs_dim=2, act_dim=1)
+    assert buf.nbytes == 5 * (2 * 2 * 4 + 4 + 4 + 1)
+    buf.add(*transitions(0, 2))
+    buf.add(*transitions(2, 2))
+    assert (buf.pos, buf.size) == (4, 4)
+    buf.add(*transitions(4, 3))  # 4 -> slot 4, 5 -> slot 0, 6 -> slot 1: crosses the end of the arrays
+    assert (buf.pos, buf.size) == (2, 5)
+    np.testing.assert_array_equal(buf.arrays["rewards"], [50, 60, 20, 30, 40])
+    np.testing.assert_array_equal(buf.arrays["obs"][:, 0], [5, 6, 2, 3, 4])
+    np.testing.assert_array_equal(buf.arrays["next_obs"][:, 0], [5.5, 6.5, 2.5, 3.5, 4.5])
+    np.testing.assert_array_equal(buf.arrays["terminated"], [False, True, True, False, True])
+    buf.add(*transitions(7, 5))  # a whole capacity at once
+    np.testing.assert_array_equal(buf.arrays["rewards"], [100, 110, 70, 80, 90])
+    assert (buf.pos, buf.size) == (2, 5)
+
+
+def test_buffer_samples_whole_stored_transitions_only():
+    buf = sac.ReplayBuffer(capacity=100, obs_dim=2, act_dim=1)
+    buf.add(*transitions(0, 30))
+    torch.manual_seed(0)
+    batch = buf.sample(4096, torch.device("cpu"))
+    k = batch["obs"][:, 0]
+    assert set(k.long().tolist()) == set(range(30)), "uniform over the 30 stored transitions, nothing beyond"
+    # every field of a sampled row belongs to the same transition
+    torch.testing.assert_close(batch["next_obs"][:, 0], k + 0.5)
+    torch.testing.assert_close(batch["rewards"], k * 10)
+    torch.testing.assert_close(batch["actions"][:, 0], k * 0.01)
+    torch.testing.assert_close(batch["terminated"], (k % 2 == 0).float())
+    assert batch["terminated"].dtype == torch.float32
+    torch.manual_seed(0)
+    torch.testing.assert_close(buf.sample(4096, torch.device("cpu"))["obs"], batch["obs"])  # torch's RNG: reproducible
+
+
+def test_buffer_state_dict_roundtrip():
+    buf = sac.ReplayBuffer(capacity=5, obs_dim=2, act_dim=1)
+    buf.add(*transitions(0, 3))
+    state = buf.state_dict()
+    assert state["obs"].shape == (3, 2) and isinstance(state["rewards"], torch.Tensor)  # only the stored part
+    other = sac.ReplayBuffer(capacity=5, obs_dim=2, act_dim=1)
+    other.load_state_dict(state)
+    other.add(*transitions(3, 3))
+    buf.add(*transitions(3, 3))
+    for name in sac.ReplayBuffer.FIELDS:
+        np.testing.assert_array_equal(other.arrays[name], buf.arrays[name])
+    assert (other.pos, other.size) == (buf.pos, buf.size)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rollout: what reaches the buffer at episode boundaries
+# ---------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("env_id, ends_at, by_truncation", [("Counting-v0", 7, True), ("CountingTerminates-v0", 5, False)])
+def test_stored_done_flag_is_termination_and_next_obs_the_true_final_obs(env_id, ends_at, by_truncation):
+    envs = gym.vector.SyncVectorEnv([lambda: gym.make(env_id)] * 2, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    buf = sac.ReplayBuffer(capacity=100, obs_dim=2, act_dim=1)
+    obs, _ = envs.reset(seed=0)
+    ep_return, ep_length = np.zeros(2), np.zeros(2, np.int64)
+    all_finished = []
+    steps = 2 * ends_at + 1
+    for _ in range(steps):
+        actions = np.zeros((2, 1), np.float32)
+        next_obs, real_next, rewards, terminations, ep_return, ep_length, finished = sac.env_step(envs, actions, ep_return, ep_length)
+        buf.add(obs, real_next, actions, rewards, terminations)
+        all_finished += finished
+        obs = next_obs
+    stored_obs, stored_next = buf.arrays["obs"][: 2 * steps], buf.arrays["next_obs"][: 2 * steps]
+    # every stored transition stays inside one episode: next obs = obs one step later, same episode index
+    np.testing.assert_array_equal(stored_next[:, 0], stored_obs[:, 0] + 1)
+    np.testing.assert_array_equal(stored_next[:, 1], stored_obs[:, 1])
+    at_end = stored_next[:, 0] == ends_at
+    assert at_end.sum() == 4  # 2 envs x 2 episode ends
+    # done flag: True exactly at a termination; a time-limit truncation is stored as not done
+    np.testing.assert_array_equal(buf.arrays["terminated"][: 2 * steps], at_end if not by_truncation else np.zeros_like(at_end))
+    assert all_finished == [(float(ends_at), ends_at)] * 4
+    np.testing.assert_array_equal(ep_return, [1.0, 1.0])  # the third episode's first step
+
+
+def test_crossed():
+    assert sac.crossed(300, 1, 300) and not sac.crossed(301, 1, 300) and not sac.crossed(300, 1, 0)
+    assert sac.crossed(302, 4, 300) and not sac.crossed(306, 4, 300)  # num_envs = 4 steps over 300
+
+
+def test_merge_resume_args_keeps_checkpoint_values_and_warns(capsys):
+    saved = sac.Args(env_id="Pendulum-v1", q_lr=3e-3, total_timesteps=10_000)
+    cli = sac.Args(q_lr=5e-4, total_timesteps=20_000, resume="x.pt", save_buffer=True)
+    merged = sac.merge_resume_args(cli, vars(saved))
+    assert merged.env_id == "Pendulum-v1" and merged.q_lr == 3e-3
+    assert merged.total_timesteps == 20_000 and merged.save_buffer and merged.resume == "x.pt"
+    err = capsys.readouterr().err
+    assert "--q-lr" in err and "--env-id" not in err
