@@ -103,6 +103,8 @@ class Args:
     """entropy regularization coefficient (the initial value is 1.0 with --autotune)"""
     autotune: bool = True
     """automatic tuning of the entropy coefficient (target entropy -|A|)"""
+    bf16: bool = False
+    """run the networks' matmuls in bfloat16 (autocast; weights, optimizers, losses stay float32); off: see README"""
 
     # --- derived (filled in at runtime) ---
     num_iterations: int = 0
@@ -156,7 +158,7 @@ class Actor(nn.Module):
         self.act_dim = act_dim
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean, raw_log_std = self.net(obs).split(self.act_dim, dim=-1)
+        mean, raw_log_std = self.net(obs).float().split(self.act_dim, dim=-1)  # float32 out, even under autocast
         return mean, bounded_log_std(raw_log_std)
 
 
@@ -181,7 +183,7 @@ class TwinQ(nn.Module):
         x = torch.cat([obs, action], -1)
         h = torch.relu(torch.baddbmm(b1, x.expand(2, *x.shape), w1))
         h = torch.relu(torch.baddbmm(b2, h, w2))
-        return torch.baddbmm(b3, h, w3).squeeze(-1)
+        return torch.baddbmm(b3, h, w3).squeeze(-1).float()  # float32 out, even under autocast
 
 
 def bounded_log_std(raw: torch.Tensor) -> torch.Tensor:
@@ -335,9 +337,13 @@ class Learner:
     target_entropy: float
     action_scale: torch.Tensor  # (high - low) / 2
     action_bias: torch.Tensor  # (high + low) / 2
+    bf16: bool = False  # network forward passes under bfloat16 autocast
 
     def alpha(self) -> torch.Tensor:
         return self.log_alpha.detach().exp()
+
+    def autocast(self) -> torch.autocast:
+        return torch.autocast(self.action_scale.device.type, dtype=torch.bfloat16, enabled=self.bf16)
 
 
 def make_learner(obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, args, device: torch.device) -> Learner:
@@ -366,19 +372,21 @@ def make_learner(obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, 
         target_entropy=-float(act_dim),
         action_scale=torch.tensor((high - low) / 2.0, dtype=torch.float32, device=device),
         action_bias=torch.tensor((high + low) / 2.0, dtype=torch.float32, device=device),
+        bf16=args.bf16,
     )
 
 
 def critic_update(learner: Learner, batch: dict, gamma: float) -> torch.Tensor:
     """One gradient step on both critics: L_i = E[(Q_i(s, a) - y)^2], y from soft_q_target (the target critics and
     a fresh a' ~ pi(.|s')). Returns [mean Q1, mean Q2, L1, L2] as a detached tensor (no sync)."""
-    with torch.no_grad():
+    with torch.no_grad(), learner.autocast():
         mean, log_std = learner.actor(batch["next_obs"])
         noise = torch.randn_like(mean)
         next_actions, next_log_prob = squashed_gaussian(mean, log_std, noise, learner.action_scale, learner.action_bias)
         next_q = learner.qf_target(batch["next_obs"], next_actions)
         y = soft_q_target(batch["rewards"], batch["terminated"], next_q, next_log_prob, learner.alpha(), gamma)
-    q = learner.qf(batch["obs"], batch["actions"])
+    with learner.autocast():
+        q = learner.qf(batch["obs"], batch["actions"])
     losses = (q - y).pow(2).mean(1)  # (2,): one MSE per critic
     learner.qf_flat.grad.zero_()
     losses.sum().backward()
@@ -391,12 +399,13 @@ def actor_update(learner: Learner, obs: torch.Tensor, autotune: bool) -> torch.T
         L_pi    = E_s[ alpha * log pi(a|s) - min(Q1, Q2)(s, a) ],  a = tanh-squashed reparameterized sample
         L_alpha = E_s[ -alpha * (log pi(a|s) + target_entropy) ]   (log pi detached: only alpha moves)"""
     alpha = learner.alpha()
-    mean, log_std = learner.actor(obs)
-    noise = torch.randn_like(mean)
-    actions, log_prob = squashed_gaussian(mean, log_std, noise, learner.action_scale, learner.action_bias)
-    # Freeze the critics: detached weights, so the gradient reaches the action (and the actor) but not the critics
-    frozen = [p.detach() for p in learner.qf.parameters()]
-    q = learner.qf(obs, actions, params=frozen).min(0).values
+    with learner.autocast():
+        mean, log_std = learner.actor(obs)
+        noise = torch.randn_like(mean)
+        actions, log_prob = squashed_gaussian(mean, log_std, noise, learner.action_scale, learner.action_bias)
+        # Freeze the critics: detached weights, so the gradient reaches the action (and the actor) but not the critics
+        frozen = [p.detach() for p in learner.qf.parameters()]
+        q = learner.qf(obs, actions, params=frozen).min(0).values
     actor_loss = (alpha * log_prob - q).mean()
     learner.actor_flat.grad.zero_()
     actor_loss.backward()
@@ -952,7 +961,7 @@ def main() -> None:
             "actor_optimizer": copy.deepcopy(learner.actor_optimizer.state_dict()),
             "q_optimizer": copy.deepcopy(learner.q_optimizer.state_dict()),
             "log_alpha": learner.log_alpha.detach().clone().cpu(),
-            "alpha_optimizer": None if learner.alpha_optimizer is None else copy.deepcopy(learner.alpha_optimizer.state_dict()),
+            "alpha_optimizer": copy.deepcopy(learner.alpha_optimizer.state_dict()) if args.autotune else None,
             "env_states": [capture_env_state(env) for env in envs.envs],
             "run_state": {
                 "raw_obs": torch.from_numpy(np.array(raw_obs, dtype=np.float64)),
@@ -986,7 +995,8 @@ def main() -> None:
         t0 = time.perf_counter()
         if global_step < args.learning_starts:
             # torch's RNG rather than action_space.sample(): one checkpointed generator for everything
-            actions = (torch.rand((args.num_envs, act_dim)).numpy() * (action_high - action_low) + action_low).astype(np.float32)
+            uniform = torch.rand((args.num_envs, act_dim)).numpy()
+            actions = (uniform * (action_high - action_low) + action_low).astype(np.float32)
         else:
             noise = torch.randn((args.num_envs, act_dim)).numpy()
             actions = policy_actions(raw_obs.astype(np.float32), holder.weights, noise, action_scale, action_bias)
@@ -1010,7 +1020,7 @@ def main() -> None:
             batch = buffer.sample(args.batch_size, device)
             loss_sums += critic_update(learner, batch, args.gamma)
             window_grad_steps += 1
-            if grad_steps % args.policy_frequency == 0:  # delayed policy: policy_frequency updates every policy_frequency steps
+            if grad_steps % args.policy_frequency == 0:  # delayed: policy_frequency actor updates every policy_frequency steps
                 for _ in range(args.policy_frequency):
                     actor_sums += actor_update(learner, batch["obs"], args.autotune)
                 actor_updates += args.policy_frequency

@@ -87,8 +87,10 @@ def test_numpy_actor_acts_like_the_torch_actor():
     scale, bias = np.full(6, 2.0, np.float32), np.full(6, 0.5, np.float32)
     with torch.no_grad():
         mean, log_std = actor(torch.from_numpy(obs))
-        expected, _ = sac.squashed_gaussian(mean, log_std, torch.from_numpy(noise), torch.from_numpy(scale), torch.from_numpy(bias))
-    np.testing.assert_allclose(sac.policy_actions(obs, holder.weights, noise, scale, bias), expected.numpy(), rtol=1e-5, atol=1e-5)
+        scale_t, bias_t = torch.from_numpy(scale), torch.from_numpy(bias)
+        expected, _ = sac.squashed_gaussian(mean, log_std, torch.from_numpy(noise), scale_t, bias_t)
+    actions = sac.policy_actions(obs, holder.weights, noise, scale, bias)
+    np.testing.assert_allclose(actions, expected.numpy(), rtol=1e-5, atol=1e-5)
     deterministic = np.tanh(mean.numpy()) * scale + bias
     np.testing.assert_allclose(sac.policy_actions(obs, holder.weights, None, scale, bias), deterministic, rtol=1e-5, atol=1e-5)
 
@@ -238,7 +240,9 @@ def test_stored_done_flag_is_termination_and_next_obs_the_true_final_obs(env_id,
     steps = 2 * ends_at + 1
     for _ in range(steps):
         actions = np.zeros((2, 1), np.float32)
-        next_obs, real_next, rewards, terminations, ep_return, ep_length, finished = sac.env_step(envs, actions, ep_return, ep_length)
+        next_obs, real_next, rewards, terminations, ep_return, ep_length, finished = sac.env_step(
+            envs, actions, ep_return, ep_length
+        )
         buf.add(obs, real_next, actions, rewards, terminations)
         all_finished += finished
         obs = next_obs
@@ -249,7 +253,8 @@ def test_stored_done_flag_is_termination_and_next_obs_the_true_final_obs(env_id,
     at_end = stored_next[:, 0] == ends_at
     assert at_end.sum() == 4  # 2 envs x 2 episode ends
     # done flag: True exactly at a termination; a time-limit truncation is stored as not done
-    np.testing.assert_array_equal(buf.arrays["terminated"][: 2 * steps], at_end if not by_truncation else np.zeros_like(at_end))
+    expected_done = np.zeros_like(at_end) if by_truncation else at_end
+    np.testing.assert_array_equal(buf.arrays["terminated"][: 2 * steps], expected_done)
     assert all_finished == [(float(ends_at), ends_at)] * 4
     np.testing.assert_array_equal(ep_return, [1.0, 1.0])  # the third episode's first step
 
@@ -267,3 +272,18 @@ def test_merge_resume_args_keeps_checkpoint_values_and_warns(capsys):
     assert merged.total_timesteps == 20_000 and merged.save_buffer and merged.resume == "x.pt"
     err = capsys.readouterr().err
     assert "--q-lr" in err and "--env-id" not in err
+
+
+def test_bf16_autocast_keeps_float32_state_and_close_values():
+    """--bf16 runs the matmuls in bfloat16; parameters, optimizer state and losses stay float32."""
+    batch = random_batch()
+    fp32, bf16 = make_learner(), make_learner(bf16=True)
+    torch.manual_seed(5)
+    a = sac.critic_update(fp32, batch, 0.99)
+    torch.manual_seed(5)
+    b = sac.critic_update(bf16, batch, 0.99)
+    torch.testing.assert_close(b, a, rtol=0.05, atol=0.02)
+    out = sac.actor_update(bf16, batch["obs"], autotune=True)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    assert bf16.qf_flat.dtype == bf16.actor_flat.dtype == torch.float32
+    assert all(v.dtype == torch.float32 for v in bf16.q_optimizer.state[bf16.qf_flat].values() if v.dim() > 0)

@@ -1,0 +1,32 @@
+"""Learning test (marked slow): a threshold that a broken critic target or entropy term misses.
+
+SAC_CONTINUOUS_SCRIPT=/path/to/copy runs it against a modified copy of the script (to show that it fails when the
+algorithm is broken, e.g. with the bootstrap term dropped from soft_q_target, or the entropy term's sign flipped).
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+from tests.conftest import only_run_dir, read_scalars, run_script
+
+SCRIPT = os.environ.get("SAC_CONTINUOUS_SCRIPT", "sac_continuous.py")
+
+
+def last10_return(runs_dir) -> float:
+    steps, values = read_scalars(only_run_dir(runs_dir), "charts/episodic_return")
+    assert len(values) >= 10
+    return float(np.mean(values[-10:]))
+
+
+@pytest.mark.slow
+def test_pendulum_reaches_minus_300(tmp_path):
+    """Default hyperparameters, 1,000 random steps first. Measured (seed 1, one thread): the mean of the last 10
+    training episodes is about -150 from 6k steps on (-1,200 to -1,500 for the random policy); 8k steps take about
+    80 s on one thread of the 2-core development machine. The issue's budget is 15k steps."""
+    proc = run_script(SCRIPT, "--env-id", "Pendulum-v1", "--total-timesteps", "8000", "--learning-starts", "1000",
+                      "--seed", "1", "--torch-threads", "1", "--checkpoint-interval", "0", "--runs-dir", tmp_path,
+                      timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert last10_return(tmp_path) >= -300
