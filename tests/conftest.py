@@ -37,6 +37,13 @@ def scalars(run_dir: Path, tag: str) -> dict:
     return dict(zip(steps.tolist(), values.tolist()))
 
 
+def last10_return(runs_dir: Path) -> float:
+    """Mean return of the last 10 training episodes of the only run in runs_dir (the learning tests' measure)."""
+    steps, values = read_scalars(only_run_dir(runs_dir), "charts/episodic_return")
+    assert len(values) >= 10, f"only {len(values)} episodes finished"
+    return float(np.mean(values[-10:]))
+
+
 def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
     """A user error: exit code 2, a short message naming the problem, and no traceback wall."""
     assert proc.returncode == 2, f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"

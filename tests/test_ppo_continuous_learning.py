@@ -8,21 +8,14 @@ normalize_obs dividing by the variance instead of the standard deviation.
 
 import os
 
-import numpy as np
 import pytest
 
-from tests.conftest import only_run_dir, read_scalars, run_script
+from tests.conftest import last10_return, run_script
 
 SCRIPT = os.environ.get("PPO_CONTINUOUS_SCRIPT", "ppo_continuous.py")
 # The documented Pendulum recipe (README): short horizon, no normalization (see the README for why).
 PENDULUM_RECIPE = ["--env-id", "Pendulum-v1", "--num-envs", "4", "--num-steps", "1024", "--gamma", "0.9",
                    "--learning-rate", "1e-3", "--no-norm-reward", "--no-norm-obs", "--no-clip-vloss"]  # fmt: skip
-
-
-def last10_return(runs_dir) -> float:
-    steps, values = read_scalars(only_run_dir(runs_dir), "charts/episodic_return")
-    assert len(values) >= 10
-    return float(np.mean(values[-10:]))
 
 
 @pytest.mark.slow

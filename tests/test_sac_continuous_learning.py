@@ -6,18 +6,11 @@ algorithm is broken, e.g. with the bootstrap term dropped from soft_q_target, or
 
 import os
 
-import numpy as np
 import pytest
 
-from tests.conftest import only_run_dir, read_scalars, run_script
+from tests.conftest import last10_return, run_script
 
 SCRIPT = os.environ.get("SAC_CONTINUOUS_SCRIPT", "sac_continuous.py")
-
-
-def last10_return(runs_dir) -> float:
-    steps, values = read_scalars(only_run_dir(runs_dir), "charts/episodic_return")
-    assert len(values) >= 10
-    return float(np.mean(values[-10:]))
 
 
 @pytest.mark.slow
