@@ -255,6 +255,7 @@ def compute_gae(
     return advantages
 
 
+# --- shared: episode-boundaries ---
 def true_next_obs(raw_obs: np.ndarray, episode_ended: np.ndarray, infos: dict) -> np.ndarray:
     """The real next observation of each env's transition under same-step autoreset: `raw_obs`, except where the
     episode ended at this step: there `raw_obs` already holds the next episode's first observation, and the last
@@ -266,6 +267,9 @@ def true_next_obs(raw_obs: np.ndarray, episode_ended: np.ndarray, infos: dict) -
     for i in np.flatnonzero(episode_ended):
         real[i] = infos["final_obs"][i]
     return real
+
+
+# --- end shared: episode-boundaries ---
 
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)

@@ -429,6 +429,23 @@ def soft_update(target_flat: torch.Tensor, flat: torch.Tensor, tau: float) -> No
 # --- end shared: sac-learner ---
 
 
+# --- shared: episode-boundaries ---
+def true_next_obs(raw_obs: np.ndarray, episode_ended: np.ndarray, infos: dict) -> np.ndarray:
+    """The real next observation of each env's transition under same-step autoreset: `raw_obs`, except where the
+    episode ended at this step: there `raw_obs` already holds the next episode's first observation, and the last
+    observation of the finished episode is in infos["final_obs"]. Never mix the two: that would be a transition
+    across an auto-reset."""
+    if not episode_ended.any():
+        return raw_obs
+    real = np.array(raw_obs)
+    for i in np.flatnonzero(episode_ended):
+        real[i] = infos["final_obs"][i]
+    return real
+
+
+# --- end shared: episode-boundaries ---
+
+
 # --- shared: sac-rollout ---
 def actor_numpy(obs: np.ndarray, weights: list) -> tuple[np.ndarray, np.ndarray]:
     """The actor MLP in numpy, for acting on one step's observations: (mean, bounded log-std).
@@ -446,19 +463,6 @@ def policy_actions(obs: np.ndarray, weights: list, noise: Optional[np.ndarray], 
     mean, log_std = actor_numpy(obs, weights)
     u = mean if noise is None else mean + np.exp(log_std) * noise
     return (np.tanh(u) * scale + bias).astype(np.float32)
-
-
-def true_next_obs(raw_obs: np.ndarray, episode_ended: np.ndarray, infos: dict) -> np.ndarray:
-    """The real next observation of each env's transition under same-step autoreset: `raw_obs`, except where the
-    episode ended at this step: there `raw_obs` already holds the next episode's first observation, and the last
-    observation of the finished episode is in infos["final_obs"]. Never mix the two: that would be a transition
-    across an auto-reset."""
-    if not episode_ended.any():
-        return raw_obs
-    real = np.array(raw_obs)
-    for i in np.flatnonzero(episode_ended):
-        real[i] = infos["final_obs"][i]
-    return real
 
 
 def env_step(envs: gym.vector.VectorEnv, actions: np.ndarray, episode_return: np.ndarray, episode_length: np.ndarray):

@@ -12,8 +12,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(p for p in ROOT.glob("*.py"))
 START = re.compile(r"^# --- shared: (?P<name>[\w-]+) ---$")
 END = re.compile(r"^# --- end shared: (?P<name>[\w-]+) ---$")
-# every script must carry these blocks (the list: seeding, env-state, checkpoint, logging, error reporting)
-REQUIRED = {"errors", "seeding", "env-state", "checkpoint", "logging"}
+# every script must carry these blocks (the list: seeding, env-state, checkpoint, logging, error reporting;
+# and the same-step autoreset handling every script relies on)
+REQUIRED = {"errors", "seeding", "env-state", "checkpoint", "logging", "episode-boundaries"}
 
 
 def extract_blocks(text: str) -> dict:
