@@ -227,6 +227,7 @@ def scale_rewards(
     return scaled.astype(np.float32), np.where(episode_ended, 0.0, discounted_returns)
 
 
+# --- shared: gae ---
 def compute_gae(
     rewards: np.ndarray,
     values: np.ndarray,
@@ -253,6 +254,9 @@ def compute_gae(
         last_gae = delta + gamma * gae_lambda * not_ended[t] * last_gae
         advantages[t] = last_gae
     return advantages
+
+
+# --- end shared: gae ---
 
 
 # --- shared: episode-boundaries ---
@@ -285,6 +289,7 @@ def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
     return (0.5 + LOG_SQRT_2PI + log_std).sum(-1)
 
 
+# --- shared: ppo-losses ---
 def ppo_losses(
     new_logprob: torch.Tensor,
     old_logprob: torch.Tensor,
@@ -318,6 +323,9 @@ def kl_diagnostics(log_ratio: torch.Tensor, clip_coef: float) -> torch.Tensor:
     return torch.stack(
         [(-log_ratio).mean(), ((ratio - 1) - log_ratio).mean(), ((ratio - 1.0).abs() > clip_coef).float().mean()]
     )
+
+
+# --- end shared: ppo-losses ---
 
 
 def flatten_parameters(module: nn.Module) -> nn.Parameter:
