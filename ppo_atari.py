@@ -9,6 +9,7 @@ logging, error reporting), then the training loop. Runs on gymnasium 1.x / ale-p
 import copy
 import dataclasses
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -134,9 +135,9 @@ RESUME_OVERRIDABLE = (
 
 # --- shared: atari-env ---
 # Standard Atari preprocessing (Mnih et al. 2015; Machado et al. 2018), one wrapper per step, innermost first:
-#   ALE (grayscale screen, frameskip 1) -> NoopReset -> MaxAndSkip -> RecordEpisodeStatistics -> EpisodicLife
-#   -> FireReset -> ClipReward -> Resize84 -> FrameStack
-# RecordEpisodeStatistics sits below EpisodicLife and ClipReward: the logged return is the full game's score.
+#   ALE (grayscale screen, frameskip 1) -> NoopReset -> MaxAndSkip -> EpisodicLife -> FireReset -> GameStatistics
+#   -> ClipReward -> Resize84 -> FrameStack
+# GameStatistics sits above EpisodicLife and below ClipReward: the logged return is the full game's score.
 MAX_FRAMES_PER_GAME = 108_000  # 30 minutes of play at 60 fps; ALE truncates the game there
 ATARI_ID = re.compile(r"^(?:(?P<v4>[A-Za-z]+)NoFrameskip-v4|ALE/(?P<v5>[A-Za-z]+)-v5)$")
 
@@ -209,7 +210,7 @@ class MaxAndSkip(gym.Wrapper):
 class EpisodicLife(gym.Wrapper):
     """Learning sees a lost life as the end of an episode (terminated=True: no value beyond it), which speeds up
     learning; the game itself goes on. reset() after a lost life only takes one NOOP step; only a game over (or the
-    time limit) resets the emulator. The recorded episode statistics (one wrapper below) still span all lives."""
+    time limit) resets the emulator. The game statistics (GameStatistics, above it) still span all lives."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
@@ -245,6 +246,25 @@ class FireReset(gym.Wrapper):
         if terminated or truncated:
             obs, info = self.env.reset(**kwargs)
         return obs, info
+
+
+class GameStatistics(gym.Wrapper):
+    """Puts the whole game's score (unclipped, all lives) and length (agent steps) in info["episode"] = {"r", "l"}
+    at the step where the game ends (game over or time limit). It counts only the agent's own steps, not the NOOP
+    and FIRE steps the reset wrappers below take, as envpool does."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.score, self.length = 0.0, 0
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.score += float(reward)
+        self.length += 1
+        if truncated or self.unwrapped.ale.game_over():
+            info = {**info, "episode": {"r": self.score, "l": self.length}}
+            self.score, self.length = 0.0, 0
+        return obs, reward, terminated, truncated, info
 
 
 class ClipReward(gym.RewardWrapper):
@@ -305,11 +325,11 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str, episodi
             env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
         env = NoopReset(env, noop_max=30)
         env = MaxAndSkip(env, skip=4)
-        env = gym.wrappers.RecordEpisodeStatistics(env)
         if episodic_life:
             env = EpisodicLife(env)
         if "FIRE" in env.unwrapped.get_action_meanings():
             env = FireReset(env)
+        env = GameStatistics(env)
         env = ClipReward(env)
         env = Resize84(env)
         return FrameStack(env, 4)
@@ -363,15 +383,25 @@ class EnvpoolAtari:
         self.envs.close()
 
 
+def ignoring_stop_signals(thunk: Callable[[], gym.Env]) -> Callable[[], gym.Env]:
+    """For env worker processes: Ctrl-C reaches the whole process group, and a worker that died of it would break
+    the main process's last iteration before its checkpoint. The main process decides when to stop."""
+
+    def in_worker() -> gym.Env:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        return thunk()
+
+    return in_worker
+
+
 def make_vector_env(args, video_dir: str, seed: int):
     """The batch of envs for training, either backend; both use next-step autoreset (see the rollout)."""
     if args.env_backend == "envpool":
-        if args.capture_video:
-            raise UserError("--capture-video records env 0 of the gymnasium backend; envpool renders no frames. "
-                            "Use --env-backend gymnasium to record video.")  # fmt: skip
         return EnvpoolAtari(args.env_id, args.num_envs, seed, pick_torch_threads(args.envpool_threads))
     thunks = [make_env(args.env_id, i, args.capture_video, video_dir) for i in range(args.num_envs)]
     if args.async_envs:
+        thunks = [ignoring_stop_signals(thunk) for thunk in thunks]
         return gym.vector.AsyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
     return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
 
@@ -448,6 +478,21 @@ def annealed(iteration: int, num_iterations: int, value: float) -> float:
 
 
 # --- end shared: nature-cnn ---
+
+
+# --- shared: next-step-autoreset ---
+def next_step_targets(values: np.ndarray, last_value: np.ndarray, reset_steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Under next-step autoreset, over a (num_steps, num_envs) rollout:
+    next_values[t] = V(obs[t+1]), and V(obs after the rollout) for the last step. Where an episode ended at t,
+    obs[t+1] is that episode's final obs (the env resets one step later), so a truncation bootstraps from it.
+    real: the flat indices of the real transitions; a reset step (reset_steps[t]: the step after an episode end,
+    whose action the env ignored and whose obs is the next episode's first) is not one and stays out of training."""
+    next_values = np.concatenate([values[1:], last_value[None]], axis=0)
+    real = np.flatnonzero(~reset_steps.reshape(-1))
+    return next_values, real
+
+
+# --- end shared: next-step-autoreset ---
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -724,7 +769,7 @@ def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device: torch.
             logits, _ = agent(torch.as_tensor(obs, device=device).unsqueeze(0))
             action = torch.multinomial(torch.softmax(logits, -1), 1).item()
         obs, _, terminated, truncated, info = env.step(action)
-        if "episode" in info:  # a game over: the statistics wrapper below EpisodicLife saw the real episode end
+        if "episode" in info:  # a game over (GameStatistics), not just a lost life
             returns.append(float(info["episode"]["r"]))
         if terminated or truncated:  # a lost life (soft reset) or a game over (real reset)
             obs, _ = env.reset()
@@ -792,6 +837,12 @@ def validate_common_args(args) -> None:
                         f"{args.num_envs * args.num_steps}): no update would run. Raise --total-timesteps or lower --num-steps.")  # fmt: skip
     if args.env_backend not in ("gymnasium", "envpool"):
         raise UserError(f"--env-backend must be 'gymnasium' or 'envpool', not '{args.env_backend}'.")
+    if args.env_backend == "envpool" and args.capture_video:
+        raise UserError("--capture-video records env 0 of the gymnasium backend; envpool renders no frames. "
+                        "Use --env-backend gymnasium to record video.")  # fmt: skip
+    if args.env_backend == "envpool" and importlib.util.find_spec("envpool") is None:
+        raise UserError("--env-backend envpool: envpool is not installed (it has wheels for Linux x86-64 with "
+                        "Python >= 3.11 only). Use --env-backend gymnasium.")  # fmt: skip
     if args.checkpoint_interval < 0 or args.keep_checkpoints < 1 or args.eval_episodes < 1:
         raise UserError("checkpoint_interval must be >= 0, keep_checkpoints >= 1 and eval_episodes >= 1.")
     check_tracking(args.track)
@@ -813,6 +864,19 @@ def log_finished_games(writer, infos: dict, global_step: int, recent_returns: li
         writer.add_scalar("charts/episodic_length", game_length, global_step)
         recent_returns = (recent_returns + [game_return])[-10:]
     return recent_returns
+
+
+class StopRequest:
+    """Ctrl-C / SIGTERM handler: the first signal asks the loop to stop at the end of the current iteration (a
+    consistent state to save); a second one interrupts at once, without saving."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __call__(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
 
 
 # --- end shared: atari-run ---
@@ -924,129 +988,128 @@ def main() -> None:
             "rng_states": get_rng_states(),
         }
 
-    # Ctrl-C (and SIGTERM, e.g. a cluster preempting the job) saves the state of the last completed iteration.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    last_complete = None  # training_state() after the latest finished iteration
+    # Ctrl-C (and SIGTERM, e.g. a cluster preempting the job) stops the loop at the end of the current iteration,
+    # whose state is consistent, and saves it. (The env workers ignore both signals: they stay alive until then.)
+    stop = StopRequest()
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     progress = Progress(args.progress, args.total_timesteps)
     start_time, start_step = time.time(), global_step
     iteration = start_iteration - 1
-    try:
-        for iteration in range(start_iteration, args.num_iterations + 1):
-            lr = annealed(iteration, args.num_iterations, args.learning_rate) if args.anneal_lr else args.learning_rate
-            optimizer.param_groups[0]["lr"] = lr
-            clip_coef = annealed(iteration, args.num_iterations, args.clip_coef) if args.anneal_clip else args.clip_coef
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        lr = annealed(iteration, args.num_iterations, args.learning_rate) if args.anneal_lr else args.learning_rate
+        optimizer.param_groups[0]["lr"] = lr
+        clip_coef = annealed(iteration, args.num_iterations, args.clip_coef) if args.anneal_clip else args.clip_coef
 
-            # ---- rollout: act with the current policy, record transitions ----
-            t_rollout = time.perf_counter()
-            for step in range(args.num_steps):
-                global_step += args.num_envs
-                obs_t = torch.from_numpy(next_obs)
-                obs_buf[step] = obs_t
-                reset_step_buf[step] = episode_ended
-                with torch.inference_mode(), autocast:
-                    logits, value = agent(obs_t.to(device))
-                    action = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
-                    logprob, _ = categorical_log_prob_entropy(logits, action)
-                actions_buf[step], logprobs_buf[step], values_buf[step] = action.cpu(), logprob.cpu(), value.cpu()
-                next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
-                rewards_buf[step] = reward
-                terminations_buf[step], truncations_buf[step] = terminations, truncations
-                episode_ended = terminations | truncations
-                recent_returns = log_finished_games(writer, infos, global_step, recent_returns)
-            rollout_time = time.perf_counter() - t_rollout
-
-            # ---- advantages ----
-            t_update = time.perf_counter()
+        # ---- rollout: act with the current policy, record transitions ----
+        t_rollout = time.perf_counter()
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            obs_t = torch.from_numpy(next_obs)
+            obs_buf[step] = obs_t
+            reset_step_buf[step] = episode_ended
             with torch.inference_mode(), autocast:
-                _, last_value = agent(torch.from_numpy(next_obs).to(device))
-            values = values_buf.numpy()
-            # V of the obs after step t: the next row's value; after the last step, V(next_obs). Where an episode
-            # ended at t, that obs is the episode's final obs (next-step autoreset), so a truncation bootstraps right.
-            next_values = np.concatenate([values[1:], last_value.cpu().numpy()[None]], axis=0)
-            advantages = compute_gae(rewards_buf, values, next_values, terminations_buf, truncations_buf,
-                                     args.gamma, args.gae_lambda)  # fmt: skip
-            returns = advantages + values
+                logits, value = agent(obs_t.to(device))
+                action = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
+                logprob, _ = categorical_log_prob_entropy(logits, action)
+            actions_buf[step], logprobs_buf[step], values_buf[step] = action.cpu(), logprob.cpu(), value.cpu()
+            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+            rewards_buf[step] = reward
+            terminations_buf[step], truncations_buf[step] = terminations, truncations
+            episode_ended = terminations | truncations
+            recent_returns = log_finished_games(writer, infos, global_step, recent_returns)
+        rollout_time = time.perf_counter() - t_rollout
 
-            # flatten (num_steps, num_envs) -> batch, keeping only real transitions (not the reset steps)
-            valid = torch.from_numpy(np.flatnonzero(~reset_step_buf.reshape(-1)))
-            b_obs = obs_buf.reshape(-1, *obs_shape)[valid].to(device)
-            b_actions = actions_buf.reshape(-1)[valid].to(device)
-            b_logprobs = logprobs_buf.reshape(-1)[valid].to(device)
-            b_advantages = torch.from_numpy(advantages.reshape(-1)).to(device)[valid]
-            b_returns = torch.from_numpy(returns.reshape(-1)).to(device)[valid]
-            b_values = values_buf.reshape(-1)[valid].to(device)
-            # Reset steps make the batch a few samples short of batch_size; the minibatches keep an equal size and
-            # each epoch leaves out a different random remainder (fewer than num_minibatches samples).
-            minibatch_size = len(valid) // args.num_minibatches
+        # ---- advantages ----
+        t_update = time.perf_counter()
+        with torch.inference_mode(), autocast:
+            _, last_value = agent(torch.from_numpy(next_obs).to(device))
+        values = values_buf.numpy()
+        next_values, real = next_step_targets(values, last_value.cpu().numpy(), reset_step_buf)
+        advantages = compute_gae(rewards_buf, values, next_values, terminations_buf, truncations_buf,
+                                 args.gamma, args.gae_lambda)  # fmt: skip
+        returns = advantages + values
 
-            # ---- update: update_epochs passes over the batch in shuffled minibatches ----
-            # Metrics are summed over every minibatch (no .item() per minibatch: one sync per update) and averaged.
-            loss_sums = torch.zeros(4, device=device)  # policy_loss, value_loss, entropy, grad_norm
-            kl_sums = torch.zeros(3, device=device)  # old_approx_kl, approx_kl, clipfrac
-            num_epochs = 0
-            log_ratios = torch.zeros((args.num_minibatches, minibatch_size), device=device)
-            for epoch in range(args.update_epochs):
-                perm = torch.randperm(len(valid), device=device)[: args.num_minibatches * minibatch_size]
-                perm = perm.view(args.num_minibatches, minibatch_size)
-                for mb in range(args.num_minibatches):
-                    idx = perm[mb]
-                    with autocast:
-                        logits, new_values = agent(b_obs[idx])
-                    new_logprob, entropy = categorical_log_prob_entropy(logits, b_actions[idx])
-                    entropy = entropy.mean()
-                    mb_advantages = b_advantages[idx]
-                    if args.norm_adv:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                    pg_loss, v_loss, log_ratios[mb] = ppo_losses(new_logprob, b_logprobs[idx], mb_advantages, new_values,
-                                                                 b_values[idx], b_returns[idx], clip_coef, args.clip_vloss)  # fmt: skip
-                    # L = L^CLIP - c_ent * H + c_v * L^V
-                    loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-                    optimizer.zero_grad()
-                    loss.backward()
-                    grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)  # norm before clipping
-                    optimizer.step()
-                    loss_sums += torch.stack([pg_loss.detach(), v_loss.detach(), entropy.detach(), grad_norm])
-                epoch_kl = kl_diagnostics(log_ratios, clip_coef)  # the epoch's mean over its minibatches
-                kl_sums += epoch_kl
-                num_epochs += 1
-                # KL early stop, on the epoch's mean approx_kl (one sync per epoch)
-                if args.target_kl is not None and epoch_kl[1].item() > args.target_kl:
-                    break
-            # every metric is a mean over all minibatches of the update (not the last minibatch's value)
-            metrics = dict(zip(("policy_loss", "value_loss", "entropy", "grad_norm"),
-                               (loss_sums / (num_epochs * args.num_minibatches)).tolist()))  # fmt: skip
-            metrics.update(zip(("old_approx_kl", "approx_kl", "clipfrac"), (kl_sums / num_epochs).tolist()))
-            update_time = time.perf_counter() - t_update
+        # flatten (num_steps, num_envs) -> batch, keeping only real transitions (not the reset steps)
+        valid = torch.from_numpy(real)
+        b_obs = obs_buf.reshape(-1, *obs_shape)[valid].to(device)
+        b_actions = actions_buf.reshape(-1)[valid].to(device)
+        b_logprobs = logprobs_buf.reshape(-1)[valid].to(device)
+        b_advantages = torch.from_numpy(advantages.reshape(-1)).to(device)[valid]
+        b_returns = torch.from_numpy(returns.reshape(-1)).to(device)[valid]
+        b_values = values_buf.reshape(-1)[valid].to(device)
+        # Reset steps make the batch a few samples short of batch_size; the minibatches keep an equal size and
+        # each epoch leaves out a different random remainder (fewer than num_minibatches samples).
+        minibatch_size = len(valid) // args.num_minibatches
 
-            # ---- logging ----
-            sps = (global_step - start_step) / (time.time() - start_time)
-            writer.add_scalar("charts/learning_rate", lr, global_step)
-            writer.add_scalar("charts/clip_coef", clip_coef, global_step)
-            for name, value in metrics.items():
-                writer.add_scalar(f"losses/{name}", value, global_step)
-            writer.add_scalar("losses/explained_variance", explained_variance(b_values.cpu().numpy(), b_returns.cpu().numpy()), global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("charts/rollout_us_per_step", rollout_time / args.batch_size * 1e6, global_step)
-            writer.add_scalar("charts/update_us_per_step", update_time / args.batch_size * 1e6, global_step)
-            progress.update(global_step, sps, float(np.mean(recent_returns)) if recent_returns else None)
+        # ---- update: update_epochs passes over the batch in shuffled minibatches ----
+        # Metrics are summed over every minibatch (no .item() per minibatch: one sync per update) and averaged.
+        loss_sums = torch.zeros(4, device=device)  # policy_loss, value_loss, entropy, grad_norm
+        kl_sums = torch.zeros(3, device=device)  # old_approx_kl, approx_kl, clipfrac
+        num_epochs = 0
+        log_ratios = torch.zeros((args.num_minibatches, minibatch_size), device=device)
+        for epoch in range(args.update_epochs):
+            perm = torch.randperm(len(valid), device=device)[: args.num_minibatches * minibatch_size]
+            perm = perm.view(args.num_minibatches, minibatch_size)
+            for mb in range(args.num_minibatches):
+                idx = perm[mb]
+                with autocast:
+                    logits, new_values = agent(b_obs[idx])
+                new_logprob, entropy = categorical_log_prob_entropy(logits, b_actions[idx])
+                entropy = entropy.mean()
+                mb_advantages = b_advantages[idx]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                pg_loss, v_loss, log_ratios[mb] = ppo_losses(new_logprob, b_logprobs[idx], mb_advantages, new_values,
+                                                             b_values[idx], b_returns[idx], clip_coef, args.clip_vloss)  # fmt: skip
+                # L = L^CLIP - c_ent * H + c_v * L^V
+                loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+                optimizer.zero_grad()
+                loss.backward()
+                grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)  # norm before clipping
+                optimizer.step()
+                loss_sums += torch.stack([pg_loss.detach(), v_loss.detach(), entropy.detach(), grad_norm])
+            epoch_kl = kl_diagnostics(log_ratios, clip_coef)  # the epoch's mean over its minibatches
+            kl_sums += epoch_kl
+            num_epochs += 1
+            # KL early stop, on the epoch's mean approx_kl (one sync per epoch)
+            if args.target_kl is not None and epoch_kl[1].item() > args.target_kl:
+                break
+        # every metric is a mean over all minibatches of the update (not the last minibatch's value)
+        metrics = dict(zip(("policy_loss", "value_loss", "entropy", "grad_norm"),
+                           (loss_sums / (num_epochs * args.num_minibatches)).tolist()))  # fmt: skip
+        metrics.update(zip(("old_approx_kl", "approx_kl", "clipfrac"), (kl_sums / num_epochs).tolist()))
+        update_time = time.perf_counter() - t_update
 
-            last_complete = training_state(iteration)
-            if args.checkpoint_interval > 0 and iteration % args.checkpoint_interval == 0:
-                save_checkpoint(last_complete, ckpt_dir / checkpoint_name("step", global_step))
-                prune_checkpoints(ckpt_dir, args.keep_checkpoints)
-    except KeyboardInterrupt:
-        progress.close()
-        if last_complete is None:
-            print("interrupted before the first iteration finished: nothing new to save.", file=sys.stderr)
-        else:
-            path = ckpt_dir / checkpoint_name("interrupted", last_complete["global_step"])
-            save_checkpoint(last_complete, path)
-            print(f"interrupted: saved iteration {last_complete['iteration']} to {path}\nresume with: python "
-                  f"{os.path.basename(__file__)} --resume {path}", file=sys.stderr)  # fmt: skip
+        # ---- logging ----
+        sps = (global_step - start_step) / (time.time() - start_time)
+        writer.add_scalar("charts/learning_rate", lr, global_step)
+        writer.add_scalar("charts/clip_coef", clip_coef, global_step)
+        for name, value in metrics.items():
+            writer.add_scalar(f"losses/{name}", value, global_step)
+        writer.add_scalar("losses/explained_variance", explained_variance(b_values.cpu().numpy(), b_returns.cpu().numpy()), global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        writer.add_scalar("charts/rollout_us_per_step", rollout_time / args.batch_size * 1e6, global_step)
+        writer.add_scalar("charts/update_us_per_step", update_time / args.batch_size * 1e6, global_step)
+        progress.update(global_step, sps, float(np.mean(recent_returns)) if recent_returns else None)
+
+        if args.checkpoint_interval > 0 and iteration % args.checkpoint_interval == 0:
+            save_checkpoint(training_state(iteration), ckpt_dir / checkpoint_name("step", global_step))
+            prune_checkpoints(ckpt_dir, args.keep_checkpoints)
+        if stop.requested:
+            break
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    progress.close()
+
+    if stop.requested:
+        path = ckpt_dir / checkpoint_name("interrupted", global_step)
+        save_checkpoint(training_state(iteration), path)
+        print(f"interrupted: saved iteration {iteration} to {path}\nresume with: python {os.path.basename(__file__)} "
+              f"--resume {path}", file=sys.stderr)  # fmt: skip
         writer.close()
         envs.close()
         sys.exit(130)
-    progress.close()
 
     if args.save_model:
         path = ckpt_dir / checkpoint_name("final", global_step)

@@ -1,0 +1,117 @@
+"""The pure helpers of ppo_atari.py and a2c_atari.py: n-step returns, GAE, next-step autoreset targets, the
+categorical log-prob and entropy, the A2C losses, and the network's shapes and bfloat16 heads."""
+
+import numpy as np
+import pytest
+import torch
+
+import a2c_atari as A
+import ppo_atari as P
+
+
+def one_env(*rows):
+    return [np.array(r, dtype=np.float32)[:, None] for r in rows]
+
+
+def test_n_step_returns_by_hand_with_an_episode_end_inside_the_window():
+    rewards, next_values = one_env([1, 2, 3, 4], [10, 20, 30, 40])
+    no = np.zeros((4, 1), bool)
+    terminated_at_1 = no.copy()
+    terminated_at_1[1] = True
+    # R3 = 4 + .5*40 = 24 (window end: bootstrap); R2 = 3 + .5*24 = 15; R1 = 2 (terminal); R0 = 1 + .5*2 = 2
+    got = A.n_step_returns(rewards, next_values, terminated_at_1, no, gamma=0.5)
+    np.testing.assert_allclose(got[:, 0], [2, 2, 15, 24])
+    # a truncation at 1 bootstraps from V(final obs) = next_values[1] = 20 instead: R1 = 2 + .5*20 = 12, R0 = 7
+    got = A.n_step_returns(rewards, next_values, no, terminated_at_1, gamma=0.5)
+    np.testing.assert_allclose(got[:, 0], [7, 12, 15, 24])
+    # no episode end: the plain discounted sum to the window's end, bootstrapped there
+    got = A.n_step_returns(rewards, next_values, no, no, gamma=0.5)
+    np.testing.assert_allclose(got[:, 0], [1 + .5 * 2 + .25 * 3 + .125 * 4 + .0625 * 40, 2 + .5 * 3 + .25 * 4 + .125 * 40,
+                                           15, 24])  # fmt: skip
+
+
+def test_n_step_returns_equal_gae_with_lambda_one(rng):
+    T, N = 5, 16
+    rewards = rng.normal(size=(T, N)).astype(np.float32)
+    values = rng.normal(size=(T, N)).astype(np.float32)
+    terminations, truncations = rng.random((T, N)) < 0.2, rng.random((T, N)) < 0.1
+    # as in a rollout: the value after step t is the next row's value, except where an episode ended (final obs)
+    next_values = np.concatenate([values[1:], rng.normal(size=(1, N)).astype(np.float32)])
+    ended = terminations | truncations
+    next_values[ended] = rng.normal(size=ended.sum()).astype(np.float32)
+    returns = A.n_step_returns(rewards, next_values, terminations, truncations, 0.99)
+    gae = P.compute_gae(rewards, values, next_values, terminations, truncations, 0.99, 1.0)
+    np.testing.assert_allclose(returns, gae + values, rtol=1e-5, atol=1e-5)
+
+
+def test_gae_by_hand_with_truncation_and_termination():
+    rewards, values, next_values = one_env([1, 1, 1], [0.5, 0.5, 0.5], [0.5, 2.0, 0.5])
+    term, trunc = np.zeros((3, 1), bool), np.zeros((3, 1), bool)
+    trunc[1] = True  # time limit at step 1: bootstrap from V(final obs) = 2.0, cut the recursion
+    term[2] = True
+    adv = P.compute_gae(rewards, values, next_values, term, trunc, gamma=0.9, gae_lambda=0.5)
+    d0, d1, d2 = 1 + 0.9 * 0.5 - 0.5, 1 + 0.9 * 2.0 - 0.5, 1 - 0.5
+    np.testing.assert_allclose(adv[:, 0], [d0 + 0.45 * d1, d1, d2], rtol=1e-6)
+
+
+def test_next_step_targets_bootstrap_from_the_final_obs_and_drop_reset_steps():
+    # env 0: the episode ends at step 1 (its final obs is obs[2]); step 2 is the reset step
+    values = np.array([[1.0, 5.0], [2.0, 6.0], [3.0, 7.0], [4.0, 8.0]], np.float32)
+    reset_steps = np.zeros((4, 2), bool)
+    reset_steps[2, 0] = True
+    next_values, real = P.next_step_targets(values, np.array([9.0, 10.0], np.float32), reset_steps)
+    np.testing.assert_array_equal(next_values[:, 0], [2, 3, 4, 9])
+    np.testing.assert_array_equal(next_values[:, 1], [6, 7, 8, 10])
+    assert real.tolist() == [0, 1, 2, 3, 5, 6, 7]  # flat index 4 = (step 2, env 0) is out
+    a_next, a_real = A.next_step_targets(values, np.array([9.0, 10.0], np.float32), reset_steps)
+    np.testing.assert_array_equal(a_next, next_values) and np.testing.assert_array_equal(a_real, real)
+
+
+def test_categorical_log_prob_and_entropy_match_torch_distributions():
+    logits = torch.randn(64, 6)
+    actions = torch.randint(0, 6, (64,))
+    logprob, entropy = P.categorical_log_prob_entropy(logits, actions)
+    dist = torch.distributions.Categorical(logits=logits)
+    torch.testing.assert_close(logprob, dist.log_prob(actions))
+    torch.testing.assert_close(entropy, dist.entropy())
+
+
+def test_a2c_losses_values_and_gradients():
+    logits = torch.zeros(2, 2, requires_grad=True)
+    logprob, _ = A.categorical_log_prob_entropy(logits, torch.tensor([0, 1]))
+    values = torch.tensor([1.0, 2.0], requires_grad=True)
+    returns = torch.tensor([2.0, 0.0])
+    advantages = returns - values
+    pg_loss, v_loss = A.a2c_losses(logprob, advantages, values, returns)
+    assert v_loss.item() == pytest.approx((1 + 4) / 2)
+    assert pg_loss.item() == pytest.approx(-(np.log(0.5) * 1 + np.log(0.5) * -2) / 2)
+    pg_loss.backward(retain_graph=True)
+    assert values.grad is None or torch.all(values.grad == 0)  # the advantage is a constant for the policy loss
+    # a positive advantage raises the taken action's logit
+    assert logits.grad[0, 0] < 0 and logits.grad[1, 1] > 0
+
+
+def test_ppo_clip_bounds_the_ratio():
+    adv = torch.ones(4)
+    old = torch.zeros(4)
+    new = torch.log(torch.tensor([0.5, 1.0, 1.05, 2.0]))  # ratios 0.5, 1, 1.05, 2
+    pg_loss, _, _ = P.ppo_losses(new, old, adv, torch.zeros(4), torch.zeros(4), torch.zeros(4), 0.1, True)
+    assert pg_loss.item() == pytest.approx(-(0.5 + 1.0 + 1.05 + 1.1) / 4)
+
+
+def test_nature_cnn_shapes_and_float32_heads_under_bf16():
+    agent = P.Agent(num_actions=4)
+    obs = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
+    logits, value = agent(obs)
+    assert logits.shape == (3, 4) and value.shape == (3,)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits16, value16 = agent(obs)
+    assert logits16.dtype == torch.float32 and value16.dtype == torch.float32  # heads stay float32
+    torch.testing.assert_close(logits16, logits, atol=0.05, rtol=0.05)
+    convs = (4 * 32 * 8 * 8 + 32) + (32 * 64 * 4 * 4 + 64) + (64 * 64 * 3 * 3 + 64)
+    assert sum(p.numel() for p in agent.parameters()) == convs + (3136 * 512 + 512) + (512 * 4 + 4) + (512 + 1)
+
+
+def test_scripts_share_the_network_and_preprocessing():
+    assert P.Agent(4).state_dict().keys() == A.Agent(4).state_dict().keys()
+    assert P.parse_atari_id("ALE/Pong-v5") == A.parse_atari_id("ALE/Pong-v5")

@@ -1,0 +1,179 @@
+"""The Atari preprocessing on the real ALE (Breakout), one wrapper at a time, and the two backends side by side.
+The wrappers are the shared block `atari-env`, identical in ppo_atari.py and a2c_atari.py: testing one tests both."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+ale_py = pytest.importorskip("ale_py")
+import ppo_atari as P  # noqa: E402
+
+GAME = "BreakoutNoFrameskip-v4"
+gym.register_envs(ale_py)
+ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
+
+
+def base_env(**kwargs) -> gym.Env:
+    return gym.make(GAME, obs_type="grayscale", frameskip=1, repeat_action_probability=0.0,
+                    max_num_frames_per_episode=P.MAX_FRAMES_PER_GAME, **kwargs)  # fmt: skip
+
+
+class ActionLog(gym.Wrapper):
+    """Records every action that reaches the emulator, and every raw reward it pays."""
+
+    def __init__(self, env):
+        super().__init__(env)
+        self.actions, self.rewards = [], []
+
+    def step(self, action):
+        self.actions.append(int(action))
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.rewards.append(float(reward))
+        return obs, reward, terminated, truncated, info
+
+
+def lives_after_noops(env: gym.Env, steps: int) -> int:
+    env.reset(seed=0)
+    for _ in range(steps):
+        env.step(0)
+    return env.unwrapped.ale.lives()
+
+
+def test_fire_reset_presses_fire_and_launches_the_ball():
+    log = ActionLog(base_env())
+    env = P.FireReset(log)
+    env.reset(seed=0)
+    assert log.actions == [1]  # FIRE, right after the emulator's reset
+    # Behaviour: with FIRE pressed, a NOOP-only agent misses the launched ball and loses a life; without it the ball
+    # never leaves and the game idles with all 5 lives.
+    assert lives_after_noops(P.FireReset(base_env()), 600) < 5
+    assert lives_after_noops(base_env(), 600) == 5
+
+
+def test_noop_reset_takes_between_1_and_30_noops():
+    counts = set()
+    for seed in range(8):
+        log = ActionLog(base_env())
+        P.NoopReset(log, noop_max=30).reset(seed=seed)
+        assert set(log.actions) == {0} and 1 <= len(log.actions) <= 30
+        counts.add(len(log.actions))
+    assert len(counts) > 1  # the start states differ
+
+
+def test_max_and_skip_repeats_the_action_and_pools_the_last_two_frames():
+    env = base_env()
+    env.reset(seed=0)
+    env.step(1)  # launch the ball: the frames change from one to the next
+    for _ in range(20):
+        env.step(2)
+    ale = env.unwrapped.ale
+    state = ale.cloneState()
+    frames, total = [], 0.0
+    for _ in range(4):  # by hand: the same action 4 times
+        obs, reward, *_ = env.step(3)
+        frames.append(obs)
+        total += reward
+    ale.restoreState(state)
+    log = ActionLog(env)
+    pooled, reward, *_ = P.MaxAndSkip(log, skip=4).step(3)
+    assert log.actions == [3, 3, 3, 3] and reward == total
+    np.testing.assert_array_equal(pooled, np.maximum(frames[2], frames[3]))
+    assert not np.array_equal(frames[2], frames[3])  # the max is a real pooling here, not a copy of one frame
+
+
+def chain(episodic_life: bool = True):
+    """make_env's whole chain, with an ActionLog spliced in right under NoopReset (above the emulator)."""
+    env = P.make_env(GAME, 0, False, "", episodic_life=episodic_life)()
+    inner = env
+    while not isinstance(inner, P.NoopReset):
+        inner = inner.env
+    inner.env = log = ActionLog(inner.env)
+    return env, log
+
+
+def test_life_loss_ends_a_learning_episode_but_not_the_game_and_the_score_spans_all_lives():
+    env, log = chain()
+    rng = np.random.default_rng(0)
+    env.reset(seed=3)
+    learning_episodes, games, agent_steps = 0, [], 0
+    for _ in range(20_000):
+        obs, reward, terminated, truncated, info = env.step(int(rng.integers(4)))
+        agent_steps += 1
+        assert reward in (-1.0, 0.0, 1.0)  # ClipReward
+        if terminated or truncated:
+            learning_episodes += 1
+            if "episode" in info:
+                games.append(info["episode"])
+                break
+            # a lost life only: the game goes on (no emulator reset: its frame counter keeps running)
+            before = env.unwrapped.ale.getEpisodeFrameNumber()
+            env.reset()
+            assert env.unwrapped.ale.getEpisodeFrameNumber() > before and env.unwrapped.ale.lives() > 0
+    assert learning_episodes == 5 and len(games) == 1  # five lives, one game
+    assert games[0]["r"] == pytest.approx(sum(log.rewards))  # the unclipped score of all lives
+    assert games[0]["r"] > 0
+    # the length counts the agent's steps only, not the NOOP/FIRE steps of the (soft) resets, which the log saw
+    assert games[0]["l"] == agent_steps and len(log.actions) > 4 * agent_steps
+
+
+def test_clip_reward_keeps_only_the_sign():
+    env = P.ClipReward(base_env())
+    assert [env.reward(r) for r in (7.0, 1.0, 0.0, -3.0)] == [1.0, 1.0, 0.0, -1.0]
+
+
+def test_frame_stack_is_oldest_first_and_starts_full():
+    env, _ = chain()
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (4, 84, 84) and obs.dtype == np.uint8
+    assert all(np.array_equal(obs[k], obs[3]) for k in range(3))  # after a reset: the first frame in every slot
+    previous = obs
+    for _ in range(8):  # the ball is in play (FIRE reset) and the paddle moves: every frame differs
+        obs, *_ = env.step(3)
+        np.testing.assert_array_equal(obs[:3], previous[1:])  # shifted by one: the newest frame is last
+        previous = obs
+    assert not np.array_equal(obs[3], obs[0])
+
+
+def test_time_limit_is_108k_frames():
+    env = base_env()
+    assert env.unwrapped.ale.getInt("max_num_frames_per_episode") == 108_000
+
+
+def test_ids_map_to_game_and_sticky_actions_and_bad_ids_are_refused():
+    assert P.parse_atari_id("BreakoutNoFrameskip-v4") == ("Breakout", 0.0)
+    assert P.parse_atari_id("ALE/Pong-v5") == ("Pong", 0.25)
+    for bad in ("HalfCheetah-v4", "Breakout-v4", "ALE/Breakout-v4"):
+        with pytest.raises(P.UserError):
+            P.parse_atari_id(bad)
+    with pytest.raises(P.UserError, match="unknown Atari game"):
+        P.check_atari_env("NoSuchGameNoFrameskip-v4")
+
+
+@pytest.mark.parametrize("backend", ["gymnasium", "envpool"])
+def test_backends_agree_on_observations_and_game_statistics(backend):
+    if backend == "envpool":
+        pytest.importorskip("envpool")
+    args = P.Args(env_backend=backend, num_envs=2, async_envs=False)
+    envs = P.make_vector_env(args, "", seed=1)
+    obs, _ = envs.reset(seed=1)
+    assert obs.shape == (2, 4, 84, 84) and obs.dtype == np.uint8
+    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.NEXT_STEP
+    rng = np.random.default_rng(0)
+    agent_steps = np.zeros(2, int)  # real transitions since this env's last game over
+    episode_ended = np.zeros(2, bool)
+    ends_per_game, games = np.zeros(2, int), []
+    for _ in range(6_000):
+        obs, reward, terminated, truncated, infos = envs.step(rng.integers(0, 4, 2))
+        assert obs.shape == (2, 4, 84, 84) and set(np.unique(reward)) <= {-1.0, 0.0, 1.0}
+        agent_steps += ~episode_ended  # a reset step (after an episode end) is not the agent's step
+        for i, score, length in P.finished_games(infos):
+            games.append((score, length))
+            assert length == agent_steps[i], (backend, length, agent_steps[i])
+            assert ends_per_game[i] + 1 == 5  # the game ended on its 5th learning-episode end (Breakout's lives)
+            agent_steps[i], ends_per_game[i] = 0, -1
+        episode_ended = terminated | truncated
+        ends_per_game += episode_ended
+        if len(games) >= 3:
+            break
+    envs.close()
+    assert len(games) >= 3 and all(score >= 0 for score, _ in games)
