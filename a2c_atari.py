@@ -756,7 +756,7 @@ def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device: torch.
         obs, _, terminated, truncated, info = env.step(action)
         if "episode" in info:  # a game over (GameStatistics), not just a lost life
             returns.append(float(info["episode"]["r"]))
-        if terminated or truncated:  # a lost life (soft reset) or a game over (real reset)
+        if (terminated or truncated) and len(returns) < episodes:  # a lost life (soft reset) or a game over
             obs, _ = env.reset()
     env.close()
     return returns
@@ -835,7 +835,7 @@ def validate_common_args(args) -> None:
     check_tracking(args.track)
 
 
-def start_run(args, ckpt: Optional[dict], script: str) -> tuple[Path, str]:
+def start_run(args, ckpt: Optional[dict]) -> tuple[Path, str]:
     """(run folder, run name): a new `runs/<env>__<exp>__<seed>__<time>`, or the resumed checkpoint's own."""
     if ckpt is not None:
         return Path(args.resume).resolve().parent.parent, ckpt["run_name"]
@@ -901,7 +901,7 @@ def main() -> None:
             raise UserError(f"checkpoint '{args.resume}' is at iteration {ckpt['iteration']} (step {ckpt['global_step']}) "
                             f"and --total-timesteps {args.total_timesteps} gives {args.num_iterations} iterations: "
                             "nothing left to do. Raise --total-timesteps to continue.")  # fmt: skip
-    run_dir, run_name = start_run(args, ckpt, "a2c_atari")
+    run_dir, run_name = start_run(args, ckpt)
     ckpt_dir = run_dir / "checkpoints"
 
     # ---- logging ----

@@ -175,3 +175,13 @@ def test_ctrl_c_with_worker_processes_saves_and_resumes(tmp_path):
                          "--torch-threads", "1", timeout=300)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     assert max(scalars(only_run_dir(tmp_path), "losses/value_loss")) == state["global_step"] + 128
+
+
+def test_capture_video_records_training_and_evaluation_games(tmp_path):
+    proc = run_script("a2c_atari.py", "--env-id", GAME, *A2C_SMALL, "--no-async-envs", "--total-timesteps", "400",
+                      "--capture-video", "--save-model", "--eval-episodes", "1", "--runs-dir", tmp_path, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    videos = only_run_dir(tmp_path) / "videos"
+    assert [p.name for p in videos.glob("*.mp4")] == ["rl-video-episode-0.mp4"]  # env 0's first game
+    assert [p.name for p in (videos / "eval").glob("*.mp4")] == ["rl-video-episode-0.mp4"]  # the one evaluation game
+    assert all(p.stat().st_size > 1000 for p in videos.rglob("*.mp4"))
