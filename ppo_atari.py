@@ -10,7 +10,6 @@ import copy
 import dataclasses
 import importlib
 import importlib.util
-import itertools
 import json
 import math
 import os
@@ -74,12 +73,10 @@ class Args:
     """the id of the environment: GameNoFrameskip-v4 (no sticky actions) or ALE/Game-v5 (sticky actions, 0.25)"""
     env_backend: str = "gymnasium"
     """`gymnasium` (ale-py under this file's wrappers, vector env) or `envpool` (C++ thread pool, same preprocessing)"""
-    async_envs: bool = True
-    """gymnasium backend: step the envs in worker processes (AsyncVectorEnv) instead of in this process"""
+    async_envs: bool = False
+    """gymnasium backend: step the envs in worker processes (AsyncVectorEnv); off = in this process, measured faster"""
     envpool_threads: int = 0
-    """envpool backend: worker threads per env group (0 = one per core this process may use)"""
-    env_groups: int = 2
-    """split the envs into this many groups stepped in turn: while the network acts for one group, the others step"""
+    """envpool backend: worker threads (0 = one per core this process may use)"""
 
     # --- algorithm ---
     total_timesteps: int = 10_000_000
@@ -132,7 +129,7 @@ class Args:
 RESUME_OVERRIDABLE = (
     "total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "runs_dir",
     "checkpoint_interval", "keep_checkpoints", "resume", "eval_checkpoint", "eval_episodes", "progress", "cuda",
-    "torch_threads", "env_backend", "async_envs", "envpool_threads", "env_groups",
+    "torch_threads", "env_backend", "async_envs", "envpool_threads",
 )  # fmt: skip
 
 
@@ -370,12 +367,8 @@ class EnvpoolAtari:
         self.game_return[:] = 0.0
         return obs, {}
 
-    def step_async(self, actions: np.ndarray) -> None:
-        self.envs.send(actions)  # returns at once; envpool's threads step the envs
-
-    def step_wait(self) -> tuple:
-        obs, reward, terminated, truncated, info = self.envs.recv()
-        assert np.array_equal(info["env_id"], np.arange(self.num_envs)), "a synchronous pool returns every env, in order"
+    def step(self, actions: np.ndarray) -> tuple:
+        obs, reward, terminated, truncated, info = self.envs.step(actions)
         self.game_return += info["reward"]  # the unclipped reward; `reward` is clipped to its sign
         game_over = info["terminated"].astype(bool) | truncated  # `terminated` also marks a lost life
         infos: dict = {}
@@ -386,22 +379,8 @@ class EnvpoolAtari:
             self.game_return[game_over] = 0.0
         return obs, reward, terminated, truncated, infos
 
-    def step(self, actions: np.ndarray) -> tuple:
-        self.step_async(actions)
-        return self.step_wait()
-
     def close(self) -> None:
         self.envs.close()
-
-
-class InProcessVectorEnv(gym.vector.SyncVectorEnv):
-    """gymnasium's SyncVectorEnv with the step_async / step_wait pair of the other two (it steps in step_wait)."""
-
-    def step_async(self, actions: np.ndarray) -> None:
-        self.pending_actions = actions
-
-    def step_wait(self) -> tuple:
-        return self.step(self.pending_actions)
 
 
 def ignoring_stop_signals(thunk: Callable[[], gym.Env]) -> Callable[[], gym.Env]:
@@ -416,25 +395,15 @@ def ignoring_stop_signals(thunk: Callable[[], gym.Env]) -> Callable[[], gym.Env]
     return in_worker
 
 
-def make_vector_env(args, num_envs: int, video_dir: str, seed: int, first_index: int = 0):
-    """A batch of envs for training, either backend; both use next-step autoreset (see the rollout)."""
+def make_vector_env(args, video_dir: str, seed: int):
+    """The batch of envs for training, either backend; both use next-step autoreset (see the rollout)."""
     if args.env_backend == "envpool":
-        return EnvpoolAtari(args.env_id, num_envs, seed, pick_torch_threads(args.envpool_threads))
-    thunks = [make_env(args.env_id, first_index + i, args.capture_video, video_dir) for i in range(num_envs)]
+        return EnvpoolAtari(args.env_id, args.num_envs, seed, pick_torch_threads(args.envpool_threads))
+    thunks = [make_env(args.env_id, i, args.capture_video, video_dir) for i in range(args.num_envs)]
     if args.async_envs:
         thunks = [ignoring_stop_signals(thunk) for thunk in thunks]
         return gym.vector.AsyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
-    return InProcessVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
-
-
-def make_env_groups(args, video_dir: str, seed: int) -> tuple[list, list]:
-    """--env-groups batches of num_envs / env_groups envs each, and the slice of env indices each one holds.
-    Why groups: acting and env stepping take turns in a plain rollout, each leaving the other's cores idle; with two
-    groups the network acts for one while the other's envs step (in worker processes or envpool's threads)."""
-    size = args.num_envs // args.env_groups
-    slices = [slice(g * size, (g + 1) * size) for g in range(args.env_groups)]
-    groups = [make_vector_env(args, size, video_dir, seed + cols.start, cols.start) for cols in slices]
-    return groups, slices
+    return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
 
 
 def finished_games(infos: dict) -> list:
@@ -868,8 +837,6 @@ def validate_common_args(args) -> None:
                         f"{args.num_envs * args.num_steps}): no update would run. Raise --total-timesteps or lower --num-steps.")  # fmt: skip
     if args.env_backend not in ("gymnasium", "envpool"):
         raise UserError(f"--env-backend must be 'gymnasium' or 'envpool', not '{args.env_backend}'.")
-    if args.env_groups < 1 or args.num_envs % args.env_groups != 0:
-        raise UserError(f"--env-groups ({args.env_groups}) must divide --num-envs ({args.num_envs}) into equal groups.")
     if args.env_backend == "envpool" and args.capture_video:
         raise UserError("--capture-video records env 0 of the gymnasium backend; envpool renders no frames. "
                         "Use --env-backend gymnasium to record video.")  # fmt: skip
@@ -975,9 +942,8 @@ def main() -> None:
     # episode's first obs, reward 0, and ignores its action. Such a "reset step" is not a transition: it is
     # recorded in reset_step_buf and left out of training (see the update). The obs returned at the episode's last
     # step is its true final obs: a truncation is bootstrapped from V(final obs) without any final_obs lookup.
-    env_groups, group_slices = make_env_groups(args, str(run_dir / "videos"), env_seed)
-    for envs in env_groups:
-        assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.NEXT_STEP, "the loop assumes next-step autoreset"
+    envs = make_vector_env(args, str(run_dir / "videos"), env_seed)
+    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.NEXT_STEP, "the loop assumes next-step autoreset"
 
     agent = Agent(num_actions).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
@@ -995,7 +961,7 @@ def main() -> None:
     reset_step_buf = np.zeros((args.num_steps, args.num_envs), bool)  # step t only reset the env: not a transition
 
     # ---- start or restore the state that runs across iterations ----
-    next_obs = np.concatenate([envs.reset(seed=env_seed + cols.start)[0] for envs, cols in zip(env_groups, group_slices)])
+    next_obs, _ = envs.reset(seed=env_seed)
     episode_ended = np.zeros(args.num_envs, bool)  # the last step ended an episode: the next step is a reset step
     recent_returns: list = []
     global_step = 0
@@ -1036,29 +1002,22 @@ def main() -> None:
         clip_coef = annealed(iteration, args.num_iterations, args.clip_coef) if args.anneal_clip else args.clip_coef
 
         # ---- rollout: act with the current policy, record transitions ----
-        # Each group in turn: collect the results of its previous actions, then choose and send its next ones. While
-        # the network acts for one group, the other groups' envs are stepping. Pass num_steps only collects.
         t_rollout = time.perf_counter()
-        for step, g in itertools.product(range(args.num_steps + 1), range(args.env_groups)):
-            envs, cols = env_groups[g], group_slices[g]
-            if step > 0:
-                next_obs[cols], reward, terminations, truncations, infos = envs.step_wait()
-                rewards_buf[step - 1, cols] = reward
-                terminations_buf[step - 1, cols], truncations_buf[step - 1, cols] = terminations, truncations
-                episode_ended[cols] = terminations | truncations
-                recent_returns = log_finished_games(writer, infos, global_step + step * args.num_envs, recent_returns)
-            if step == args.num_steps:
-                continue
-            obs_t = torch.from_numpy(next_obs[cols])
-            obs_buf[step, cols] = obs_t
-            reset_step_buf[step, cols] = episode_ended[cols]
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            obs_t = torch.from_numpy(next_obs)
+            obs_buf[step] = obs_t
+            reset_step_buf[step] = episode_ended
             with torch.inference_mode(), autocast:
                 logits, value = agent(obs_t.to(device))
                 action = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
                 logprob, _ = categorical_log_prob_entropy(logits, action)
-            actions_buf[step, cols], logprobs_buf[step, cols], values_buf[step, cols] = action.cpu(), logprob.cpu(), value.cpu()
-            envs.step_async(action.cpu().numpy())
-        global_step += args.batch_size
+            actions_buf[step], logprobs_buf[step], values_buf[step] = action.cpu(), logprob.cpu(), value.cpu()
+            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+            rewards_buf[step] = reward
+            terminations_buf[step], truncations_buf[step] = terminations, truncations
+            episode_ended = terminations | truncations
+            recent_returns = log_finished_games(writer, infos, global_step, recent_returns)
         rollout_time = time.perf_counter() - t_rollout
 
         # ---- advantages ----
@@ -1149,8 +1108,7 @@ def main() -> None:
         print(f"interrupted: saved iteration {iteration} to {path}\nresume with: python {os.path.basename(__file__)} "
               f"--resume {path}", file=sys.stderr)  # fmt: skip
         writer.close()
-        for envs in env_groups:
-            envs.close()
+        envs.close()
         sys.exit(130)
 
     if args.save_model:
@@ -1162,8 +1120,7 @@ def main() -> None:
         writer.add_scalar("eval/episodic_return", float(np.mean(returns_eval)), global_step)
         print(f"eval: {np.mean(returns_eval):.2f} +- {np.std(returns_eval):.2f} over {len(returns_eval)} games")
     writer.close()
-    for envs in env_groups:
-        envs.close()
+    envs.close()
     if args.track:
         import wandb
 

@@ -154,7 +154,7 @@ def test_backends_agree_on_observations_and_game_statistics(backend):
     if backend == "envpool":
         pytest.importorskip("envpool")
     args = P.Args(env_backend=backend, num_envs=2, async_envs=False)
-    envs = P.make_vector_env(args, 2, "", seed=1)
+    envs = P.make_vector_env(args, "", seed=1)
     obs, _ = envs.reset(seed=1)
     assert obs.shape == (2, 4, 84, 84) and obs.dtype == np.uint8
     assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.NEXT_STEP
