@@ -691,6 +691,19 @@ def merge_resume_args(cli: Args, saved: dict) -> Args:
     return Args(**{f.name: merged[f.name] for f in dataclasses.fields(Args)})
 
 
+class StopRequest:
+    """Ctrl-C / SIGTERM handler: the first signal asks the loop to stop at the end of the current iteration (a
+    consistent state to save); a second one interrupts at once, without saving."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __call__(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
 def main() -> None:
     args = tyro.cli(Args)
     if args.capture_video and not os.environ.get("DISPLAY"):
@@ -829,147 +842,150 @@ def main() -> None:
         obs_rms.update(raw_obs)
     next_obs = normalize_obs(raw_obs, obs_rms, args.obs_clip) if args.norm_obs else raw_obs.astype(np.float32)
 
-    # Ctrl-C (and SIGTERM, e.g. a cluster preempting the job) saves the state of the last completed iteration.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    last_complete = None  # training_state() after the latest finished iteration
+    # Ctrl-C (and SIGTERM, e.g. a cluster preempting the job) stops the loop at the end of the current iteration,
+    # whose state is consistent, and saves it. Why a flag, not `except KeyboardInterrupt`: the exception lands at an
+    # arbitrary point (inside the TensorBoard writer, a checkpoint write, ...); a flag checked between iterations never
+    # cuts anything half-way.
+    stop = StopRequest()
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     progress = Progress(args.progress, args.total_timesteps)
     start_time, start_step = time.time(), global_step
     iteration = start_iteration - 1
-    try:
-        for iteration in range(start_iteration, args.num_iterations + 1):
-            lr = annealed_lr(iteration, args.num_iterations, args.learning_rate) if args.anneal_lr else args.learning_rate
-            optimizer.param_groups[0]["lr"] = lr
+    for iteration in range(start_iteration, args.num_iterations + 1):
+        lr = annealed_lr(iteration, args.num_iterations, args.learning_rate) if args.anneal_lr else args.learning_rate
+        optimizer.param_groups[0]["lr"] = lr
 
-            # ---- rollout: act with the current policy, record transitions ----
-            t_rollout = time.perf_counter()
-            # a = mu(s) + sigma * eps, eps ~ N(0, I): the noise for the whole rollout in one draw of torch's RNG
-            actor_weights = [p.detach().cpu().numpy() for p in agent.actor_mean.parameters()]
-            std = agent.actor_logstd.detach().exp().cpu().numpy()
-            noise = torch.randn((args.num_steps, args.num_envs, act_dim)).numpy()
-            for step in range(args.num_steps):
-                global_step += args.num_envs
-                obs_buf[step] = next_obs
-                action = mlp_numpy(next_obs, actor_weights) + std * noise[step]
-                actions_buf[step] = action
-                # The env gets the action clipped to its bounds; training keeps the sampled one, whose log-prob we know.
-                raw_obs, reward, terminations, truncations, infos = envs.step(np.clip(action, action_low, action_high))
-                episode_ended = terminations | truncations
-                episode_return += reward
-                episode_length += 1
-                real_next_raw = true_next_obs(raw_obs, episode_ended, infos)
-                if episode_ended.any():
-                    for i in np.flatnonzero(episode_ended):
-                        writer.add_scalar("charts/episodic_return", episode_return[i], global_step)
-                        writer.add_scalar("charts/episodic_length", episode_length[i], global_step)
-                        recent_returns = (recent_returns + [float(episode_return[i])])[-10:]
-                    episode_return[episode_ended], episode_length[episode_ended] = 0.0, 0
-                if args.norm_obs:
-                    obs_rms.update(raw_obs)
-                    next_obs = normalize_obs(raw_obs, obs_rms, args.obs_clip)
-                    # Easy to miss: the final obs is bootstrapped from, so it goes through the same normalization.
-                    next_obs_buf[step] = normalize_obs(real_next_raw, obs_rms, args.obs_clip) if episode_ended.any() else next_obs
-                else:
-                    next_obs = raw_obs.astype(np.float32)
-                    next_obs_buf[step] = real_next_raw
-                if args.norm_reward:
-                    rewards_buf[step], discounted_return = scale_rewards(
-                        reward, discounted_return, episode_ended, return_rms, args.gamma, args.reward_clip
-                    )
-                else:
-                    rewards_buf[step] = reward
-                terminations_buf[step], truncations_buf[step] = terminations, truncations
-            rollout_time = time.perf_counter() - t_rollout
+        # ---- rollout: act with the current policy, record transitions ----
+        t_rollout = time.perf_counter()
+        # a = mu(s) + sigma * eps, eps ~ N(0, I): the noise for the whole rollout in one draw of torch's RNG
+        actor_weights = [p.detach().cpu().numpy() for p in agent.actor_mean.parameters()]
+        std = agent.actor_logstd.detach().exp().cpu().numpy()
+        noise = torch.randn((args.num_steps, args.num_envs, act_dim)).numpy()
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            obs_buf[step] = next_obs
+            action = mlp_numpy(next_obs, actor_weights) + std * noise[step]
+            actions_buf[step] = action
+            # The env gets the action clipped to its bounds; training keeps the sampled one, whose log-prob we know.
+            raw_obs, reward, terminations, truncations, infos = envs.step(np.clip(action, action_low, action_high))
+            episode_ended = terminations | truncations
+            episode_return += reward
+            episode_length += 1
+            real_next_raw = true_next_obs(raw_obs, episode_ended, infos)
+            if episode_ended.any():
+                for i in np.flatnonzero(episode_ended):
+                    writer.add_scalar("charts/episodic_return", episode_return[i], global_step)
+                    writer.add_scalar("charts/episodic_length", episode_length[i], global_step)
+                    recent_returns = (recent_returns + [float(episode_return[i])])[-10:]
+                episode_return[episode_ended], episode_length[episode_ended] = 0.0, 0
+            if args.norm_obs:
+                obs_rms.update(raw_obs)
+                next_obs = normalize_obs(raw_obs, obs_rms, args.obs_clip)
+                # Easy to miss: the final obs is bootstrapped from, so it goes through the same normalization.
+                next_obs_buf[step] = normalize_obs(real_next_raw, obs_rms, args.obs_clip) if episode_ended.any() else next_obs
+            else:
+                next_obs = raw_obs.astype(np.float32)
+                next_obs_buf[step] = real_next_raw
+            if args.norm_reward:
+                rewards_buf[step], discounted_return = scale_rewards(
+                    reward, discounted_return, episode_ended, return_rms, args.gamma, args.reward_clip
+                )
+            else:
+                rewards_buf[step] = reward
+            terminations_buf[step], truncations_buf[step] = terminations, truncations
+        rollout_time = time.perf_counter() - t_rollout
 
-            # ---- advantages: values and log-probs of the whole rollout in one batched pass ----
-            t_update = time.perf_counter()
-            b_obs_t = torch.from_numpy(obs_buf).to(device)
-            with torch.no_grad():
-                values = agent.get_value(b_obs_t)
-                next_values = agent.get_value(torch.from_numpy(next_obs_buf).to(device))
-                actions_t = torch.from_numpy(actions_buf).to(device)
-                logprobs = gaussian_log_prob(agent.actor_mean(b_obs_t), agent.actor_logstd, actions_t)
-            advantages = compute_gae(
-                rewards_buf, values.cpu().numpy(), next_values.cpu().numpy(), terminations_buf, truncations_buf,
-                args.gamma, args.gae_lambda,
-            )  # fmt: skip
-            returns = advantages + values.cpu().numpy()
+        # ---- advantages: values and log-probs of the whole rollout in one batched pass ----
+        t_update = time.perf_counter()
+        b_obs_t = torch.from_numpy(obs_buf).to(device)
+        with torch.no_grad():
+            values = agent.get_value(b_obs_t)
+            next_values = agent.get_value(torch.from_numpy(next_obs_buf).to(device))
+            actions_t = torch.from_numpy(actions_buf).to(device)
+            logprobs = gaussian_log_prob(agent.actor_mean(b_obs_t), agent.actor_logstd, actions_t)
+        advantages = compute_gae(
+            rewards_buf, values.cpu().numpy(), next_values.cpu().numpy(), terminations_buf, truncations_buf,
+            args.gamma, args.gae_lambda,
+        )  # fmt: skip
+        returns = advantages + values.cpu().numpy()
 
-            # flatten (num_steps, num_envs) -> batch
-            b_obs = b_obs_t.reshape(-1, obs_dim)
-            b_actions = actions_t.reshape(-1, act_dim)
-            b_logprobs = logprobs.reshape(-1)
-            b_advantages = torch.from_numpy(advantages).to(device).reshape(-1)
-            b_returns = torch.from_numpy(returns).to(device).reshape(-1)
-            b_values = values.reshape(-1)
+        # flatten (num_steps, num_envs) -> batch
+        b_obs = b_obs_t.reshape(-1, obs_dim)
+        b_actions = actions_t.reshape(-1, act_dim)
+        b_logprobs = logprobs.reshape(-1)
+        b_advantages = torch.from_numpy(advantages).to(device).reshape(-1)
+        b_returns = torch.from_numpy(returns).to(device).reshape(-1)
+        b_values = values.reshape(-1)
 
-            # ---- update: update_epochs passes over the batch in shuffled minibatches ----
-            # Metrics are summed over every minibatch (no .item() per minibatch: one sync per update) and averaged.
-            loss_sums = torch.zeros(4, device=device)  # policy_loss, value_loss, entropy, grad_norm
-            kl_sums = torch.zeros(3, device=device)  # old_approx_kl, approx_kl, clipfrac
-            num_epochs = 0
-            log_ratios = torch.zeros((args.num_minibatches, args.minibatch_size), device=device)
-            for epoch in range(args.update_epochs):
-                perm = torch.randperm(args.batch_size, device=device).view(args.num_minibatches, args.minibatch_size)
-                # one gather per epoch instead of one per minibatch
-                e_obs, e_actions, e_logprobs = b_obs[perm], b_actions[perm], b_logprobs[perm]
-                e_advantages, e_returns, e_values = b_advantages[perm], b_returns[perm], b_values[perm]
-                for mb in range(args.num_minibatches):
-                    new_mean = agent.actor_mean(e_obs[mb])
-                    new_logprob = gaussian_log_prob(new_mean, agent.actor_logstd, e_actions[mb])
-                    entropy = gaussian_entropy(agent.actor_logstd).mean()  # state-independent sigma: same for all s
-                    new_values = agent.get_value(e_obs[mb])
-                    mb_advantages = e_advantages[mb]
-                    if args.norm_adv:
-                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                    pg_loss, v_loss, log_ratios[mb] = ppo_losses(new_logprob, e_logprobs[mb], mb_advantages, new_values,
-                                                                 e_values[mb], e_returns[mb], args.clip_coef, args.clip_vloss)  # fmt: skip
-                    # L = L^CLIP - c_ent * H + c_v * L^V
-                    loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-                    flat_params.grad.zero_()
-                    loss.backward()
-                    grad_norm = nn.utils.clip_grad_norm_([flat_params], args.max_grad_norm)  # norm before clipping
-                    optimizer.step()
-                    loss_sums += torch.stack([pg_loss.detach(), v_loss.detach(), entropy.detach(), grad_norm])
-                epoch_kl = kl_diagnostics(log_ratios, args.clip_coef)  # the epoch's mean over its minibatches
-                kl_sums += epoch_kl
-                num_epochs += 1
-                # KL early stop, on the epoch's mean approx_kl (one sync per epoch)
-                if args.target_kl is not None and epoch_kl[1].item() > args.target_kl:
-                    break
-            # every metric is a mean over all minibatches of the update (not the last minibatch's value)
-            metrics = dict(zip(("policy_loss", "value_loss", "entropy", "grad_norm"),
-                               (loss_sums / (num_epochs * args.num_minibatches)).tolist()))  # fmt: skip
-            metrics.update(zip(("old_approx_kl", "approx_kl", "clipfrac"), (kl_sums / num_epochs).tolist()))
-            update_time = time.perf_counter() - t_update
+        # ---- update: update_epochs passes over the batch in shuffled minibatches ----
+        # Metrics are summed over every minibatch (no .item() per minibatch: one sync per update) and averaged.
+        loss_sums = torch.zeros(4, device=device)  # policy_loss, value_loss, entropy, grad_norm
+        kl_sums = torch.zeros(3, device=device)  # old_approx_kl, approx_kl, clipfrac
+        num_epochs = 0
+        log_ratios = torch.zeros((args.num_minibatches, args.minibatch_size), device=device)
+        for epoch in range(args.update_epochs):
+            perm = torch.randperm(args.batch_size, device=device).view(args.num_minibatches, args.minibatch_size)
+            # one gather per epoch instead of one per minibatch
+            e_obs, e_actions, e_logprobs = b_obs[perm], b_actions[perm], b_logprobs[perm]
+            e_advantages, e_returns, e_values = b_advantages[perm], b_returns[perm], b_values[perm]
+            for mb in range(args.num_minibatches):
+                new_mean = agent.actor_mean(e_obs[mb])
+                new_logprob = gaussian_log_prob(new_mean, agent.actor_logstd, e_actions[mb])
+                entropy = gaussian_entropy(agent.actor_logstd).mean()  # state-independent sigma: same for all s
+                new_values = agent.get_value(e_obs[mb])
+                mb_advantages = e_advantages[mb]
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                pg_loss, v_loss, log_ratios[mb] = ppo_losses(new_logprob, e_logprobs[mb], mb_advantages, new_values,
+                                                             e_values[mb], e_returns[mb], args.clip_coef, args.clip_vloss)  # fmt: skip
+                # L = L^CLIP - c_ent * H + c_v * L^V
+                loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+                flat_params.grad.zero_()
+                loss.backward()
+                grad_norm = nn.utils.clip_grad_norm_([flat_params], args.max_grad_norm)  # norm before clipping
+                optimizer.step()
+                loss_sums += torch.stack([pg_loss.detach(), v_loss.detach(), entropy.detach(), grad_norm])
+            epoch_kl = kl_diagnostics(log_ratios, args.clip_coef)  # the epoch's mean over its minibatches
+            kl_sums += epoch_kl
+            num_epochs += 1
+            # KL early stop, on the epoch's mean approx_kl (one sync per epoch)
+            if args.target_kl is not None and epoch_kl[1].item() > args.target_kl:
+                break
+        # every metric is a mean over all minibatches of the update (not the last minibatch's value)
+        metrics = dict(zip(("policy_loss", "value_loss", "entropy", "grad_norm"),
+                           (loss_sums / (num_epochs * args.num_minibatches)).tolist()))  # fmt: skip
+        metrics.update(zip(("old_approx_kl", "approx_kl", "clipfrac"), (kl_sums / num_epochs).tolist()))
+        update_time = time.perf_counter() - t_update
 
-            # ---- logging ----
-            sps = (global_step - start_step) / (time.time() - start_time)
-            writer.add_scalar("charts/learning_rate", lr, global_step)
-            for name, value in metrics.items():
-                writer.add_scalar(f"losses/{name}", value, global_step)
-            writer.add_scalar("losses/explained_variance", explained_variance(values.cpu().numpy(), returns), global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("charts/rollout_us_per_step", rollout_time / args.batch_size * 1e6, global_step)
-            writer.add_scalar("charts/update_us_per_step", update_time / args.batch_size * 1e6, global_step)
-            progress.update(global_step, sps, float(np.mean(recent_returns)) if recent_returns else None)
+        # ---- logging ----
+        sps = (global_step - start_step) / (time.time() - start_time)
+        writer.add_scalar("charts/learning_rate", lr, global_step)
+        for name, value in metrics.items():
+            writer.add_scalar(f"losses/{name}", value, global_step)
+        writer.add_scalar("losses/explained_variance", explained_variance(values.cpu().numpy(), returns), global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        writer.add_scalar("charts/rollout_us_per_step", rollout_time / args.batch_size * 1e6, global_step)
+        writer.add_scalar("charts/update_us_per_step", update_time / args.batch_size * 1e6, global_step)
+        progress.update(global_step, sps, float(np.mean(recent_returns)) if recent_returns else None)
 
-            last_complete = training_state(iteration)
-            if args.checkpoint_interval > 0 and iteration % args.checkpoint_interval == 0:
-                save_checkpoint(last_complete, ckpt_dir / checkpoint_name("step", global_step))
-                prune_checkpoints(ckpt_dir, args.keep_checkpoints)
-    except KeyboardInterrupt:
-        progress.close()
-        if last_complete is None:
-            print("interrupted before the first iteration finished: nothing new to save.", file=sys.stderr)
-        else:
-            path = ckpt_dir / checkpoint_name("interrupted", last_complete["global_step"])
-            save_checkpoint(last_complete, path)
-            print(f"interrupted: saved iteration {last_complete['iteration']} to {path}\nresume with: python "
-                  f"{os.path.basename(__file__)} --resume {path}", file=sys.stderr)  # fmt: skip
+        if args.checkpoint_interval > 0 and iteration % args.checkpoint_interval == 0:
+            save_checkpoint(training_state(iteration), ckpt_dir / checkpoint_name("step", global_step))
+            prune_checkpoints(ckpt_dir, args.keep_checkpoints)
+        if stop.requested:
+            break
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    progress.close()
+
+    if stop.requested:
+        path = ckpt_dir / checkpoint_name("interrupted", global_step)
+        save_checkpoint(training_state(iteration), path)
+        print(f"interrupted: saved iteration {iteration} to {path}\nresume with: python {os.path.basename(__file__)} "
+              f"--resume {path}", file=sys.stderr)  # fmt: skip
         writer.close()
         envs.close()
         sys.exit(130)
-    progress.close()
 
     if args.save_model:
         path = ckpt_dir / checkpoint_name("final", global_step)
