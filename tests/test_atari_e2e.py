@@ -164,7 +164,11 @@ def test_ctrl_c_with_worker_processes_saves_and_resumes(tmp_path):
             break
         time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C does
-    out, err = proc.communicate(timeout=120)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:  # a run that ignored the signal must not outlive the test (nor its workers)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, err
     ckpts = list((only_run_dir(tmp_path) / "checkpoints").glob("interrupted_*.pt"))
     assert len(ckpts) == 1, err

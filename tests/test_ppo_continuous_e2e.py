@@ -168,7 +168,10 @@ def test_ctrl_c_saves_the_last_completed_iteration_and_resumes(tmp_path):
             break
         time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:  # a run that ignored the signal must not outlive the test
+        proc.kill()
     assert proc.returncode == 130, err
     ckpts = list((only_run_dir(tmp_path) / "checkpoints").glob("interrupted_*.pt"))
     assert len(ckpts) == 1, err
