@@ -119,6 +119,7 @@ RESUME_OVERRIDABLE = (
 )  # fmt: skip
 
 
+# --- shared: sac-env ---
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Callable[[], gym.Env]:
     """One environment. Episode statistics are kept on the whole batch in the rollout (vectorized, checkpointable),
     not by per-env wrappers. No action clipping: the tanh-squashed actions are always within the bounds."""
@@ -132,6 +133,9 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Call
         return gym.wrappers.FlattenObservation(env)
 
     return thunk
+
+
+# --- end shared: sac-env ---
 
 
 # --- shared: sac-networks ---
@@ -504,11 +508,6 @@ def evaluate(weights: list, env_id: str, episodes: int, seed: int, video_dir: Op
 # --- end shared: sac-evaluation ---
 
 
-def crossed(step: int, advance: int, interval: int) -> bool:
-    """Did global_step pass a multiple of `interval` in its last advance (num_envs steps)? (interval 0: never)"""
-    return interval > 0 and step // interval > (step - advance) // interval
-
-
 # --- shared: errors ---
 class UserError(Exception):
     """A problem with the user's input (flags, env, checkpoint): reported as one paragraph, exit code 2."""
@@ -771,6 +770,12 @@ def validate_args(args: Args) -> None:
     check_tracking(args.track)
 
 
+# --- shared: sac-run ---
+def crossed(step: int, advance: int, interval: int) -> bool:
+    """Did global_step pass a multiple of `interval` in its last advance (num_envs steps)? (interval 0: never)"""
+    return interval > 0 and step // interval > (step - advance) // interval
+
+
 def probe_env(env_id: str) -> tuple[tuple, tuple]:
     """Make the env once to check it exists and has a bounded continuous (Box) action space; return the shapes."""
     check_env_id(env_id)
@@ -786,6 +791,26 @@ def probe_env(env_id: str) -> tuple[tuple, tuple]:
     if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
         raise UserError(f"{env_id}'s action space {act_space} is unbounded; SAC squashes actions into its bounds.")
     return obs_space.shape, act_space.shape
+
+
+class StopRequest:
+    """Ctrl-C / SIGTERM handler: the first signal asks the loop to stop at the end of the current step (a consistent
+    state to save); a second one interrupts at once, without saving."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __call__(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+# --- end shared: sac-run ---
 
 
 def check_checkpoint_matches(ckpt: dict, path: str, obs_shape: tuple, act_shape: tuple) -> None:
@@ -809,23 +834,6 @@ def merge_resume_args(cli: Args, saved: dict) -> Args:
             print(f"warning: --{f.name.replace('_', '-')} {getattr(cli, f.name)} ignored: resuming keeps the checkpoint's "
                   f"value {saved[f.name]}.", file=sys.stderr)  # fmt: skip
     return Args(**{f.name: merged[f.name] for f in dataclasses.fields(Args)})
-
-
-class StopRequest:
-    """Ctrl-C / SIGTERM handler: the first signal asks the loop to stop at the end of the current step (a consistent
-    state to save); a second one interrupts at once, without saving."""
-
-    def __init__(self):
-        self.requested = False
-
-    def __call__(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 LOSS_NAMES = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss")

@@ -1,0 +1,1450 @@
+# Docs: README.md, section "sac_continuous_ray.py" (https://arxiv.org/abs/1812.05905 for the algorithm)
+"""Soft Actor-Critic distributed on Ray, in one file: rollout workers feed one learner.
+
+The algorithm is sac_continuous.py's: its networks, losses, update, replay buffer, parameter holder, rollout and
+evaluation blocks are copied here verbatim (between shared-block markers; a test keeps the copies identical).
+What this file adds is where each part runs:
+
+    rollout workers (Ray actors, 1 CPU each) --batches of transitions--> driver --object refs--> replay buffer shard(s)
+         ^  pull weights every --weight-sync-interval env steps                                  |  sampled batches
+         |                                                                                       v
+    parameter server (Ray actor) <--weights + version-- learner (in the driver; a GPU if there is one) --> TensorBoard
+    evaluator (Ray actor): deterministic episodes with the newest weights every --eval-interval env steps
+
+The driver counts env steps when a worker's batch comes back, and only then forwards it to the buffer: a worker that
+dies mid-batch loses that batch (never stored, never counted), Ray restarts the worker, and the lost steps are
+collected again. The learner holds --utd-ratio gradient updates per collected env step: workers are held back when
+they run ahead, so more workers make the run faster, not a different algorithm. --utd-ratio 0 lets both run freely.
+"""
+import copy
+import dataclasses
+import importlib
+import json
+import logging
+import math
+import os
+import random
+import resource
+import signal
+import socket
+import sys
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+
+
+@dataclass
+class Args:
+    # --- experiment ---
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    """the name of this experiment"""
+    seed: int = 1
+    """seed of the experiment"""
+    torch_deterministic: bool = True
+    """if toggled, `torch.backends.cudnn.deterministic=True`"""
+    cuda: bool = True
+    """if toggled, cuda will be used by the learner when available"""
+    torch_threads: int = 0
+    """CPU threads for the learner's torch; 0 = one per core this process may use (os.sched_getaffinity)"""
+    track: bool = False
+    """if toggled, this experiment will be tracked with Weights and Biases (WANDB_MODE=offline works without network)"""
+    wandb_project_name: str = "onefile-rl"
+    """the wandb's project name"""
+    wandb_entity: Optional[str] = None
+    """the entity (team) of wandb's project"""
+    capture_video: bool = False
+    """whether to capture videos of the agent performances (final evaluation; under `runs/<run>/videos`)"""
+    save_model: bool = False
+    """whether to save a final checkpoint at the end of training, then evaluate it"""
+    runs_dir: str = "runs"
+    """folder that holds one sub-folder per run (TensorBoard events, checkpoints, videos)"""
+    checkpoint_interval: int = 100_000
+    """write a checkpoint every N env steps (0 = never; Ctrl-C and --save-model still save)"""
+    keep_checkpoints: int = 3
+    """keep the newest K periodic checkpoints (the final one is always kept)"""
+    save_buffer: bool = False
+    """also store the replay buffer (all shards) in checkpoints (large: up to buffer_size transitions)"""
+    resume: Optional[str] = None
+    """path of a checkpoint to continue from (appends to that run's folder)"""
+    eval_checkpoint: Optional[str] = None
+    """path of a checkpoint to evaluate (no training, no Ray)"""
+    eval_episodes: int = 10
+    """number of episodes for evaluation (every --eval-interval, after --save-model, or with --eval-checkpoint)"""
+    eval_interval: int = 0
+    """the evaluator actor runs --eval-episodes deterministic episodes every N env steps (0 = never)"""
+    log_interval: int = 100
+    """log losses (averaged over the window's gradient steps) and speeds every N env steps"""
+    progress: bool = True
+    """show a one-line progress display (only when stdout is a terminal)"""
+
+    # --- algorithm (as sac_continuous.py) ---
+    env_id: str = "HalfCheetah-v4"
+    """the id of the environment"""
+    total_timesteps: int = 1_000_000
+    """total env steps of the experiment, summed over all workers"""
+    buffer_size: int = 1_000_000
+    """the replay memory buffer size (split evenly over --num-buffer-shards)"""
+    gamma: float = 0.99
+    """the discount factor gamma"""
+    tau: float = 0.005
+    """target smoothing coefficient"""
+    batch_size: int = 256
+    """the batch size of sample from the replay memory"""
+    learning_starts: int = 5_000
+    """env steps (over all workers) of uniform random actions before learning starts"""
+    policy_lr: float = 3e-4
+    """the learning rate of the policy network optimizer"""
+    q_lr: float = 1e-3
+    """the learning rate of the Q network optimizer (and of the entropy temperature's)"""
+    policy_frequency: int = 2
+    """the frequency of training policy (delayed); each time it runs policy_frequency actor updates"""
+    target_network_frequency: int = 1
+    """the frequency of updates for the target networks (in gradient steps)"""
+    alpha: float = 0.2
+    """entropy regularization coefficient (the initial value is 1.0 with --autotune)"""
+    autotune: bool = True
+    """automatic tuning of the entropy coefficient (target entropy -|A|)"""
+    bf16: bool = False
+    """run the networks' matmuls in bfloat16 (autocast; weights, optimizers, losses stay float32)"""
+
+    # --- distribution ---
+    num_rollout_workers: int = 2
+    """rollout worker actors (one CPU each), each stepping --envs-per-worker envs"""
+    envs_per_worker: int = 1
+    """environments each rollout worker steps as one vector env"""
+    weight_sync_interval: int = 1_000
+    """env steps a worker takes between pulls of the newest actor weights from the parameter server"""
+    utd_ratio: float = 1.0
+    """gradient updates per collected env step that the learner holds to (0 = asynchronous: no coupling)"""
+    num_buffer_shards: int = 1
+    """replay buffer actors; worker i writes to shard i % shards, the learner samples all in proportion to size"""
+    worker_batch_steps: int = 100
+    """vector steps a worker takes per batch it sends (one object-store transfer per batch)"""
+    ray_address: Optional[str] = None
+    """Ray cluster to join: None starts an embedded local Ray; `auto` or `host:port` joins a running one"""
+    pause_learner: bool = False
+    """collect only, no gradient updates (to measure sampling throughput alone)"""
+
+
+# Flags that --resume takes from the command line; every other field comes from the checkpoint. The cluster layout
+# (workers, envs per worker, weight sync, address) may change between runs: a resumed run may be bigger or smaller.
+RESUME_OVERRIDABLE = (
+    "total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "runs_dir",
+    "checkpoint_interval", "keep_checkpoints", "save_buffer", "resume", "eval_checkpoint", "eval_episodes",
+    "eval_interval", "log_interval", "progress", "cuda", "torch_threads", "num_rollout_workers", "envs_per_worker",
+    "weight_sync_interval", "worker_batch_steps", "ray_address", "pause_learner",
+)  # fmt: skip
+
+
+# --- shared: sac-env ---
+def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Callable[[], gym.Env]:
+    """One environment. Episode statistics are kept on the whole batch in the rollout (vectorized, checkpointable),
+    not by per-env wrappers. No action clipping: the tanh-squashed actions are always within the bounds."""
+
+    def thunk() -> gym.Env:
+        if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array")
+            env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
+        else:
+            env = gym.make(env_id)
+        return gym.wrappers.FlattenObservation(env)
+
+    return thunk
+
+
+# --- end shared: sac-env ---
+
+
+# --- shared: sac-networks ---
+HIDDEN = 256
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+def linear_init_(weight: torch.Tensor, bias: torch.Tensor, fan_in: int) -> None:
+    """nn.Linear's default initialization, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases alike."""
+    bound = 1.0 / math.sqrt(fan_in)
+    with torch.no_grad():
+        weight.uniform_(-bound, bound)
+        bias.uniform_(-bound, bound)
+
+
+class Actor(nn.Module):
+    """obs -> 256 -> 256 -> (mean, raw log-std) of a Gaussian over the pre-tanh action u, ReLU MLP."""
+
+    def __init__(self, obs_dim: int, act_dim: int):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(obs_dim, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 2 * act_dim)
+        )  # one output layer for mean and log-std: the same function as two heads, one matmul
+        self.act_dim = act_dim
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, raw_log_std = self.net(obs).float().split(self.act_dim, dim=-1)  # float32 out, even under autocast
+        return mean, bounded_log_std(raw_log_std)
+
+
+class TwinQ(nn.Module):
+    """Both soft Q-networks (obs, action) -> 256 -> 256 -> 1 in one module: each weight is stacked along a leading
+    axis of size 2, and one batched matmul (baddbmm) evaluates both critics. Same functions and initialization as
+    two separate nn.Sequential MLPs, a third of the ops."""
+
+    def __init__(self, obs_dim: int, act_dim: int):
+        super().__init__()
+        sizes = [obs_dim + act_dim, HIDDEN, HIDDEN, 1]
+        for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:]), 1):
+            w, b = torch.empty(2, fan_in, fan_out), torch.empty(2, 1, fan_out)  # x @ w + b, per critic
+            linear_init_(w, b, fan_in)
+            self.register_parameter(f"w{i}", nn.Parameter(w))
+            self.register_parameter(f"b{i}", nn.Parameter(b))
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor, params: Optional[list] = None) -> torch.Tensor:
+        """Q1 and Q2 as a (2, batch) tensor. `params` (w1, b1, w2, b2, w3, b3) replaces the module's own, e.g. with
+        detached copies so that the actor's loss does not backpropagate into the critics' weights."""
+        w1, b1, w2, b2, w3, b3 = params if params is not None else self.parameters()
+        x = torch.cat([obs, action], -1)
+        h = torch.relu(torch.baddbmm(b1, x.expand(2, *x.shape), w1))
+        h = torch.relu(torch.baddbmm(b2, h, w2))
+        return torch.baddbmm(b3, h, w3).squeeze(-1).float()  # float32 out, even under autocast
+
+
+def bounded_log_std(raw: torch.Tensor) -> torch.Tensor:
+    """Squash the network's raw log-std into [LOG_STD_MIN, LOG_STD_MAX] smoothly (tanh), not by clipping."""
+    return LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(raw) + 1)
+
+
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def squashed_gaussian(
+    mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor, action_scale: torch.Tensor, action_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reparameterized sample a = tanh(u) * scale + bias, u = mean + std * noise, and its log-density, summed over
+    action dimensions. Change of variables (SAC paper, appendix C):
+        log pi(a|s) = log N(u; mean, std) - sum_i log(scale_i * (1 - tanh(u_i)^2))
+    with log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)): exact, and finite even where tanh(u) rounds to +-1
+    (the usual `log(1 - y^2 + 1e-6)` biases the density there)."""
+    u = mean + log_std.exp() * noise
+    log_prob_u = (-0.5 * noise.pow(2) - log_std - LOG_SQRT_2PI).sum(-1)  # (u - mean) / std = noise
+    log_det = (2.0 * (math.log(2.0) - u - nn.functional.softplus(-2.0 * u)) + torch.log(action_scale)).sum(-1)
+    return torch.tanh(u) * action_scale + action_bias, log_prob_u - log_det
+
+
+def soft_q_target(
+    rewards: torch.Tensor,
+    terminated: torch.Tensor,
+    next_q: torch.Tensor,
+    next_log_prob: torch.Tensor,
+    alpha: torch.Tensor,
+    gamma: float,
+) -> torch.Tensor:
+    """y = r + gamma * (1 - terminated) * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s')),  a' ~ pi(.|s').
+    `next_q` is the target critics' (2, batch) output. Only a termination stops bootstrapping: at a time-limit
+    truncation s' is the true final observation and the value beyond it is real."""
+    soft_value = next_q.min(0).values - alpha * next_log_prob
+    return rewards + gamma * (1.0 - terminated) * soft_value
+
+
+def flatten_parameters(module: nn.Module) -> nn.Parameter:
+    """Make all of `module`'s parameters views into one flat parameter, and their .grad views into one flat grad.
+    Why: Adam is then one fused call, and Polyak averaging of a target network one lerp_. Zero the gradient with
+    `flat.grad.zero_()`, never `optimizer.zero_grad()`: set_to_none would cut the views loose."""
+    params = list(module.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    flat_grad = torch.zeros_like(flat)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.data = flat[offset : offset + n].view_as(p)
+        p.grad = flat_grad[offset : offset + n].view_as(p)
+        offset += n
+    flat_param = nn.Parameter(flat)
+    flat_param.grad = flat_grad
+    return flat_param
+
+
+# --- end shared: sac-networks ---
+
+
+# --- shared: sac-replay-buffer ---
+class ReplayBuffer:
+    """Preallocated circular storage of transitions (s, a, r, s', terminated), float32 (bool for the flag).
+
+    `next_obs` is the true next observation (the final one at an auto-reset, never the next episode's first), and
+    the done flag is `terminated` only: a time-limit truncation must still bootstrap. The arrays are numpy (cheap
+    single-row writes from the rollout) and torch views of the same memory (one index_select per field to sample)."""
+
+    FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated")
+
+    def __init__(self, capacity: int, obs_dim: int, act_dim: int):
+        self.capacity, self.pos, self.size = capacity, 0, 0
+        self.arrays = {
+            "obs": np.zeros((capacity, obs_dim), np.float32),
+            "next_obs": np.zeros((capacity, obs_dim), np.float32),
+            "actions": np.zeros((capacity, act_dim), np.float32),
+            "rewards": np.zeros(capacity, np.float32),
+            "terminated": np.zeros(capacity, np.bool_),
+        }
+        self.tensors = {k: torch.from_numpy(v) for k, v in self.arrays.items()}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays.values())
+
+    def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, terminated: np.ndarray):
+        """Store a batch of n transitions (one per env), wrapping around and overwriting the oldest."""
+        n = len(rewards)
+        idx = (self.pos + np.arange(n)) % self.capacity if self.pos + n > self.capacity else slice(self.pos, self.pos + n)
+        for name, value in zip(self.FIELDS, (obs, next_obs, actions, rewards, terminated)):
+            self.arrays[name][idx] = value
+        self.pos = (self.pos + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
+
+    def sample(self, batch_size: int, device: torch.device) -> dict:
+        """Uniform with replacement over the stored transitions (torch's global RNG: checkpointed, reproducible)."""
+        idx = torch.randint(0, self.size, (batch_size,))
+        batch = {k: v.index_select(0, idx).to(device, non_blocking=True) for k, v in self.tensors.items()}
+        batch["terminated"] = batch["terminated"].float()
+        return batch
+
+    def state_dict(self) -> dict:
+        """The stored part as torch tensors (copies), with the write position: loads with weights_only=True."""
+        return {"capacity": self.capacity, "pos": self.pos, "size": self.size,
+                **{k: v[: self.size].clone() for k, v in self.tensors.items()}}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["capacity"] != self.capacity:
+            raise ValueError(f"buffer capacity {state['capacity']} != {self.capacity}")
+        for k in self.FIELDS:
+            self.arrays[k][: state["size"]] = state[k].numpy()
+        self.pos, self.size = state["pos"], state["size"]
+
+
+# --- end shared: sac-replay-buffer ---
+
+
+# --- shared: sac-parameters ---
+class ParameterHolder:
+    """The weights the actors act with (numpy copies of the actor's parameters) and their version: the number of
+    actor updates they include. The learner publishes, the rollout and the evaluation read. In a distributed
+    version this object lives in one place and actors fetch `weights` when `version` has moved on."""
+
+    def __init__(self):
+        self.weights: list = []
+        self.version = 0
+
+    def publish(self, actor: Actor, version: int) -> None:
+        self.weights = [p.detach().cpu().numpy().copy() for p in actor.parameters()]
+        self.version = version
+
+
+# --- end shared: sac-parameters ---
+
+
+# --- shared: sac-learner ---
+@dataclass
+class Learner:
+    """Everything the update changes: the networks, their flat parameters, the optimizers and the temperature."""
+
+    actor: Actor
+    actor_flat: nn.Parameter
+    actor_optimizer: torch.optim.Optimizer
+    qf: TwinQ
+    qf_flat: nn.Parameter
+    qf_target: TwinQ
+    qf_target_flat: nn.Parameter
+    q_optimizer: torch.optim.Optimizer
+    log_alpha: torch.Tensor  # log of the entropy temperature; trained only with autotune
+    alpha_optimizer: Optional[torch.optim.Optimizer]
+    target_entropy: float
+    action_scale: torch.Tensor  # (high - low) / 2
+    action_bias: torch.Tensor  # (high + low) / 2
+    bf16: bool = False  # network forward passes under bfloat16 autocast
+
+    def alpha(self) -> torch.Tensor:
+        return self.log_alpha.detach().exp()
+
+    def autocast(self) -> torch.autocast:
+        return torch.autocast(self.action_scale.device.type, dtype=torch.bfloat16, enabled=self.bf16)
+
+
+def make_learner(obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, args, device: torch.device) -> Learner:
+    actor = Actor(obs_dim, act_dim).to(device)
+    qf = TwinQ(obs_dim, act_dim).to(device)
+    qf_target = TwinQ(obs_dim, act_dim).to(device)
+    actor_flat, qf_flat, qf_target_flat = flatten_parameters(actor), flatten_parameters(qf), flatten_parameters(qf_target)
+    qf_target_flat.requires_grad_(False)
+    qf_target_flat.data.copy_(qf_flat.data)  # the targets start equal to the critics
+    use_fused = device.type in ("cpu", "cuda")
+    autotune = args.autotune
+    log_alpha = torch.zeros(1, device=device, requires_grad=autotune)  # alpha = 1 at the start with autotune
+    if not autotune:
+        log_alpha.data.fill_(math.log(args.alpha))
+    return Learner(
+        actor=actor,
+        actor_flat=actor_flat,
+        actor_optimizer=torch.optim.Adam([actor_flat], lr=args.policy_lr, fused=use_fused),
+        qf=qf,
+        qf_flat=qf_flat,
+        qf_target=qf_target,
+        qf_target_flat=qf_target_flat,
+        q_optimizer=torch.optim.Adam([qf_flat], lr=args.q_lr, fused=use_fused),
+        log_alpha=log_alpha,
+        alpha_optimizer=torch.optim.Adam([log_alpha], lr=args.q_lr, fused=use_fused) if autotune else None,
+        target_entropy=-float(act_dim),
+        action_scale=torch.tensor((high - low) / 2.0, dtype=torch.float32, device=device),
+        action_bias=torch.tensor((high + low) / 2.0, dtype=torch.float32, device=device),
+        bf16=args.bf16,
+    )
+
+
+def critic_update(learner: Learner, batch: dict, gamma: float) -> torch.Tensor:
+    """One gradient step on both critics: L_i = E[(Q_i(s, a) - y)^2], y from soft_q_target (the target critics and
+    a fresh a' ~ pi(.|s')). Returns [mean Q1, mean Q2, L1, L2] as a detached tensor (no sync)."""
+    with torch.no_grad(), learner.autocast():
+        mean, log_std = learner.actor(batch["next_obs"])
+        noise = torch.randn_like(mean)
+        next_actions, next_log_prob = squashed_gaussian(mean, log_std, noise, learner.action_scale, learner.action_bias)
+        next_q = learner.qf_target(batch["next_obs"], next_actions)
+        y = soft_q_target(batch["rewards"], batch["terminated"], next_q, next_log_prob, learner.alpha(), gamma)
+    with learner.autocast():
+        q = learner.qf(batch["obs"], batch["actions"])
+    losses = (q - y).pow(2).mean(1)  # (2,): one MSE per critic
+    learner.qf_flat.grad.zero_()
+    losses.sum().backward()
+    learner.q_optimizer.step()
+    return torch.cat([q.detach().mean(1), losses.detach()])
+
+
+def actor_update(learner: Learner, obs: torch.Tensor, autotune: bool) -> torch.Tensor:
+    """One gradient step on the actor, then (autotune) on the temperature. Returns [actor loss, alpha, alpha loss].
+        L_pi    = E_s[ alpha * log pi(a|s) - min(Q1, Q2)(s, a) ],  a = tanh-squashed reparameterized sample
+        L_alpha = E_s[ -alpha * (log pi(a|s) + target_entropy) ]   (log pi detached: only alpha moves)"""
+    alpha = learner.alpha()
+    with learner.autocast():
+        mean, log_std = learner.actor(obs)
+        noise = torch.randn_like(mean)
+        actions, log_prob = squashed_gaussian(mean, log_std, noise, learner.action_scale, learner.action_bias)
+        # Freeze the critics: detached weights, so the gradient reaches the action (and the actor) but not the critics
+        frozen = [p.detach() for p in learner.qf.parameters()]
+        q = learner.qf(obs, actions, params=frozen).min(0).values
+    actor_loss = (alpha * log_prob - q).mean()
+    learner.actor_flat.grad.zero_()
+    actor_loss.backward()
+    learner.actor_optimizer.step()
+    if autotune:
+        alpha_loss = (-learner.log_alpha.exp() * (log_prob.detach() + learner.target_entropy)).mean()
+        learner.alpha_optimizer.zero_grad()
+        alpha_loss.backward()
+        learner.alpha_optimizer.step()
+    else:
+        alpha_loss = torch.zeros((), device=obs.device)
+    return torch.stack([actor_loss.detach(), alpha.reshape(()), alpha_loss.detach()])
+
+
+def soft_update(target_flat: torch.Tensor, flat: torch.Tensor, tau: float) -> None:
+    """Polyak averaging, in place: theta' <- tau * theta + (1 - tau) * theta' (one lerp_ over the flat weights)."""
+    with torch.no_grad():
+        target_flat.lerp_(flat, tau)
+
+
+# --- end shared: sac-learner ---
+
+
+# --- shared: episode-boundaries ---
+def true_next_obs(raw_obs: np.ndarray, episode_ended: np.ndarray, infos: dict) -> np.ndarray:
+    """The real next observation of each env's transition under same-step autoreset: `raw_obs`, except where the
+    episode ended at this step: there `raw_obs` already holds the next episode's first observation, and the last
+    observation of the finished episode is in infos["final_obs"]. Never mix the two: that would be a transition
+    across an auto-reset."""
+    if not episode_ended.any():
+        return raw_obs
+    real = np.array(raw_obs)
+    for i in np.flatnonzero(episode_ended):
+        real[i] = infos["final_obs"][i]
+    return real
+
+
+# --- end shared: episode-boundaries ---
+
+
+# --- shared: sac-rollout ---
+def actor_numpy(obs: np.ndarray, weights: list) -> tuple[np.ndarray, np.ndarray]:
+    """The actor MLP in numpy, for acting on one step's observations: (mean, bounded log-std).
+    Why: torch spends ~5 us of dispatch per op on a single observation, numpy ~1 us. Training stays in torch;
+    the tests check both give the same numbers."""
+    w1, b1, w2, b2, w3, b3 = weights
+    h = np.maximum(obs @ w1.T + b1, 0.0)
+    h = np.maximum(h @ w2.T + b2, 0.0)
+    mean, raw = np.split(h @ w3.T + b3, 2, axis=-1)
+    return mean, LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (np.tanh(raw) + 1)
+
+
+def policy_actions(obs: np.ndarray, weights: list, noise: Optional[np.ndarray], scale: np.ndarray, bias: np.ndarray):
+    """a = tanh(mean + std * noise) * scale + bias; noise=None gives the deterministic action tanh(mean)."""
+    mean, log_std = actor_numpy(obs, weights)
+    u = mean if noise is None else mean + np.exp(log_std) * noise
+    return (np.tanh(u) * scale + bias).astype(np.float32)
+
+
+def env_step(envs: gym.vector.VectorEnv, actions: np.ndarray, episode_return: np.ndarray, episode_length: np.ndarray):
+    """Step the envs once. Returns (obs to act on next, true next obs of this transition, rewards, terminations,
+    new episode_return, new episode_length, [(return, length) of each episode that ended])."""
+    raw_obs, rewards, terminations, truncations, infos = envs.step(actions)
+    ended = terminations | truncations
+    episode_return, episode_length = episode_return + rewards, episode_length + 1
+    finished = [(float(episode_return[i]), int(episode_length[i])) for i in np.flatnonzero(ended)]
+    real_next = true_next_obs(raw_obs, ended, infos)
+    episode_return, episode_length = np.where(ended, 0.0, episode_return), np.where(ended, 0, episode_length)
+    return raw_obs, real_next, rewards, terminations, episode_return, episode_length, finished
+
+
+# --- end shared: sac-rollout ---
+
+
+# --- shared: sac-evaluation ---
+def evaluate(weights: list, env_id: str, episodes: int, seed: int, video_dir: Optional[str] = None) -> list:
+    """Deterministic episodes (tanh of the Gaussian's mean) on a separate env, seeded seed, seed+1, ...; returns
+    their returns. Uses no global RNG, so evaluating during training does not change the training run."""
+    env = make_env(env_id, 0, video_dir is not None, video_dir or "")()
+    low, high = env.action_space.low, env.action_space.high
+    scale, bias = (high - low) / 2.0, (high + low) / 2.0
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        done, total = False, 0.0
+        while not done:
+            action = policy_actions(obs.astype(np.float32)[None], weights, None, scale, bias)[0]
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            done = terminated or truncated
+        returns.append(total)
+    env.close()
+    return returns
+
+
+# --- end shared: sac-evaluation ---
+
+
+# ---- the Ray actors: plain classes, made remote in main() (so the tests can also run them in-process) ----
+def call(target, method: str, *args):
+    """target.method(*args), waiting for the result, on a Ray actor handle or on a plain in-process object."""
+    fn = getattr(target, method)
+    if hasattr(fn, "remote"):
+        import ray
+
+        return ray.get(fn.remote(*args))
+    return fn(*args)
+
+
+class BufferShard:
+    """A replay buffer actor: the shared ReplayBuffer behind add/sample calls. The driver forwards each worker batch
+    here as an object ref (the data goes worker -> object store -> shard, never through the driver's memory)."""
+
+    def __init__(self, capacity: int, obs_dim: int, act_dim: int, seed: int):
+        torch.set_num_threads(1)
+        torch.manual_seed(seed)  # ReplayBuffer.sample draws from torch's global RNG: this process's own
+        self.buffer = ReplayBuffer(capacity, obs_dim, act_dim)
+
+    def add(self, batch: dict) -> int:
+        self.buffer.add(batch["obs"], batch["next_obs"], batch["actions"], batch["rewards"], batch["terminated"])
+        return self.buffer.size
+
+    def sample(self, n: int) -> dict:
+        return self.buffer.sample(n, torch.device("cpu"))
+
+    def size(self) -> int:
+        return self.buffer.size
+
+    def state_dict(self) -> dict:
+        return self.buffer.state_dict()
+
+    def load_state_dict(self, state: dict) -> int:
+        self.buffer.load_state_dict(state)
+        return self.buffer.size
+
+
+class ParameterServer:
+    """The parameter holder as an actor: the learner publishes (weights, version), workers pull when it moved on."""
+
+    def __init__(self):
+        self.holder = ParameterHolder()
+
+    def publish(self, weights: list, version: int) -> None:
+        self.holder.weights, self.holder.version = weights, version
+
+    def pull(self, have_version: int) -> Optional[tuple]:
+        """(weights, version) when newer than `have_version`, else None: an up-to-date worker receives nothing."""
+        if self.holder.weights and self.holder.version > have_version:
+            return self.holder.weights, self.holder.version
+        return None
+
+
+class RolloutWorker:
+    """Steps its own vector env with the newest weights it pulled (every `weight_sync_interval` env steps) and returns
+    batches of true transitions: same-step autoreset, the final observation at a reset, `terminated` as the done flag
+    (the shared sac-rollout and episode-boundaries blocks, as in sac_continuous.py)."""
+
+    def __init__(self, index: int, env_id: str, num_envs: int, seed: int, param_server, weight_sync_interval: int):
+        """`param_server`: the parameter server's actor name (looked up in Ray), or the object itself in-process."""
+        quiet_mujoco_warnings()
+        torch.set_num_threads(1)
+        if isinstance(param_server, str):
+            # by name, not by handle: Ray can restart an actor only if its constructor arguments are plain values
+            import ray
+
+            param_server = ray.get_actor(param_server)
+        if restarted_actor():
+            # Ray restarted this worker after a crash: fresh seeds, or it would replay its first life's episodes
+            seed = int.from_bytes(os.urandom(4), "little")
+        self.index, self.param_server, self.sync_interval = index, param_server, weight_sync_interval
+        self.envs = gym.vector.SyncVectorEnv(
+            [make_env(env_id, i, False, "") for i in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        )
+        assert self.envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "assumes same-step autoreset"
+        space = self.envs.single_action_space
+        self.low, self.high = space.low, space.high
+        self.scale, self.bias = (space.high - space.low) / 2.0, (space.high + space.low) / 2.0
+        self.num_envs, self.obs_dim, self.act_dim = num_envs, int(np.prod(self.envs.single_observation_space.shape)), int(
+            np.prod(space.shape)
+        )
+        # [seed, 1]: not the env's own stream (gymnasium seeds each env's np_random from `seed + i` the same way)
+        self.rng = np.random.default_rng([seed, 1])
+        self.raw_obs, _ = self.envs.reset(seed=seed)
+        self.episode_return = np.zeros(num_envs)
+        self.episode_length = np.zeros(num_envs, np.int64)
+        self.weights: list = []
+        self.version = -1
+        self.steps_since_sync = 0
+
+    def info(self) -> dict:
+        return {"pid": os.getpid(), "host": socket.gethostname()}
+
+    def sync_weights(self) -> None:
+        pulled = call(self.param_server, "pull", self.version)
+        if pulled is not None:
+            self.weights, self.version = pulled
+        self.steps_since_sync = 0
+
+    def collect(self, num_steps: int, num_random: int) -> tuple[dict, dict]:
+        """`num_steps` vector steps, the first `num_random` with uniform random actions (before learning_starts).
+        Returns the transitions (num_steps * num_envs rows) and stats: the episodes that ended, the oldest weight
+        version acted with (-1: random actions only), and the row count."""
+        n, e = num_steps, self.num_envs
+        batch = {
+            "obs": np.empty((n, e, self.obs_dim), np.float32),
+            "next_obs": np.empty((n, e, self.obs_dim), np.float32),
+            "actions": np.empty((n, e, self.act_dim), np.float32),
+            "rewards": np.empty((n, e), np.float32),
+            "terminated": np.empty((n, e), np.bool_),
+        }
+        finished, oldest_version = [], None
+        for t in range(n):
+            if t < num_random:
+                actions = (self.rng.random((e, self.act_dim)) * (self.high - self.low) + self.low).astype(np.float32)
+            else:
+                if not self.weights or self.steps_since_sync >= self.sync_interval:
+                    self.sync_weights()
+                oldest_version = self.version if oldest_version is None else oldest_version
+                noise = self.rng.standard_normal((e, self.act_dim))
+                actions = policy_actions(self.raw_obs.astype(np.float32), self.weights, noise, self.scale, self.bias)
+            obs = self.raw_obs
+            self.raw_obs, real_next_obs, rewards, terminations, self.episode_return, self.episode_length, ended = env_step(
+                self.envs, actions, self.episode_return, self.episode_length
+            )
+            # store terminations, not truncations: a time limit is not a terminal state (next obs = true final obs)
+            for name, value in zip(ReplayBuffer.FIELDS, (obs, real_next_obs, actions, rewards, terminations)):
+                batch[name][t] = value
+            self.steps_since_sync += e
+            finished += ended
+        flat = {k: v.reshape(n * e, *v.shape[2:]) for k, v in batch.items()}
+        stats = {"steps": n * e, "episodes": finished, "version": -1 if oldest_version is None else oldest_version,
+                 "pid": os.getpid()}  # fmt: skip
+        return flat, stats
+
+
+class Evaluator:
+    """Deterministic evaluation episodes (the shared sac-evaluation block) in its own process."""
+
+    def __init__(self, env_id: str, episodes: int, seed: int):
+        quiet_mujoco_warnings()
+        torch.set_num_threads(1)
+        self.env_id, self.episodes, self.seed = env_id, episodes, seed
+
+    def run(self, weights: list, step: int) -> tuple[int, list]:
+        return step, evaluate(weights, self.env_id, self.episodes, self.seed)
+
+
+def restarted_actor() -> bool:
+    """True inside a Ray actor that Ray restarted after its process died (False outside Ray)."""
+    if "ray" not in sys.modules:
+        return False
+    import ray
+
+    with warnings.catch_warnings():  # the property reads a deprecated attribute internally (Ray 2.5x)
+        warnings.simplefilter("ignore")
+        return bool(ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed)
+
+
+# ---- the driver's helpers: the utd ratio, batch sizes, sampling across shards ----
+def updates_due(env_steps: int, updates_start: int, utd: float) -> int:
+    """Gradient updates owed after `env_steps` collected steps: utd per step from updates_start on. With utd 1 this
+    is sac_continuous.py's schedule (one update per env step, the first once learning_starts steps are stored)."""
+    first = max(updates_start, 1)
+    return 0 if env_steps < first else math.floor(utd * (env_steps - first + 1) + 1e-9)
+
+
+def collection_allowed(dispatched: int, batch_steps: int, grad_steps: int, updates_start: int, utd: float,
+                       lead_steps: int) -> bool:  # fmt: skip
+    """May a worker start a batch that takes env collection to `dispatched + batch_steps`? Only while the learner has
+    done the updates due `lead_steps` env steps earlier: collection leads the learner by a bounded amount (about one
+    batch per worker), so the run keeps its utd ratio at any number of workers. utd 0: always (asynchronous)."""
+    if utd <= 0:
+        return True
+    return updates_due(dispatched + batch_steps - lead_steps, updates_start, utd) <= grad_steps
+
+
+def next_batch_plan(dispatched: int, total: int, learning_starts: int, num_envs: int, batch_steps: int) -> tuple[int, int]:
+    """(vector steps, of which random) for a worker's next batch: at most batch_steps, never past `total`, and random
+    actions for exactly the first learning_starts env steps of the run, whichever worker takes them."""
+    steps = min(batch_steps, (total - dispatched) // num_envs)
+    random_steps = min(steps, -(-max(learning_starts - dispatched, 0) // num_envs))  # ceil division
+    return steps, random_steps
+
+
+def shard_sample_counts(sizes: list, n: int) -> list:
+    """How many of n uniform draws each shard serves: multinomial in proportion to the shards' sizes, so that
+    sampling each shard uniformly is uniform over all stored transitions (torch's global RNG, seeded)."""
+    if len(sizes) == 1:
+        return [n]
+    draws = torch.multinomial(torch.tensor(sizes, dtype=torch.float64), n, replacement=True)
+    return torch.bincount(draws, minlength=len(sizes)).tolist()
+
+
+class Sampler:
+    """The learner's end of the buffer: asks the shard(s) for `per_request` batches at once and keeps the next request
+    in flight while the learner trains on the current one (prefetch), so the learner rarely waits on Ray."""
+
+    def __init__(self, shards: list, batch_size: int, per_request: int, device: torch.device):
+        self.shards, self.batch_size, self.per_request, self.device = shards, batch_size, per_request, device
+        self.ready: deque = deque()
+        self.pending: Optional[list] = None
+
+    def next(self, sizes: list) -> dict:
+        if not self.ready:
+            import ray
+
+            if self.pending is None:
+                self.pending = self._request(sizes)
+            parts = ray.get(self.pending)
+            self.pending = self._request(sizes)  # prefetch the next group now
+            merged = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+            if len(parts) > 1:  # shard by shard -> shuffle, so each batch mixes the shards
+                order = torch.randperm(len(merged["rewards"]))
+                merged = {k: v[order] for k, v in merged.items()}
+            for i in range(self.per_request):
+                rows = slice(i * self.batch_size, (i + 1) * self.batch_size)
+                self.ready.append({k: v[rows].to(self.device, non_blocking=True) for k, v in merged.items()})
+        return self.ready.popleft()
+
+    def _request(self, sizes: list) -> list:
+        counts = shard_sample_counts(sizes, self.batch_size * self.per_request)
+        return [shard.sample.remote(c) for shard, c in zip(self.shards, counts) if c > 0]
+
+
+def connect_ray(address: Optional[str], num_workers: int):
+    """Start an embedded Ray (address None) or join a cluster; an unreachable address fails in seconds, clearly."""
+    try:
+        import ray
+    except ImportError:
+        raise UserError("sac_continuous_ray.py needs Ray: install the project's `ray` extra (the README's commands do: "
+                        "`uv run --all-extras ...`), or `pip install 'ray>=2.40,<3'`.") from None  # fmt: skip
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage-stats prompt or upload
+    if address is None:
+        # Logical CPUs: at least one per worker (+1 for the learner), so a 2-core machine can still start 4 workers;
+        # they then share the cores, which is what the scaling table measures.
+        cpus = max(len(os.sched_getaffinity(0)), num_workers + 1)
+        ray.init(num_cpus=cpus, include_dashboard=False, logging_level=logging.WARNING)
+        return ray
+    if address != "auto":
+        # Why probe first: ray.init keeps retrying an unreachable GCS address for minutes before it gives up.
+        host, _, port = address.removeprefix("ray://").rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+        except (OSError, ValueError) as e:
+            raise UserError(f"--ray-address {address}: cannot connect to {host or '127.0.0.1'}:{port} ({e}). Start the "
+                            "cluster first (`ray start --head` prints the address), check the host and port, or leave "
+                            "--ray-address out to run on this machine alone.") from None  # fmt: skip
+    try:
+        ray.init(address=address, logging_level=logging.WARNING)
+    except ConnectionError as e:
+        raise UserError(f"--ray-address {address}: could not join a Ray cluster ({e}).") from None
+    return ray
+
+
+# --- shared: errors ---
+class UserError(Exception):
+    """A problem with the user's input (flags, env, checkpoint): reported as one paragraph, exit code 2."""
+
+
+def run_cli(main: Callable[[], None]) -> None:
+    """Run main(); turn a UserError into a short message on stderr and exit code 2 instead of a traceback."""
+    try:
+        main()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def check_env_id(env_id: str) -> None:
+    """Fail early and clearly on an unknown id. "module:Env-v0" ids import `module` first, as gym.make does."""
+    module, _, name = env_id.rpartition(":")
+    try:
+        if module:
+            importlib.import_module(module)
+        gym.spec(name)
+    except ImportError as e:
+        raise UserError(f"environment id '{env_id}': module '{module}' could not be imported ({e}).") from None
+    except gym.error.Error as e:
+        raise UserError(f"unknown environment id '{env_id}' ({e}). Check the spelling and version suffix.") from None
+
+
+def quiet_mujoco_warnings() -> None:
+    """MuJoCo 4 warns at every model load that the -v4 files' `settotalmass` attribute is deprecated; the -v4 and
+    -v5 gymnasium environments still load and run the same. Hide that one warning (and gymnasium's note that -v4 is
+    out of date), keep every other MuJoCo warning."""
+    warnings.filterwarnings("ignore", message=r".*The environment .* is out of date.*")
+    try:
+        import mujoco
+    except ImportError:
+        return
+
+    def on_warning(message: str) -> None:
+        if "settotalmass" not in message:
+            print(f"MuJoCo warning: {message}", file=sys.stderr)
+
+    mujoco.set_mju_user_warning(on_warning)
+
+
+# --- end shared: errors ---
+
+
+# --- shared: seeding ---
+def seed_everything(seed: int, torch_deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.backends.cudnn.deterministic = torch_deterministic
+
+
+def get_rng_states() -> dict:
+    """The global RNG states (python, numpy, torch, cuda) as plain data that loads with weights_only=True."""
+    np_state = np.random.get_state()
+    states = {
+        "python": random.getstate(),
+        "numpy": {"key": torch.from_numpy(np_state[1].astype(np.int64)), "pos": np_state[2], "has_gauss": np_state[3],
+                  "cached_gaussian": np_state[4]},
+        "torch": torch.get_rng_state(),
+    }  # fmt: skip
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict) -> None:
+    random.setstate(states["python"])
+    n = states["numpy"]
+    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def pick_torch_threads(requested: int) -> int:
+    """0 means one thread per core this process may run on (respects taskset/cgroups, unlike os.cpu_count)."""
+    return requested if requested > 0 else len(os.sched_getaffinity(0))
+
+
+# --- end shared: seeding ---
+
+
+# --- shared: checkpoint ---
+def save_checkpoint(state: dict, path: Path) -> None:
+    """Write atomically: a temporary file in the same folder, fsync, then rename over the target. A crash or
+    Ctrl-C mid-write leaves at worst a stray .tmp file, never a truncated checkpoint under the real name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_checkpoint(path: str, map_location: torch.device) -> dict:
+    """Load with weights_only=True: plain tensors and Python data only, never arbitrary pickled objects."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"checkpoint '{path}' does not exist (or is not a file).")
+    try:
+        state = torch.load(p, map_location=map_location, weights_only=True)
+    except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
+        raise UserError(f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}).") from None  # fmt: skip
+    if not isinstance(state, dict) or "format" not in state or "args" not in state:
+        raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
+    return state
+
+
+def prune_checkpoints(ckpt_dir: Path, keep: int, prefix: str = "step_") -> None:
+    """Delete all but the newest `keep` periodic checkpoints (names sort by zero-padded global step)."""
+    periodic = sorted(ckpt_dir.glob(f"{prefix}*.pt"))
+    for old in periodic[: max(len(periodic) - keep, 0)]:
+        old.unlink()
+
+
+def checkpoint_name(kind: str, global_step: int) -> str:
+    return f"{kind}_{global_step:010d}.pt"
+
+
+# --- end shared: checkpoint ---
+
+
+# --- shared: logging ---
+def wandb_credentials_available() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")
+
+
+def check_tracking(track: bool) -> None:
+    """Never wait at wandb's login prompt: with no credentials and WANDB_MODE not offline/disabled, stop at once,
+    before anything is written."""
+    mode = os.environ.get("WANDB_MODE", "").lower()
+    if track and mode not in ("offline", "disabled", "dryrun") and not wandb_credentials_available():
+        raise UserError("--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
+                        "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`).")  # fmt: skip
+
+
+def init_tracking(args, run_name: str, run_dir: Path) -> None:
+    """wandb mirrors the TensorBoard scalars (sync_tensorboard=True: call before creating the SummaryWriter)."""
+    check_tracking(True)
+    import wandb
+
+    wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
+               name=run_name, dir=str(run_dir), save_code=True)  # fmt: skip
+
+
+def make_writer(run_dir: Path, args, purge_step: Optional[int]):
+    """TensorBoard writer. On resume, purge_step hides events logged after the checkpoint (one continuous curve)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(run_dir), purge_step=purge_step)
+    if purge_step is None:
+        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer
+
+
+class Progress:
+    """One self-overwriting status line on a terminal; silent when stdout is not a TTY (logs, CI, nohup)."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.enabled = enabled and sys.stdout.isatty()
+        self.total = total
+
+    def update(self, step: int, sps: float, recent_return: Optional[float]) -> None:
+        if self.enabled:
+            ret = "   n/a" if recent_return is None else f"{recent_return:9.1f}"
+            print(f"\rstep {step:>10,}/{self.total:,} | {sps:6.0f} SPS | return (last 10) {ret}", end="", flush=True)
+
+    def close(self) -> None:
+        if self.enabled:
+            print()
+
+
+# --- end shared: logging ---
+
+
+# --- shared: sac-run ---
+def crossed(step: int, advance: int, interval: int) -> bool:
+    """Did global_step pass a multiple of `interval` in its last advance (num_envs steps)? (interval 0: never)"""
+    return interval > 0 and step // interval > (step - advance) // interval
+
+
+def probe_env(env_id: str) -> tuple[tuple, tuple]:
+    """Make the env once to check it exists and has a bounded continuous (Box) action space; return the shapes."""
+    check_env_id(env_id)
+    try:
+        env = gym.wrappers.FlattenObservation(gym.make(env_id))
+    except gym.error.Error as e:
+        raise UserError(f"environment '{env_id}' could not be created: {e}") from None
+    obs_space, act_space = env.observation_space, env.action_space
+    env.close()
+    if not isinstance(act_space, gym.spaces.Box):
+        raise UserError(f"{env_id} has a {type(act_space).__name__} action space ({act_space}); this SAC needs a "
+                        f"continuous Box action space. For discrete actions use a discrete-action algorithm.")  # fmt: skip
+    if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
+        raise UserError(f"{env_id}'s action space {act_space} is unbounded; SAC squashes actions into its bounds.")
+    return obs_space.shape, act_space.shape
+
+
+class StopRequest:
+    """Ctrl-C / SIGTERM handler: the first signal asks the loop to stop at the end of the current step (a consistent
+    state to save); a second one interrupts at once, without saving."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __call__(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+# --- end shared: sac-run ---
+
+
+def validate_args(args: Args) -> None:
+    if args.batch_size < 1 or args.buffer_size < 1:
+        raise UserError("batch_size and buffer_size must both be at least 1.")
+    if args.num_rollout_workers < 1 or args.envs_per_worker < 1 or args.worker_batch_steps < 1:
+        raise UserError("num_rollout_workers, envs_per_worker and worker_batch_steps must all be at least 1.")
+    if not 1 <= args.num_buffer_shards <= args.num_rollout_workers:
+        raise UserError(f"num_buffer_shards ({args.num_buffer_shards}) must be between 1 and num_rollout_workers "
+                        f"({args.num_rollout_workers}): worker i writes to shard i % shards, so a shard with no worker "
+                        "would stay empty.")  # fmt: skip
+    if args.total_timesteps < args.envs_per_worker:
+        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one vector step (envs_per_worker = "
+                        f"{args.envs_per_worker}).")  # fmt: skip
+    if args.learning_starts > args.total_timesteps:
+        raise UserError(f"learning_starts ({args.learning_starts}) is above total_timesteps ({args.total_timesteps}): "
+                        "no update would run. Lower --learning-starts or raise --total-timesteps.")  # fmt: skip
+    if args.learning_starts < 0:
+        raise UserError(f"learning_starts ({args.learning_starts}) must be >= 0.")
+    if args.batch_size > args.buffer_size // args.num_buffer_shards:
+        raise UserError(f"batch_size ({args.batch_size}) is larger than a buffer shard (buffer_size {args.buffer_size} / "
+                        f"{args.num_buffer_shards} shards). Lower --batch-size or raise --buffer-size.")  # fmt: skip
+    if args.utd_ratio < 0 or not math.isfinite(args.utd_ratio):
+        raise UserError(f"utd_ratio ({args.utd_ratio}) must be >= 0 (0 = asynchronous learner).")
+    if args.weight_sync_interval < 1:
+        raise UserError(f"weight_sync_interval ({args.weight_sync_interval}) must be at least 1 env step.")
+    if args.policy_frequency < 1 or args.target_network_frequency < 1 or args.log_interval < 1:
+        raise UserError("policy_frequency, target_network_frequency and log_interval must all be at least 1.")
+    if not 0.0 < args.tau <= 1.0 or not 0.0 <= args.gamma <= 1.0 or args.alpha < 0.0:
+        raise UserError(f"tau must be in (0, 1], gamma in [0, 1] and alpha >= 0 (got {args.tau}, {args.gamma}, {args.alpha}).")
+    if args.checkpoint_interval < 0 or args.keep_checkpoints < 1 or args.eval_episodes < 1 or args.eval_interval < 0:
+        raise UserError("checkpoint_interval and eval_interval must be >= 0, keep_checkpoints and eval_episodes >= 1.")
+    check_tracking(args.track)
+
+
+SCRIPT_NAME = "sac_continuous_ray"
+
+
+def check_checkpoint_matches(ckpt: dict, path: str, obs_shape: tuple, act_shape: tuple) -> None:
+    if ckpt.get("script") != SCRIPT_NAME:
+        raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script', 'another script')}.py, not by "
+                        f"{SCRIPT_NAME}.py.")  # fmt: skip
+    if tuple(ckpt["obs_shape"]) != tuple(obs_shape) or tuple(ckpt["act_shape"]) != tuple(act_shape):
+        raise UserError(f"checkpoint '{path}' was made for {ckpt['args']['env_id']} (observations {tuple(ckpt['obs_shape'])}"
+                        f", actions {tuple(ckpt['act_shape'])}), which does not fit this env (observations {obs_shape}, "
+                        f"actions {act_shape}).")  # fmt: skip
+
+
+def merge_resume_args(cli: Args, saved: dict) -> Args:
+    """The checkpoint's Args win, except the flags in RESUME_OVERRIDABLE; a conflicting flag gets a warning."""
+    defaults = Args()
+    merged = dict(saved)
+    for f in dataclasses.fields(Args):
+        if f.name in RESUME_OVERRIDABLE or f.name not in saved:
+            merged[f.name] = getattr(cli, f.name)
+        elif getattr(cli, f.name) != getattr(defaults, f.name) and getattr(cli, f.name) != saved[f.name]:
+            print(f"warning: --{f.name.replace('_', '-')} {getattr(cli, f.name)} ignored: resuming keeps the checkpoint's "
+                  f"value {saved[f.name]}.", file=sys.stderr)  # fmt: skip
+    return Args(**{f.name: merged[f.name] for f in dataclasses.fields(Args)})
+
+
+LOSS_NAMES = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss")
+ACTOR_NAMES = ("actor_loss", "alpha", "alpha_loss")
+SAMPLE_GROUP = 16  # batches per buffer request: one Ray round trip per 16 gradient steps
+
+
+def main() -> None:
+    args = tyro.cli(Args)
+    if args.capture_video and not os.environ.get("DISPLAY"):
+        # headless: MuJoCo renders through EGL (Mesa's software EGL works without a GPU). Set before mujoco loads.
+        os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL") or "egl"
+    quiet_mujoco_warnings()
+    if args.resume and args.eval_checkpoint:
+        raise UserError("--resume and --eval-checkpoint exclude each other: evaluate a checkpoint, or continue it.")
+    if not args.resume:  # a resumed run is checked once its Args are merged with the checkpoint's
+        validate_args(args)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    torch.set_num_threads(pick_torch_threads(args.torch_threads))
+
+    if args.eval_checkpoint:
+        return eval_only(args, device)
+
+    ckpt = None
+    if args.resume:
+        ckpt = load_checkpoint(args.resume, device)
+        args = merge_resume_args(args, ckpt["args"])
+        validate_args(args)
+    obs_shape, act_shape = probe_env(args.env_id)
+    # whole vector steps only: every worker steps envs_per_worker envs at a time
+    total = args.total_timesteps - args.total_timesteps % args.envs_per_worker
+    if ckpt is not None:
+        check_checkpoint_matches(ckpt, args.resume, obs_shape, act_shape)
+        if ckpt["global_step"] >= total:
+            raise UserError(f"checkpoint '{args.resume}' is at step {ckpt['global_step']} and --total-timesteps is "
+                            f"{args.total_timesteps}: nothing left to do. Raise --total-timesteps to continue.")  # fmt: skip
+        if ckpt["args"]["num_buffer_shards"] != args.num_buffer_shards:
+            raise UserError("internal: the checkpoint's shard count differs")  # unreachable: not overridable
+        run_dir = Path(args.resume).resolve().parent.parent
+        run_name = ckpt["run_name"]
+    else:
+        # "module:Env-v0" must not become an odd folder name
+        safe_env_id = args.env_id.replace("/", "-").replace(":", "-")
+        run_name = f"{safe_env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        run_dir = Path(args.runs_dir) / run_name
+    ckpt_dir = run_dir / "checkpoints"
+
+    # ---- logging ----
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if args.track:
+        init_tracking(args, run_name, run_dir)
+    writer = make_writer(run_dir, args, purge_step=None if ckpt is None else ckpt["global_step"] + 1)
+    if ckpt is None:
+        (run_dir / "args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2))
+    print(f"run: {run_dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
+
+    # ---- seeding ----
+    seed_everything(args.seed, args.torch_deterministic)
+
+    # ---- the learner (in this process) ----
+    probe = make_env(args.env_id, 0, False, "")()
+    action_low, action_high = probe.action_space.low, probe.action_space.high
+    probe.close()
+    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_shape))
+    learner = make_learner(obs_dim, act_dim, action_low, action_high, args, device)
+    holder = ParameterHolder()
+    recent_returns: list = []
+    global_step, grad_steps, actor_updates, worker_restarts = 0, 0, 0, 0
+    updates_start = args.learning_starts
+    if ckpt is not None:
+        learner.actor.load_state_dict(ckpt["actor"])
+        learner.qf.load_state_dict(ckpt["qf"])
+        learner.qf_target.load_state_dict(ckpt["qf_target"])
+        learner.actor_optimizer.load_state_dict(ckpt["actor_optimizer"])
+        learner.q_optimizer.load_state_dict(ckpt["q_optimizer"])
+        learner.log_alpha.data.copy_(ckpt["log_alpha"])
+        if learner.alpha_optimizer is not None:
+            learner.alpha_optimizer.load_state_dict(ckpt["alpha_optimizer"])
+        run_state = ckpt["run_state"]
+        recent_returns = list(run_state["recent_returns"])
+        grad_steps, actor_updates = run_state["grad_steps"], run_state["actor_updates"]
+        worker_restarts, updates_start = run_state["worker_restarts"], run_state["updates_start"]
+        global_step = ckpt["global_step"]
+        if ckpt["replay_buffers"] is None:
+            updates_start = global_step + max(args.learning_starts, 1)  # the first sample needs a stored transition
+            print(f"warning: the checkpoint holds no replay buffer (saved without --save-buffer): the buffer starts "
+                  f"empty, and updates pause until {args.learning_starts} new transitions are in it (step "
+                  f"{updates_start}). Acting continues with the trained policy.", file=sys.stderr)  # fmt: skip
+        set_rng_states(ckpt["rng_states"])
+    holder.publish(learner.actor, actor_updates)
+
+    # ---- Ray: connect, then start the actors (replay buffer shards, parameter server, workers, evaluator) ----
+    ray = connect_ray(args.ray_address, args.num_rollout_workers)
+    from ray.exceptions import RayActorError
+
+    shard_capacity = args.buffer_size // args.num_buffer_shards
+    # Buffer shards hold the only copy of the data: no restart (a restarted shard would be empty; the run stops).
+    shards = [ray.remote(BufferShard).options(num_cpus=0).remote(shard_capacity, obs_dim, act_dim, args.seed + 7 + i)
+              for i in range(args.num_buffer_shards)]  # fmt: skip
+    param_server_name = f"parameter-server-{run_name}-{os.getpid()}"  # unique on a shared cluster
+    param_server = ray.remote(ParameterServer).options(name=param_server_name, num_cpus=0, max_restarts=-1).remote()
+    param_server.publish.remote(holder.weights, holder.version)
+    # Workers: restarted by Ray when their process dies (max_restarts=-1); their in-flight batch then fails
+    # (max_task_retries=0) and the driver hands those steps to the next batch, so nothing is counted twice.
+    worker_class = ray.remote(RolloutWorker).options(num_cpus=1, max_restarts=-1, max_task_retries=0)
+    workers = [worker_class.remote(i, args.env_id, args.envs_per_worker, args.seed + 1_000 * i + global_step,
+                                   param_server_name, args.weight_sync_interval)
+               for i in range(args.num_rollout_workers)]  # fmt: skip
+    evaluator = None
+    if args.eval_interval > 0:  # rarely busy: no CPU reserved for it
+        evaluator = ray.remote(Evaluator).options(num_cpus=0, max_restarts=-1, max_task_retries=0).remote(
+            args.env_id, args.eval_episodes, args.seed + 10_000
+        )
+    if ckpt is not None and ckpt["replay_buffers"] is not None:
+        ray.get([s.load_state_dict.remote(state) for s, state in zip(shards, ckpt["replay_buffers"])])
+    shard_sizes = ray.get([s.size.remote() for s in shards])
+    infos = ray.get([w.info.remote() for w in workers])
+    print(f"ray: {args.num_rollout_workers} rollout workers x {args.envs_per_worker} envs (pids "
+          f"{' '.join(str(i['pid']) for i in infos)}), {args.num_buffer_shards} buffer shard(s), learner on {device}, "
+          f"utd ratio {args.utd_ratio:g}{' (asynchronous)' if args.utd_ratio == 0 else ''}"
+          f"{', learner paused' if args.pause_learner else ''}")  # fmt: skip
+    bytes_per_transition = (2 * obs_dim + act_dim + 1) * 4 + 1
+    print(f"replay buffer: {args.buffer_size:,} transitions, {args.buffer_size * bytes_per_transition / 1e6:.1f} MB of "
+          f"arrays over {args.num_buffer_shards} shard(s) ({bytes_per_transition} bytes per transition)")  # fmt: skip
+
+    def training_state() -> dict:
+        """A complete checkpoint as plain data (loads with weights_only=True); tensors are copies. Batches still in
+        flight at this moment are not in it: they were never counted, and a resumed run collects those steps."""
+        return {
+            "format": 1,
+            "script": SCRIPT_NAME,
+            "run_name": run_name,
+            "args": dataclasses.asdict(args),
+            "global_step": global_step,
+            "obs_shape": list(obs_shape),
+            "act_shape": list(act_shape),
+            "actor": {k: v.detach().clone().cpu() for k, v in learner.actor.state_dict().items()},
+            "qf": {k: v.detach().clone().cpu() for k, v in learner.qf.state_dict().items()},
+            "qf_target": {k: v.detach().clone().cpu() for k, v in learner.qf_target.state_dict().items()},
+            "actor_optimizer": copy.deepcopy(learner.actor_optimizer.state_dict()),
+            "q_optimizer": copy.deepcopy(learner.q_optimizer.state_dict()),
+            "log_alpha": learner.log_alpha.detach().clone().cpu(),
+            "alpha_optimizer": copy.deepcopy(learner.alpha_optimizer.state_dict()) if args.autotune else None,
+            "run_state": {
+                "recent_returns": list(recent_returns),
+                "grad_steps": grad_steps,
+                "actor_updates": actor_updates,
+                "updates_start": updates_start,
+                "worker_restarts": worker_restarts,
+            },
+            "replay_buffers": ray.get([s.state_dict.remote() for s in shards]) if args.save_buffer else None,
+            "rng_states": get_rng_states(),
+        }
+
+    # Ctrl-C (and SIGTERM, e.g. a cluster preempting the job) stops the loop between two learner steps, saves, and
+    # shuts Ray down. (Ray's own processes ignore the terminal's Ctrl-C; the driver ends them.)
+    stop = StopRequest()
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    progress = Progress(args.progress, args.total_timesteps)
+    sampler = Sampler(shards, args.batch_size, SAMPLE_GROUP, device)
+    learning = not args.pause_learner
+    steps_per_worker_batch = args.worker_batch_steps * args.envs_per_worker
+    lead_steps = args.num_rollout_workers * steps_per_worker_batch
+    in_flight: dict = {}  # stats ref -> (worker index, env steps, batch ref)
+    busy = [0] * args.num_rollout_workers  # batches in flight per worker (two: the next one is queued behind)
+    worker_pids = [i["pid"] for i in infos]  # a batch from a new pid: Ray restarted that worker
+    dispatched = global_step  # env steps handed to workers, counted or in flight
+    published = actor_updates
+    eval_ref = None
+    loss_sums = torch.zeros(len(LOSS_NAMES), device=device)  # summed over the log window's gradient steps
+    actor_sums = torch.zeros(len(ACTOR_NAMES), device=device)  # summed over its actor updates
+    window_grad_steps = window_actor_updates = 0
+    window = {"time": time.time(), "step": global_step, "grad_steps": grad_steps, "update_time": 0.0, "stale": []}
+    start_time, start_step = time.time(), global_step
+    log_due = eval_due = checkpoint_due = False
+
+    def owed_updates() -> bool:
+        if not learning:
+            return False
+        if args.utd_ratio == 0:  # asynchronous: learn as long as collection goes on
+            return global_step >= max(updates_start, 1) and global_step < total
+        return grad_steps < updates_due(global_step, updates_start, args.utd_ratio)
+
+    while True:
+        if stop.requested:
+            break
+        # ---- harvest: count each finished batch, forward it to its buffer shard, note its episodes ----
+        if in_flight:
+            ready, _ = ray.wait(list(in_flight), num_returns=len(in_flight), timeout=0)
+            for ref in ready:
+                index, steps, batch_ref = in_flight.pop(ref)
+                busy[index] -= 1
+                try:
+                    stats = ray.get(ref)
+                except RayActorError as e:
+                    dispatched -= steps  # lost with the worker: collected again by a later batch
+                    print(f"warning: a batch of rollout worker {index} (pid {worker_pids[index]}) failed: "
+                          f"{type(e).__name__}. Its {steps} env steps are dropped and collected again; Ray restarts "
+                          "the worker.", file=sys.stderr)  # fmt: skip
+                    continue
+                if stats["pid"] != worker_pids[index]:
+                    worker_restarts += 1
+                    worker_pids[index] = stats["pid"]
+                    print(f"rollout worker {index} is back (restarted by Ray, pid {stats['pid']})", file=sys.stderr)
+                shard = index % args.num_buffer_shards
+                shards[shard].add.remote(batch_ref)  # the ref, not the data: the shard fetches it from the object store
+                shard_sizes[shard] = min(shard_sizes[shard] + steps, shard_capacity)
+                global_step += steps
+                if stats["version"] >= 0:
+                    window["stale"].append(actor_updates - stats["version"])
+                for ret, length in stats["episodes"]:
+                    writer.add_scalar("charts/episodic_return", ret, global_step)
+                    writer.add_scalar("charts/episodic_length", length, global_step)
+                    recent_returns = (recent_returns + [ret])[-10:]
+                log_due |= crossed(global_step, steps, args.log_interval)
+                eval_due |= crossed(global_step, steps, args.eval_interval)
+                checkpoint_due |= crossed(global_step, steps, args.checkpoint_interval)
+
+        # ---- dispatch: new batches for idle workers, as far as the utd ratio allows ----
+        if actor_updates != published:
+            holder.publish(learner.actor, actor_updates)
+            param_server.publish.remote(holder.weights, holder.version)
+            published = actor_updates
+        for index, worker in enumerate(workers):
+            while busy[index] < 2:
+                steps, random_steps = next_batch_plan(dispatched, total, args.learning_starts, args.envs_per_worker,
+                                                      args.worker_batch_steps)  # fmt: skip
+                utd = args.utd_ratio if learning else 0.0
+                if steps == 0 or not collection_allowed(dispatched, steps * args.envs_per_worker, grad_steps,
+                                                        updates_start, utd, lead_steps):  # fmt: skip
+                    break
+                batch_ref, stats_ref = worker.collect.options(num_returns=2).remote(steps, random_steps)
+                in_flight[stats_ref] = (index, steps * args.envs_per_worker, batch_ref)
+                busy[index] += 1
+                dispatched += steps * args.envs_per_worker
+
+        # ---- learner: one gradient step when one is owed (as sac_continuous.py's loop, batch from the shards) ----
+        if owed_updates():
+            t0 = time.perf_counter()
+            grad_steps += 1
+            batch = sampler.next(shard_sizes)
+            loss_sums += critic_update(learner, batch, args.gamma)
+            window_grad_steps += 1
+            if grad_steps % args.policy_frequency == 0:  # delayed: policy_frequency actor updates every policy_frequency steps
+                for _ in range(args.policy_frequency):
+                    actor_sums += actor_update(learner, batch["obs"], args.autotune)
+                actor_updates += args.policy_frequency
+                window_actor_updates += args.policy_frequency
+            if grad_steps % args.target_network_frequency == 0:
+                soft_update(learner.qf_target_flat, learner.qf_flat, args.tau)
+            window["update_time"] += time.perf_counter() - t0
+        elif in_flight:
+            ray.wait(list(in_flight), num_returns=1, timeout=0.2)  # nothing to learn: wait for a worker
+        elif global_step < total:
+            time.sleep(0.01)  # not expected (held-back workers mean owed updates); a pause, not a busy loop
+
+        # ---- logging, evaluation, checkpoints: one sync per log window ----
+        finished = global_step >= total and not owed_updates()
+        settled = global_step < total or finished  # at the very end: log and save after the last updates
+        if eval_ref is not None and ray.wait([eval_ref], timeout=0)[0]:
+            try:
+                eval_step, returns_eval = ray.get(eval_ref)
+                writer.add_scalar("eval/episodic_return", float(np.mean(returns_eval)), eval_step)
+            except RayActorError as e:
+                print(f"warning: the evaluator died ({type(e).__name__}); training goes on and Ray restarts it.",
+                      file=sys.stderr)  # fmt: skip
+            eval_ref = None
+        if eval_due and evaluator is not None:
+            if eval_ref is None:  # the previous evaluation still running: skip this one rather than queue up
+                holder.publish(learner.actor, actor_updates)
+                eval_ref = evaluator.run.remote(holder.weights, global_step)
+            eval_due = False
+        if log_due and settled:
+            if window_grad_steps > 0:
+                q_means = (loss_sums / window_grad_steps).tolist()
+                for name, value in zip(LOSS_NAMES, q_means):
+                    writer.add_scalar(f"losses/{name}", value, global_step)
+                writer.add_scalar("losses/qf_loss", (q_means[2] + q_means[3]) / 2.0, global_step)
+            if window_actor_updates > 0:
+                for name, value in zip(ACTOR_NAMES, (actor_sums / window_actor_updates).tolist()):
+                    if name != "alpha_loss" or args.autotune:
+                        writer.add_scalar(f"losses/{name}", value, global_step)
+            now = time.time()
+            elapsed = max(now - window["time"], 1e-9)
+            sps = (global_step - start_step) / max(now - start_time, 1e-9)
+            writer.add_scalar("charts/SPS", sps, global_step)
+            writer.add_scalar("charts/env_steps_per_second", (global_step - window["step"]) / elapsed, global_step)
+            writer.add_scalar("charts/updates_per_second", (grad_steps - window["grad_steps"]) / elapsed, global_step)
+            writer.add_scalar("charts/learner_busy", window["update_time"] / elapsed, global_step)
+            if window["stale"]:
+                writer.add_scalar("charts/weight_staleness", float(np.mean(window["stale"])), global_step)
+            writer.add_scalar("charts/worker_restarts", worker_restarts, global_step)
+            progress.update(global_step, sps, float(np.mean(recent_returns)) if recent_returns else None)
+            loss_sums.zero_()
+            actor_sums.zero_()
+            window_grad_steps = window_actor_updates = 0
+            window = {"time": now, "step": global_step, "grad_steps": grad_steps, "update_time": 0.0, "stale": []}
+            log_due = False
+        if checkpoint_due and settled:
+            save_checkpoint(training_state(), ckpt_dir / checkpoint_name("step", global_step))
+            prune_checkpoints(ckpt_dir, args.keep_checkpoints)
+            checkpoint_due = False
+        if finished:
+            break
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    progress.close()
+    wall = time.time() - start_time
+
+    if stop.requested:
+        path = ckpt_dir / checkpoint_name("interrupted", global_step)
+        save_checkpoint(training_state(), path)
+        print(f"interrupted: saved step {global_step} to {path} ({dispatched - global_step} env steps in flight were "
+              f"dropped)\nresume with: python {os.path.basename(__file__)} --resume {path}", file=sys.stderr)  # fmt: skip
+        writer.close()
+        ray.shutdown()
+        sys.exit(130)
+
+    if eval_ref is not None:  # the last periodic evaluation
+        try:
+            eval_step, returns_eval = ray.get(eval_ref, timeout=600)
+            writer.add_scalar("eval/episodic_return", float(np.mean(returns_eval)), eval_step)
+        except RayActorError:
+            print("warning: the evaluator died during the last evaluation.", file=sys.stderr)
+    stored = sum(ray.get([s.size.remote() for s in shards]))
+    print(f"done: {global_step} env steps ({worker_restarts} worker restarts), {stored} transitions in the buffer, "
+          f"{grad_steps} gradient updates in {wall:.1f} s: {(global_step - start_step) / wall:.1f} env steps/s")  # fmt: skip
+    if args.save_model:
+        path = ckpt_dir / checkpoint_name("final", global_step)
+        save_checkpoint(training_state(), path)
+        print(f"model saved to {path}")
+    ray.shutdown()
+    if args.save_model:
+        holder.publish(learner.actor, actor_updates)
+        video_dir = str(run_dir / "videos" / "eval") if args.capture_video else None
+        returns_eval = evaluate(holder.weights, args.env_id, args.eval_episodes, args.seed + 10_000, video_dir)
+        writer.add_scalar("eval/episodic_return", float(np.mean(returns_eval)), global_step)
+        print(f"eval: {np.mean(returns_eval):.2f} +- {np.std(returns_eval):.2f} over {len(returns_eval)} episodes")
+    print(f"peak RSS (driver): {peak_rss_mb():.0f} MB")
+    writer.close()
+    if args.track:
+        import wandb
+
+        wandb.finish()
+
+
+def eval_only(args: Args, device: torch.device) -> None:
+    """--eval-checkpoint: deterministic episodes in this process (no Ray); print and log eval/episodic_return."""
+    ckpt = load_checkpoint(args.eval_checkpoint, device)
+    saved = Args(**{f.name: ckpt["args"][f.name] for f in dataclasses.fields(Args) if f.name in ckpt["args"]})
+    obs_shape, act_shape = probe_env(saved.env_id)
+    check_checkpoint_matches(ckpt, args.eval_checkpoint, obs_shape, act_shape)
+    actor = Actor(int(np.prod(obs_shape)), int(np.prod(act_shape)))
+    actor.load_state_dict(ckpt["actor"])
+    holder = ParameterHolder()
+    holder.publish(actor, ckpt["run_state"]["actor_updates"])
+    run_dir = Path(args.eval_checkpoint).resolve().parent.parent
+    eval_dir = run_dir / "eval" / Path(args.eval_checkpoint).stem
+    video_dir = str(eval_dir / "videos") if args.capture_video else None
+    returns = evaluate(holder.weights, saved.env_id, args.eval_episodes, saved.seed + 10_000, video_dir)
+    writer = make_writer(eval_dir, saved, purge_step=None)
+    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), ckpt["global_step"])
+    writer.close()
+    print(f"eval {saved.env_id} at step {ckpt['global_step']}: {np.mean(returns):.2f} +- {np.std(returns):.2f} "
+          f"over {len(returns)} episodes")  # fmt: skip
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,246 @@
+"""sac_continuous_ray.py run as a user runs it (subprocess, embedded local Ray on this machine): tags, the utd
+ratio, checkpoints, a rollout worker killed mid-run, resume, evaluation, bad input, Ctrl-C, an unreachable cluster."""
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import BASE_ENV, ROOT, assert_clean_error, only_run_dir, run_script, scalars
+
+pytest.importorskip("ray")
+
+SCRIPT = "sac_continuous_ray.py"
+# Short runs that reach the update: a small batch, an early learning_starts, one learner thread.
+SMALL = ["--learning-starts", "100", "--batch-size", "32", "--torch-threads", "1", "--worker-batch-steps", "50"]
+LOSS_TAGS = ["losses/qf1_values", "losses/qf2_values", "losses/qf1_loss", "losses/qf2_loss", "losses/qf_loss",
+             "losses/actor_loss", "losses/alpha", "losses/alpha_loss"]  # fmt: skip
+CHART_TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/env_steps_per_second",
+              "charts/updates_per_second", "charts/weight_staleness", "charts/learner_busy", "charts/worker_restarts"]  # fmt: skip
+DONE = re.compile(r"done: (\d+) env steps \((\d+) worker restarts\), (\d+) transitions in the buffer, (\d+) gradient updates")
+
+
+def done_line(stdout: str) -> tuple:
+    match = DONE.search(stdout)
+    assert match, stdout
+    return tuple(int(x) for x in match.groups())
+
+
+def test_two_workers_reach_the_update_hold_the_utd_ratio_and_log_every_tag(tmp_path):
+    proc = run_script(SCRIPT, "--env-id", "Pendulum-v1", *SMALL, "--num-rollout-workers", "2", "--total-timesteps", "1000",
+                      "--checkpoint-interval", "500", "--eval-interval", "500", "--eval-episodes", "1", "--save-model",
+                      "--runs-dir", tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "ray: 2 rollout workers x 1 envs" in proc.stdout and "33.0 MB" in proc.stdout
+    # every env step counted once and stored once; utd 1: one update per step from learning_starts (100) on
+    assert done_line(proc.stdout) == (1000, 0, 1000, 901)
+    run_dir = only_run_dir(tmp_path)
+    for tag in LOSS_TAGS + CHART_TAGS + ["eval/episodic_return"]:
+        assert scalars(run_dir, tag), f"tag {tag} missing"
+    assert all(np.isfinite(list(scalars(run_dir, tag).values())).all() for tag in LOSS_TAGS)
+    assert max(scalars(run_dir, "losses/qf1_loss")) == 1000  # the last window is logged after the last updates
+    lengths = scalars(run_dir, "charts/episodic_length")
+    assert set(lengths.values()) == {200.0}  # Pendulum's time limit
+    assert 4 <= len(lengths) <= 5  # 1000 steps over 2 workers, 200-step episodes (5 when one worker took 600)
+    assert sorted(scalars(run_dir, "eval/episodic_return")) == [500, 1000]  # the evaluator's, then the final one
+    ckpt_dir = run_dir / "checkpoints"
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["final_0000001000.pt", "step_0000000500.pt",
+                                                          "step_0000001000.pt"]  # fmt: skip
+    ckpt = torch.load(ckpt_dir / "final_0000001000.pt", weights_only=True, map_location="cpu")
+    assert ckpt["script"] == "sac_continuous_ray" and ckpt["global_step"] == 1000
+    assert {"actor", "qf", "qf_target", "actor_optimizer", "q_optimizer", "log_alpha", "alpha_optimizer", "run_state",
+            "rng_states", "args", "replay_buffers"} <= ckpt.keys()  # fmt: skip
+    assert ckpt["run_state"]["grad_steps"] == 901 and ckpt["replay_buffers"] is None
+    assert ckpt["log_alpha"].item() < 0 and not torch.equal(ckpt["qf"]["w1"], ckpt["qf_target"]["w1"])
+
+
+def test_halfcheetah_with_sharded_buffer_and_two_envs_per_worker(tmp_path):
+    """MuJoCo (float64 obs, 6-d actions), 2 shards, 2 envs per worker, utd 0.5, the default batch of 256."""
+    proc = run_script(SCRIPT, "--env-id", "HalfCheetah-v4", "--learning-starts", "300", "--torch-threads", "1",
+                      "--total-timesteps", "600", "--buffer-size", "2000", "--num-buffer-shards", "2",
+                      "--envs-per-worker", "2", "--utd-ratio", "0.5", "--worker-batch-steps", "25", "--save-model",
+                      "--save-buffer", "--eval-episodes", "1", "--runs-dir", tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "settotalmass" not in proc.stderr + proc.stdout
+    assert done_line(proc.stdout) == (600, 0, 600, 150)  # floor(0.5 * 301)
+    ckpt = torch.load(next((only_run_dir(tmp_path) / "checkpoints").glob("final_*.pt")), weights_only=True)
+    sizes = [shard["size"] for shard in ckpt["replay_buffers"]]
+    assert sum(sizes) == 600 and min(sizes) >= 100  # worker i -> shard i % 2, batches of 2 envs x 25 steps
+    obs = torch.cat([shard["obs"] for shard in ckpt["replay_buffers"]])
+    assert obs.shape == (600, 17) and obs.abs().sum(1).gt(0).all()
+
+
+def test_pause_learner_only_collects(tmp_path):
+    proc = run_script(SCRIPT, "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "800", "--pause-learner",
+                      "--runs-dir", tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert done_line(proc.stdout) == (800, 0, 800, 0)
+    assert not scalars(only_run_dir(tmp_path), "losses/qf1_loss")
+
+
+def test_a_killed_rollout_worker_is_restarted_and_no_step_is_counted_twice(tmp_path):
+    """SIGKILL one worker's process mid-run: Ray restarts it, its batch in flight is dropped and collected again, the
+    step count only rises, and the run ends with exactly total_timesteps steps, all in the buffer once."""
+    cmd = [sys.executable, str(ROOT / SCRIPT), "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "3000",
+           "--checkpoint-interval", "0", "--runs-dir", str(tmp_path)]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **BASE_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    try:
+        for line in proc.stdout:
+            if line.startswith("ray:"):
+                pid = int(re.search(r"pids (\d+) (\d+)", line).group(1))
+                break
+        else:
+            pytest.fail(f"no worker pids printed: {proc.stderr.read()}")
+        deadline = time.time() + 120
+        while time.time() < deadline:  # kill once the learner has started
+            events = list(tmp_path.glob("*/events.out.tfevents.*"))
+            if events and len(scalars(events[0].parent, "losses/qf1_loss")) >= 2:
+                break
+            time.sleep(0.3)
+        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+    assert proc.returncode == 0, err
+    steps, restarts, stored, updates = done_line(out)
+    assert (steps, restarts, stored, updates) == (3000, 1, 3000, 2901)
+    assert "rollout worker 0 is back" in err
+    run_dir = only_run_dir(tmp_path)
+    logged = scalars(run_dir, "charts/worker_restarts")
+    assert max(logged.values()) == 1 and max(logged) == 3000
+    returns = scalars(run_dir, "charts/episodic_return")
+    assert len(returns) >= 12  # 15 episodes of 200 steps, less those cut short by the kill and at the end
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    """A 600-step run with its buffer in the checkpoints (step 300 and final)."""
+    runs = tmp_path_factory.mktemp("runs")
+    proc = run_script(SCRIPT, "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "600", "--checkpoint-interval",
+                      "300", "--save-buffer", "--save-model", "--eval-episodes", "1", "--runs-dir", runs)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return only_run_dir(runs)
+
+
+def test_resume_with_buffer_continues_the_counters_and_the_curve(tmp_path, saved_run):
+    run_dir = tmp_path / saved_run.name
+    shutil.copytree(saved_run, run_dir)
+    ckpt_path = run_dir / "checkpoints" / "step_0000000300.pt"
+    saved = torch.load(ckpt_path, weights_only=True)
+    proc = run_script(SCRIPT, "--resume", ckpt_path, "--total-timesteps", "900", "--num-rollout-workers", "1",
+                      "--save-model", "--eval-episodes", "1")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "resumed from" in proc.stdout and "buffer starts empty" not in proc.stderr
+    assert "ray: 1 rollout workers" in proc.stdout  # the cluster layout may change on resume
+    steps, _, stored, updates = done_line(proc.stdout)
+    assert (steps, stored) == (900, 900)  # the checkpoint's 300 transitions + 600 new ones
+    assert updates == 801  # the schedule continues: one per step from learning_starts (100) to 900
+    assert 0 < saved["run_state"]["grad_steps"] <= 201  # (the learner may trail collection at a checkpoint)
+    final = torch.load(run_dir / "checkpoints" / "final_0000000900.pt", weights_only=True)
+    assert final["run_state"]["grad_steps"] == 801 and final["run_state"]["actor_updates"] == 800
+    events = sorted(run_dir.glob("events.out.tfevents.*"))
+    assert len(events) == 2
+    new_steps = sorted(scalars(events[-1], "losses/qf1_loss"))
+    assert new_steps[0] > 300 and new_steps[-1] == 900  # appended to the same curve, after the checkpoint
+    assert min(scalars(run_dir, "losses/qf1_loss")) < 300  # the earlier part is kept
+
+
+def test_resume_without_buffer_warns_and_refills_before_updating(tmp_path, saved_run):
+    run_dir = tmp_path / saved_run.name
+    shutil.copytree(saved_run, run_dir)
+    ckpt_path = run_dir / "checkpoints" / "step_0000000300.pt"
+    ckpt = torch.load(ckpt_path, weights_only=True)
+    ckpt["replay_buffers"] = None  # as saved without --save-buffer
+    torch.save(ckpt, ckpt_path)
+    proc = run_script(SCRIPT, "--resume", ckpt_path, "--total-timesteps", "600")
+    assert proc.returncode == 0, proc.stderr
+    assert "buffer starts empty" in proc.stderr and "step 400" in proc.stderr
+    # 300 new transitions in the buffer; updates resume at step 400 (learning_starts 100 after the checkpoint)
+    assert done_line(proc.stdout)[2:] == (300, ckpt["run_state"]["grad_steps"] + 201)
+
+
+def test_eval_checkpoint_is_deterministic_and_logged(saved_run):
+    ckpt = saved_run / "checkpoints" / "final_0000000600.pt"
+    outs = [run_script(SCRIPT, "--eval-checkpoint", ckpt, "--eval-episodes", "2", "--torch-threads", "1") for _ in range(2)]
+    for out in outs:
+        assert out.returncode == 0, out.stderr
+        assert "over 2 episodes" in out.stdout
+    assert outs[0].stdout == outs[1].stdout
+    assert list(scalars(saved_run / "eval" / ckpt.stem, "eval/episodic_return")) == [600]
+
+
+@pytest.mark.parametrize(
+    "flags, needles",
+    [
+        (["--env-id", "tests.fake_envs:DiscreteCounting-v0"], ["Discrete(2)", "continuous"]),
+        (["--env-id", "NoSuchEnv-v0"], ["unknown environment id", "NoSuchEnv-v0"]),
+        (["--total-timesteps", "1000", "--learning-starts", "2000"], ["learning_starts (2000)", "total_timesteps (1000)"]),
+        (["--batch-size", "512", "--buffer-size", "100"], ["batch_size (512)", "buffer_size 100"]),
+        (["--num-buffer-shards", "3", "--num-rollout-workers", "2"], ["num_buffer_shards (3)"]),
+        (["--num-rollout-workers", "0"], ["num_rollout_workers"]),
+        (["--utd-ratio", "-1"], ["utd_ratio (-1.0)"]),
+        (["--resume", "does/not/exist.pt"], ["does not exist"]),
+    ],
+)
+def test_bad_input_gets_a_short_message(tmp_path, flags, needles):
+    proc = run_script(SCRIPT, *flags, "--runs-dir", tmp_path, timeout=120)
+    assert_clean_error(proc, *needles)
+    assert not any(tmp_path.iterdir()), "nothing is written for a rejected run"
+
+
+def test_a_checkpoint_of_another_script_is_refused(tmp_path, saved_run):
+    ckpt = torch.load(saved_run / "checkpoints" / "step_0000000300.pt", weights_only=True)
+    ckpt["script"] = "sac_continuous"
+    other = tmp_path / "run" / "checkpoints" / "sac.pt"
+    other.parent.mkdir(parents=True)
+    torch.save(ckpt, other)
+    assert_clean_error(run_script(SCRIPT, "--resume", other, "--total-timesteps", "1000", timeout=120), "sac_continuous.py")
+
+
+def test_unreachable_ray_address_fails_within_30_seconds(tmp_path):
+    start = time.time()
+    proc = run_script(SCRIPT, "--env-id", "Pendulum-v1", "--ray-address", "127.0.0.1:1", "--runs-dir", tmp_path, timeout=60)
+    assert_clean_error(proc, "--ray-address 127.0.0.1:1", "cannot connect")
+    assert time.time() - start < 30
+
+
+def test_ctrl_c_saves_shuts_ray_down_and_resumes(tmp_path):
+    """SIGINT to the whole process group, as a terminal's Ctrl-C: the driver saves and exits 130, no Ray process is
+    left behind, and the checkpoint resumes."""
+    cmd = [sys.executable, str(ROOT / SCRIPT), "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "10000000",
+           "--checkpoint-interval", "0", "--save-buffer", "--runs-dir", str(tmp_path)]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **BASE_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:  # wait until a few updates have been logged
+            events = list(tmp_path.glob("*/events.out.tfevents.*"))
+            if events and len(scalars(events[0].parent, "losses/qf1_loss")) >= 2:
+                break
+            time.sleep(0.3)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    finally:  # a run that ignored the signal must not outlive the test
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    time.sleep(1)
+    leftovers = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert not leftovers, f"processes left in the run's group: {leftovers}"
+    ckpts = list((only_run_dir(tmp_path) / "checkpoints").glob("interrupted_*.pt"))
+    assert len(ckpts) == 1, err
+    state = torch.load(ckpts[0], weights_only=True)
+    step = state["global_step"]
+    assert step >= 200 and sum(b["size"] for b in state["replay_buffers"]) == step  # every counted step is stored
+    assert state["run_state"]["grad_steps"] <= step - 100 + 1
+    resumed = run_script(SCRIPT, "--resume", ckpts[0], "--total-timesteps", step + 200)
+    assert resumed.returncode == 0, resumed.stderr
+    assert done_line(resumed.stdout)[:3] == (step + 200, 0, step + 200)

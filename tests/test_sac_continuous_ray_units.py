@@ -1,0 +1,124 @@
+"""sac_continuous_ray.py's own parts, in-process (no Ray): the utd schedule and back-pressure, batch plans, shard
+sampling, and the actor classes (rollout worker, parameter server, buffer shard) called directly."""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import sac_continuous_ray as sr
+
+
+def test_updates_due_follows_sac_continuous_schedule_at_utd_1():
+    # sac_continuous.py: one update per env step, the first at global_step == learning_starts
+    assert [sr.updates_due(s, 100, 1.0) for s in (0, 99, 100, 101, 600)] == [0, 0, 1, 2, 501]
+    assert sr.updates_due(600, 100, 0.5) == 250 and sr.updates_due(600, 100, 2.0) == 1002
+    assert sr.updates_due(5, 0, 1.0) == 5  # learning_starts 0: the first update once one transition is stored
+
+
+def test_collection_leads_the_learner_by_a_bounded_amount():
+    # 2 workers x 100-step batches: collection may run 200 env steps ahead of the updates it makes due
+    lead = 200
+    assert sr.collection_allowed(0, 100, 0, 1000, 1.0, lead)  # random phase: no updates due yet
+    assert sr.collection_allowed(1000, 100, 0, 1000, 1.0, lead)  # due at 900 steps: 0 updates, done
+    assert not sr.collection_allowed(1200, 100, 0, 1000, 1.0, lead)  # due at 1100: 101 updates, none done
+    assert sr.collection_allowed(1200, 100, 101, 1000, 1.0, lead)
+    assert sr.collection_allowed(10**9, 100, 0, 0, 0.0, lead)  # utd 0: asynchronous, never held back
+
+
+def test_batch_plans_take_exactly_learning_starts_random_steps_and_stop_at_total():
+    dispatched, random_total, plans = 0, 0, []
+    while True:
+        steps, random_steps = sr.next_batch_plan(dispatched, 1000, 250, 4, 30)  # 4 envs per worker
+        if steps == 0:
+            break
+        plans.append(steps)
+        random_total += random_steps * 4
+        dispatched += steps * 4
+    assert dispatched == 1000 and max(plans) == 30
+    assert random_total == 252  # ceil(250 / 4) vector steps: the first 250 env steps are all random
+    assert sr.next_batch_plan(998, 1000, 0, 4, 30) == (0, 0)  # never past total
+
+
+def test_shard_sample_counts_follow_the_shard_sizes():
+    torch.manual_seed(0)
+    counts = np.array([sr.shard_sample_counts([100, 300, 0], 256) for _ in range(200)])
+    assert (counts.sum(1) == 256).all() and (counts[:, 2] == 0).all()  # an empty shard serves nothing
+    assert counts[:, 1].mean() / 256 == pytest.approx(0.75, abs=0.01)
+    assert sr.shard_sample_counts([5], 7) == [7]
+
+
+def test_parameter_server_sends_weights_only_when_newer():
+    server = sr.ParameterServer()
+    assert server.pull(-1) is None  # nothing published yet
+    server.publish([np.ones(2)], 4)
+    weights, version = server.pull(-1)
+    assert version == 4 and np.array_equal(weights[0], np.ones(2))
+    assert server.pull(4) is None and server.pull(3) is not None
+
+
+def worker_for(env_id: str, num_envs: int = 1, sync: int = 1000) -> tuple:
+    server = sr.ParameterServer()
+    actor = sr.Actor(2, 1)
+    holder = sr.ParameterHolder()
+    holder.publish(actor, 0)
+    server.publish(holder.weights, 0)
+    return sr.RolloutWorker(0, env_id, num_envs, 1, server, sync), server, holder
+
+
+def test_worker_batches_store_termination_not_truncation_and_the_true_final_obs():
+    """Counting-v0 truncates at 7 steps, CountingTerminates-v0 terminates at 5; obs = [t, episode]."""
+    import tests.fake_envs  # noqa: F401  (registers the ids)
+
+    for env_id, length, terminal in (("Counting-v0", 7, False), ("CountingTerminates-v0", 5, True)):
+        worker, _, _ = worker_for(env_id)
+        batch, stats = worker.collect(20, 3)
+        assert batch["obs"].shape == (20, 2) and batch["actions"].shape == (20, 1) and stats["steps"] == 20
+        obs, next_obs = batch["obs"], batch["next_obs"]
+        assert (next_obs[:, 0] == obs[:, 0] + 1).all(), "every transition is within one episode (t -> t + 1)"
+        assert (next_obs[:, 1] == obs[:, 1]).all(), "never a next obs from the next episode"
+        ends = next_obs[:, 0] == length
+        assert ends.sum() == 20 // length
+        assert (batch["terminated"] == (ends & terminal)).all()  # a truncation is not terminal
+        assert [ep for ep in stats["episodes"]] == [(float(length), length)] * (20 // length)
+
+
+def test_worker_acts_randomly_first_then_with_pulled_weights_every_sync_interval():
+    server, holder = sr.ParameterServer(), sr.ParameterHolder()
+    holder.publish(sr.Actor(3, 1), 0)
+    worker = sr.RolloutWorker(0, "Pendulum-v1", 2, 1, server, 10)  # 2 envs: 2 env steps per vector step
+    _, stats = worker.collect(5, 5)
+    assert stats["version"] == -1 and worker.version == -1  # random actions only: no pull
+    server.publish(holder.weights, 7)
+    _, stats = worker.collect(4, 0)  # the first policy step pulls version 7; 8 env steps follow
+    assert stats["version"] == 7 and worker.version == 7
+    server.publish(holder.weights, 9)
+    batch, stats = worker.collect(2, 0)  # 10 env steps since the pull after its first step: pulls version 9
+    assert stats["version"] == 7 and worker.version == 9  # stats report the oldest version acted with
+    assert batch["actions"].shape == (4, 1) and np.abs(batch["actions"]).max() <= 2.0  # Pendulum's bounds
+
+
+def test_buffer_shard_adds_worker_batches_and_samples_them():
+    import tests.fake_envs  # noqa: F401
+
+    worker, _, _ = worker_for("Counting-v0")
+    shard = sr.BufferShard(16, 2, 1, seed=0)
+    batch, _ = worker.collect(10, 10)
+    assert shard.add(batch) == 10
+    assert shard.add(worker.collect(10, 10)[0]) == 16  # wraps around at capacity
+    sample = shard.sample(64)
+    assert sample["obs"].shape == (64, 2) and sample["terminated"].dtype == torch.float32
+    assert torch.equal(sample["next_obs"][:, 0], sample["obs"][:, 0] + 1)  # whole transitions
+    restored = sr.BufferShard(16, 2, 1, seed=0)
+    assert restored.load_state_dict(shard.state_dict()) == 16
+
+
+def test_unreachable_ray_address_fails_fast_and_clearly():
+    pytest.importorskip("ray")
+    start = time.time()
+    with pytest.raises(sr.UserError, match="cannot connect to 127.0.0.1:1"):
+        sr.connect_ray("127.0.0.1:1", 2)
+    with pytest.raises(sr.UserError, match="cannot connect"):
+        sr.connect_ray("ray://localhost:notaport", 2)
+    assert time.time() - start < 30
