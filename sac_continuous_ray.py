@@ -1146,7 +1146,8 @@ def main() -> None:
     holder = ParameterHolder()
     recent_returns: list = []
     global_step, grad_steps, actor_updates, worker_restarts = 0, 0, 0, 0
-    updates_start = args.learning_starts
+    # the update schedule: updates_base + utd * (steps since updates_start); a resume without buffer starts a new one
+    updates_start, updates_base = args.learning_starts, 0
     if ckpt is not None:
         learner.actor.load_state_dict(ckpt["actor"])
         learner.qf.load_state_dict(ckpt["qf"])
@@ -1160,9 +1161,10 @@ def main() -> None:
         recent_returns = list(run_state["recent_returns"])
         grad_steps, actor_updates = run_state["grad_steps"], run_state["actor_updates"]
         worker_restarts, updates_start = run_state["worker_restarts"], run_state["updates_start"]
-        global_step = ckpt["global_step"]
+        updates_base, global_step = run_state["updates_base"], ckpt["global_step"]
         if ckpt["replay_buffers"] is None:
             updates_start = global_step + max(args.learning_starts, 1)  # the first sample needs a stored transition
+            updates_base = grad_steps
             print(f"warning: the checkpoint holds no replay buffer (saved without --save-buffer): the buffer starts "
                   f"empty, and updates pause until {args.learning_starts} new transitions are in it (step "
                   f"{updates_start}). Acting continues with the trained policy.", file=sys.stderr)  # fmt: skip
@@ -1226,6 +1228,7 @@ def main() -> None:
                 "grad_steps": grad_steps,
                 "actor_updates": actor_updates,
                 "updates_start": updates_start,
+                "updates_base": updates_base,
                 "worker_restarts": worker_restarts,
             },
             "replay_buffers": ray.get([s.state_dict.remote() for s in shards]) if args.save_buffer else None,
@@ -1260,7 +1263,7 @@ def main() -> None:
             return False
         if args.utd_ratio == 0:  # asynchronous: learn as long as collection goes on
             return global_step >= max(updates_start, 1) and global_step < total
-        return grad_steps < updates_due(global_step, updates_start, args.utd_ratio)
+        return grad_steps < updates_base + updates_due(global_step, updates_start, args.utd_ratio)
 
     while True:
         if stop.requested:
@@ -1307,8 +1310,8 @@ def main() -> None:
                 steps, random_steps = next_batch_plan(dispatched, total, args.learning_starts, args.envs_per_worker,
                                                       args.worker_batch_steps)  # fmt: skip
                 utd = args.utd_ratio if learning else 0.0
-                if steps == 0 or not collection_allowed(dispatched, steps * args.envs_per_worker, grad_steps,
-                                                        updates_start, utd, lead_steps):  # fmt: skip
+                if steps == 0 or not collection_allowed(dispatched, steps * args.envs_per_worker,
+                                                        grad_steps - updates_base, updates_start, utd, lead_steps):  # fmt: skip
                     break
                 batch_ref, stats_ref = worker.collect.options(num_returns=2).remote(steps, random_steps)
                 in_flight[stats_ref] = (index, steps * args.envs_per_worker, batch_ref)
