@@ -613,9 +613,8 @@ class RolloutWorker:
         space = self.envs.single_action_space
         self.low, self.high = space.low, space.high
         self.scale, self.bias = (space.high - space.low) / 2.0, (space.high + space.low) / 2.0
-        self.num_envs, self.obs_dim, self.act_dim = num_envs, int(np.prod(self.envs.single_observation_space.shape)), int(
-            np.prod(space.shape)
-        )
+        self.num_envs, self.act_dim = num_envs, int(np.prod(space.shape))
+        self.obs_dim = int(np.prod(self.envs.single_observation_space.shape))
         # [seed, 1]: not the env's own stream (gymnasium seeds each env's np_random from `seed + i` the same way)
         self.rng = np.random.default_rng([seed, 1])
         self.raw_obs, _ = self.envs.reset(seed=seed)
@@ -1114,8 +1113,6 @@ def main() -> None:
         if ckpt["global_step"] >= total:
             raise UserError(f"checkpoint '{args.resume}' is at step {ckpt['global_step']} and --total-timesteps is "
                             f"{args.total_timesteps}: nothing left to do. Raise --total-timesteps to continue.")  # fmt: skip
-        if ckpt["args"]["num_buffer_shards"] != args.num_buffer_shards:
-            raise UserError("internal: the checkpoint's shard count differs")  # unreachable: not overridable
         run_dir = Path(args.resume).resolve().parent.parent
         run_name = ckpt["run_name"]
     else:
@@ -1124,6 +1121,9 @@ def main() -> None:
         run_name = f"{safe_env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
         run_dir = Path(args.runs_dir) / run_name
     ckpt_dir = run_dir / "checkpoints"
+    # Ray first: a cluster that cannot be reached stops the run before anything is written
+    ray = connect_ray(args.ray_address, args.num_rollout_workers)
+    from ray.exceptions import RayActorError
 
     # ---- logging ----
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -1171,10 +1171,7 @@ def main() -> None:
         set_rng_states(ckpt["rng_states"])
     holder.publish(learner.actor, actor_updates)
 
-    # ---- Ray: connect, then start the actors (replay buffer shards, parameter server, workers, evaluator) ----
-    ray = connect_ray(args.ray_address, args.num_rollout_workers)
-    from ray.exceptions import RayActorError
-
+    # ---- the Ray actors: replay buffer shards, parameter server, rollout workers, evaluator ----
     shard_capacity = args.buffer_size // args.num_buffer_shards
     # Buffer shards hold the only copy of the data: no restart (a restarted shard would be empty; the run stops).
     shards = [ray.remote(BufferShard).options(num_cpus=0).remote(shard_capacity, obs_dim, act_dim, args.seed + 7 + i)

@@ -210,6 +210,7 @@ def test_unreachable_ray_address_fails_within_30_seconds(tmp_path):
     proc = run_script(SCRIPT, "--env-id", "Pendulum-v1", "--ray-address", "127.0.0.1:1", "--runs-dir", tmp_path, timeout=60)
     assert_clean_error(proc, "--ray-address 127.0.0.1:1", "cannot connect")
     assert time.time() - start < 30
+    assert not any(tmp_path.iterdir()), "nothing is written for a run that could not start"
 
 
 def test_ctrl_c_saves_shuts_ray_down_and_resumes(tmp_path):

@@ -1,0 +1,218 @@
+"""Where sac_continuous_ray.py's time goes, and how it scales with rollout workers, on this machine.
+
+    python benchmarks/ray_scaling.py --out benchmarks/results/sac_continuous_ray_scaling [--seconds 45] [--workers 1 2 4]
+
+Part 1, per-part costs (the numbers the README's scaling model rests on), measured in this process and on a small
+embedded Ray:
+  - a worker's env step + numpy actor, per transition (in-process, no Ray);
+  - a worker batch through Ray: collect() on a remote worker, driver round trip, forward to a shard: per batch;
+  - the learner's gradient step at batch 256 (critic, and the amortized delayed actor + temperature, + Polyak);
+  - sampling: one request of 16 batches of 256 from a shard actor to the driver, per batch;
+  - weight sync: the learner publishing to the parameter server plus one worker pull.
+Part 2, the script itself, run as a user runs it, one configuration at a time (nothing else should run): the learner
+paused (sampling alone), utd 1 and utd 0, with 1, 2 and 4 workers, and sac_continuous.py beside them. Each run gets
+SIGINT after --seconds; its rate is the slope of global_step over wall time between the TensorBoard events logged after
+the warm-up (the first third of the run, and learning_starts).
+
+Writes <out>.json (figures, commands, machine) and prints markdown tables.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.run import machine_info  # noqa: E402
+
+ENV_ID = "HalfCheetah-v4"
+LEARNING_STARTS = 1_000
+
+
+def median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def part_costs() -> dict:
+    import ray
+    import torch
+
+    import sac_continuous_ray as sr
+
+    sr.quiet_mujoco_warnings()
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    costs = {}
+    obs_dim, act_dim = 17, 6
+
+    # a worker's own cost: env step + numpy actor (no Ray)
+    server, holder = sr.ParameterServer(), sr.ParameterHolder()
+    holder.publish(sr.Actor(obs_dim, act_dim), 0)
+    server.publish(holder.weights, 0)
+    worker = sr.RolloutWorker(0, ENV_ID, 1, 0, server, 1_000)
+    worker.collect(200, 0)
+    costs["worker_step_us"] = median_time(lambda: worker.collect(1_000, 0), 5) / 1_000 * 1e6
+
+    # the learner's gradient step at batch 256 (as the loop runs it, with policy_frequency 2)
+    class A:  # the Args fields make_learner reads
+        autotune, alpha, policy_lr, q_lr, bf16 = True, 0.2, 3e-4, 1e-3, False
+
+    learner = sr.make_learner(obs_dim, act_dim, -np.ones(act_dim), np.ones(act_dim), A, torch.device("cpu"))
+    batch = {"obs": torch.randn(256, obs_dim), "next_obs": torch.randn(256, obs_dim), "actions": torch.rand(256, act_dim),
+             "rewards": torch.randn(256), "terminated": torch.zeros(256)}  # fmt: skip
+
+    def two_steps():
+        for _ in range(2):
+            sr.critic_update(learner, batch, 0.99)
+            sr.soft_update(learner.qf_target_flat, learner.qf_flat, 0.005)
+        for _ in range(2):
+            sr.actor_update(learner, batch["obs"], True)
+
+    for _ in range(20):
+        two_steps()
+    costs["learner_step_ms"] = median_time(lambda: [two_steps() for _ in range(25)], 5) / 50 * 1e3
+    costs["learner_threads"] = torch.get_num_threads()
+
+    # through Ray
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
+    try:
+        ps = ray.remote(sr.ParameterServer).options(name="ps", num_cpus=0).remote()
+        ray.get(ps.publish.remote(holder.weights, 0))
+        remote_worker = ray.remote(sr.RolloutWorker).options(num_cpus=1).remote(0, ENV_ID, 1, 0, "ps", 1_000)
+        shard = ray.remote(sr.BufferShard).options(num_cpus=0).remote(100_000, obs_dim, act_dim, 0)
+        steps = 100
+
+        def batch_through_ray():
+            batch_ref, stats_ref = remote_worker.collect.options(num_returns=2).remote(steps, 0)
+            ray.get(stats_ref)
+            ray.get(shard.add.remote(batch_ref))
+
+        for _ in range(10):
+            batch_through_ray()
+        per_batch = median_time(batch_through_ray, 30)
+        costs["ray_batch_of_100_ms"] = per_batch * 1e3
+        costs["ray_overhead_per_transition_us"] = (per_batch / steps - costs["worker_step_us"] / 1e6) * 1e6
+        costs["bytes_per_transition"] = (2 * obs_dim + act_dim + 1) * 4 + 1
+        for _ in range(40):
+            batch_through_ray()  # fill the shard a little
+        costs["sample_16x256_ms"] = median_time(lambda: ray.get(shard.sample.remote(16 * 256)), 30) * 1e3
+        costs["sample_per_batch_ms"] = costs["sample_16x256_ms"] / 16
+
+        def sync():
+            ray.get(ps.publish.remote(holder.weights, int(time.time() * 1e6)))
+            ray.get(remote_worker.sync_weights.remote())
+
+        costs["weight_sync_ms"] = median_time(sync, 30) * 1e3
+        costs["weights_bytes"] = int(sum(w.nbytes for w in holder.weights))
+    finally:
+        ray.shutdown()
+    return costs
+
+
+def events_rate(run_dir: Path, min_step: int, skip_fraction: float) -> dict:
+    """Slopes of global_step and of the update count over wall time, from the events logged after the warm-up."""
+    from tensorboard.backend.event_processing import event_accumulator
+
+    acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={event_accumulator.SCALARS: 0})
+    acc.Reload()
+    events = [e for e in acc.Scalars("charts/SPS")]
+    if not events:
+        return {}
+    t0 = events[0].wall_time
+    span = events[-1].wall_time - t0
+    kept = [e for e in events if e.step >= min_step and e.wall_time - t0 >= skip_fraction * span]
+    if len(kept) < 3:
+        return {}
+    steps = np.array([e.step for e in kept], float)
+    walls = np.array([e.wall_time for e in kept])
+    out = {"env_steps_per_s": float(np.polyfit(walls, steps, 1)[0]), "windows": len(kept)}
+    tags = acc.Tags()["scalars"]
+    if "charts/updates_per_second" in tags:
+        ups = [e.value for e in acc.Scalars("charts/updates_per_second") if e.step >= steps[0]]
+        out["updates_per_s"] = float(np.median(ups))
+    if "charts/learner_busy" in tags:
+        out["learner_busy"] = float(np.median([e.value for e in acc.Scalars("charts/learner_busy") if e.step >= steps[0]]))
+    if "charts/update_us_per_step" in tags:  # sac_continuous.py: one update per step in the learning phase
+        out["updates_per_s"] = out["env_steps_per_s"]
+    return out
+
+
+def run_for(script: str, flags: list, seconds: float, runs_dir: Path) -> dict:
+    cmd = [sys.executable, str(ROOT / script), "--env-id", ENV_ID, "--total-timesteps", "100000000", "--runs-dir",
+           str(runs_dir), "--checkpoint-interval", "0", "--learning-starts", str(LEARNING_STARTS), *flags]  # fmt: skip
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    time.sleep(seconds)
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    run_dir = next(d for d in runs_dir.iterdir() if d.is_dir())
+    return {"command": " ".join(cmd[1:]), **events_rate(run_dir, LEARNING_STARTS + 500, 1 / 3)}
+
+
+def part_scaling(seconds: float, workers: list) -> list:
+    configs = [("sac_continuous.py", "sac_continuous.py (baseline)", [])]
+    for n in workers:
+        configs.append(("sac_continuous_ray.py", f"paused learner, {n} workers",
+                        ["--num-rollout-workers", str(n), "--pause-learner", "--log-interval", "5000"]))  # fmt: skip
+    for n in workers:
+        configs.append(("sac_continuous_ray.py", f"utd 1, {n} workers", ["--num-rollout-workers", str(n)]))
+    for n in workers[:2]:
+        configs.append(("sac_continuous_ray.py", f"utd 0 (async), {n} workers",
+                        ["--num-rollout-workers", str(n), "--utd-ratio", "0", "--log-interval", "1000"]))  # fmt: skip
+    rows = []
+    for script, label, flags in configs:
+        with tempfile.TemporaryDirectory() as tmp:
+            result = run_for(script, flags, seconds, Path(tmp))
+        rows.append({"config": label, **result})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seconds", type=float, default=45.0)
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--skip-costs", action="store_true")
+    parser.add_argument("--skip-scaling", action="store_true")
+    args = parser.parse_args()
+    report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "date_utc":
+              datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "env_id": ENV_ID,
+              "machine": machine_info()}  # fmt: skip
+    if not args.skip_costs:
+        report["costs"] = part_costs()
+        print(json.dumps(report["costs"], indent=1), flush=True)
+    if not args.skip_scaling:
+        report["scaling"] = part_scaling(args.seconds, args.workers)
+        print("\n| configuration | env steps/s | updates/s | learner busy |\n|---|---|---|---|")
+        for row in report["scaling"]:
+            ups = row.get("updates_per_s")
+            busy = row.get("learner_busy")
+            print(f"| {row['config']} | {row.get('env_steps_per_s', float('nan')):.0f} | "
+                  f"{'-' if ups is None else f'{ups:.0f}'} | {'-' if busy is None else f'{busy:.2f}'} |")  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
