@@ -1298,10 +1298,6 @@ def main() -> None:
                 checkpoint_due |= crossed(global_step, steps, args.checkpoint_interval)
 
         # ---- dispatch: new batches for idle workers, as far as the utd ratio allows ----
-        if actor_updates != published:
-            holder.publish(learner.actor, actor_updates)
-            param_server.publish.remote(holder.weights, holder.version)
-            published = actor_updates
         for index, worker in enumerate(workers):
             while busy[index] < 2:
                 steps, random_steps = next_batch_plan(dispatched, total, args.learning_starts, args.envs_per_worker,
@@ -1310,6 +1306,12 @@ def main() -> None:
                 if steps == 0 or not collection_allowed(dispatched, steps * args.envs_per_worker,
                                                         grad_steps - updates_base, updates_start, utd, lead_steps):  # fmt: skip
                     break
+                if actor_updates != published:
+                    # Publish when a batch starts, not after every actor update: workers pull at most every
+                    # --weight-sync-interval steps, and each publish copies ~0.3 MB into the object store.
+                    holder.publish(learner.actor, actor_updates)
+                    param_server.publish.remote(holder.weights, holder.version)
+                    published = actor_updates
                 batch_ref, stats_ref = worker.collect.options(num_returns=2).remote(steps, random_steps)
                 in_flight[stats_ref] = (index, steps * args.envs_per_worker, batch_ref)
                 busy[index] += 1

@@ -14,6 +14,9 @@ paused (sampling alone), utd 1 and utd 0, with 1, 2 and 4 workers, and sac_conti
 SIGINT after --seconds; its rate is the slope of global_step over wall time between the TensorBoard events logged after
 the warm-up (the first third of the run, and learning_starts).
 
+Part 3 (--overhead-reps N): sac_continuous.py and sac_continuous_ray.py with 2 workers at utd 1, in turn, N times
+each, for the wall-clock ratio at the same env steps (medians).
+
 Writes <out>.json (figures, commands, machine) and prints markdown tables.
 """
 
@@ -55,7 +58,6 @@ def part_costs() -> dict:
     import sac_continuous_ray as sr
 
     sr.quiet_mujoco_warnings()
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
     costs = {}
     obs_dim, act_dim = 17, 6
 
@@ -67,7 +69,9 @@ def part_costs() -> dict:
     worker.collect(200, 0)
     costs["worker_step_us"] = median_time(lambda: worker.collect(1_000, 0), 5) / 1_000 * 1e6
 
-    # the learner's gradient step at batch 256 (as the loop runs it, with policy_frequency 2)
+    # the learner's gradient step at batch 256 (as the loop runs it, with policy_frequency 2), on every core (the
+    # in-process worker above set torch to one thread, as workers do)
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
     class A:  # the Args fields make_learner reads
         autotune, alpha, policy_lr, q_lr, bf16 = True, 0.2, 3e-4, 1e-3, False
 
@@ -109,6 +113,23 @@ def part_costs() -> dict:
         costs["bytes_per_transition"] = (2 * obs_dim + act_dim + 1) * 4 + 1
         for _ in range(40):
             batch_through_ray()  # fill the shard a little
+
+        def driver_harvest():  # the driver's share of a batch: read its stats, forward its ref to the shard
+            refs = [remote_worker.collect.options(num_returns=2).remote(steps, 0) for _ in range(20)]
+            ray.wait([s for _, s in refs], num_returns=len(refs))
+            t0 = time.perf_counter()
+            for batch_ref, stats_ref in refs:
+                ray.get(stats_ref)
+                shard.add.remote(batch_ref)
+            elapsed = time.perf_counter() - t0
+            ray.get(shard.size.remote())
+            return elapsed / len(refs)
+
+        costs["driver_per_batch_ms"] = float(np.median([driver_harvest() for _ in range(5)])) * 1e3
+        costs["actor_call_roundtrip_ms"] = median_time(lambda: ray.get(shard.size.remote()), 50) * 1e3
+        ready = remote_worker.collect.options(num_returns=2).remote(steps, 0)[0]
+        ray.wait([ready])
+        costs["shard_add_100_ms"] = median_time(lambda: ray.get(shard.add.remote(ready)), 30) * 1e3
         costs["sample_16x256_ms"] = median_time(lambda: ray.get(shard.sample.remote(16 * 256)), 30) * 1e3
         costs["sample_per_batch_ms"] = costs["sample_16x256_ms"] / 16
 
@@ -170,9 +191,11 @@ def run_for(script: str, flags: list, seconds: float, runs_dir: Path) -> dict:
 
 def part_scaling(seconds: float, workers: list) -> list:
     configs = [("sac_continuous.py", "sac_continuous.py (baseline)", [])]
-    for n in workers:
-        configs.append(("sac_continuous_ray.py", f"paused learner, {n} workers",
-                        ["--num-rollout-workers", str(n), "--pause-learner", "--log-interval", "5000"]))  # fmt: skip
+    for batch_steps in (100, 1000):  # the default batch, and one that makes Ray's per-batch cost 10x rarer
+        for n in workers:
+            configs.append(("sac_continuous_ray.py", f"paused learner, {n} workers, batches of {batch_steps}",
+                            ["--num-rollout-workers", str(n), "--pause-learner", "--log-interval", "5000",
+                             "--worker-batch-steps", str(batch_steps)]))  # fmt: skip
     for n in workers:
         configs.append(("sac_continuous_ray.py", f"utd 1, {n} workers", ["--num-rollout-workers", str(n)]))
     for n in workers[:2]:
@@ -187,6 +210,22 @@ def part_scaling(seconds: float, workers: list) -> list:
     return rows
 
 
+def part_overhead(seconds: float, reps: int) -> dict:
+    """sac_continuous.py and sac_continuous_ray.py (2 workers, utd 1) in turn, `reps` times each: the learning-phase
+    rates, their medians, and the wall-clock ratio (ray time / single-process time for the same env steps)."""
+    runs = {"sac_continuous.py": [], "sac_continuous_ray.py, 2 workers, utd 1": []}
+    for _ in range(reps):
+        for label, script, flags in (("sac_continuous.py", "sac_continuous.py", []),
+                                     ("sac_continuous_ray.py, 2 workers, utd 1", "sac_continuous_ray.py",
+                                      ["--num-rollout-workers", "2"])):  # fmt: skip
+            with tempfile.TemporaryDirectory() as tmp:
+                runs[label].append(run_for(script, flags, seconds, Path(tmp)).get("env_steps_per_s"))
+            print(label, runs[label][-1], flush=True)
+    medians = {label: float(np.median(rates)) for label, rates in runs.items()}
+    base, ray_rate = medians.values()
+    return {"rates": runs, "medians": medians, "wall_clock_ratio": base / ray_rate}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -194,6 +233,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--skip-costs", action="store_true")
     parser.add_argument("--skip-scaling", action="store_true")
+    parser.add_argument("--overhead-reps", type=int, default=0, help="also run part 3 (overhead) this many times")
     args = parser.parse_args()
     report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "date_utc":
               datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "env_id": ENV_ID,
@@ -209,6 +249,9 @@ def main() -> int:
             busy = row.get("learner_busy")
             print(f"| {row['config']} | {row.get('env_steps_per_s', float('nan')):.0f} | "
                   f"{'-' if ups is None else f'{ups:.0f}'} | {'-' if busy is None else f'{busy:.2f}'} |")  # fmt: skip
+    if args.overhead_reps:
+        report["overhead"] = part_overhead(args.seconds, args.overhead_reps)
+        print(json.dumps(report["overhead"], indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(report, indent=1))
     return 0

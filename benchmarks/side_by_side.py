@@ -62,8 +62,8 @@ def main() -> int:
             "last10_at_updates": marks,
             "wall_time_s_first_to_last_log": wall_time_s(Path(path)),
         }
-        ax.plot(updates, values, alpha=0.25)
-        ax.plot(updates, moving_average(values, args.smooth), label=label)
+        (line,) = ax.plot(updates, moving_average(values, args.smooth), label=f"{label} (moving average of {args.smooth})")
+        ax.plot(updates, values, alpha=0.25, color=line.get_color())
     ax.set_xlabel("gradient updates")
     ax.set_ylabel("training episodic return")
     ax.legend()
