@@ -430,6 +430,31 @@ def soft_update(target_flat: torch.Tensor, flat: torch.Tensor, tau: float) -> No
         target_flat.lerp_(flat, tau)
 
 
+def learner_state(learner: Learner) -> dict:
+    """The learner's part of a checkpoint as plain data (copies): networks, optimizers and the temperature."""
+    return {
+        "actor": {k: v.detach().clone().cpu() for k, v in learner.actor.state_dict().items()},
+        "qf": {k: v.detach().clone().cpu() for k, v in learner.qf.state_dict().items()},
+        "qf_target": {k: v.detach().clone().cpu() for k, v in learner.qf_target.state_dict().items()},
+        "actor_optimizer": copy.deepcopy(learner.actor_optimizer.state_dict()),
+        "q_optimizer": copy.deepcopy(learner.q_optimizer.state_dict()),
+        "log_alpha": learner.log_alpha.detach().clone().cpu(),
+        "alpha_optimizer": None if learner.alpha_optimizer is None else copy.deepcopy(learner.alpha_optimizer.state_dict()),
+    }
+
+
+def load_learner_state(learner: Learner, state: dict) -> None:
+    """Restore what learner_state saved (in place: the flat parameters and their optimizers stay the same objects)."""
+    learner.actor.load_state_dict(state["actor"])
+    learner.qf.load_state_dict(state["qf"])
+    learner.qf_target.load_state_dict(state["qf_target"])
+    learner.actor_optimizer.load_state_dict(state["actor_optimizer"])
+    learner.q_optimizer.load_state_dict(state["q_optimizer"])
+    learner.log_alpha.data.copy_(state["log_alpha"])
+    if learner.alpha_optimizer is not None:
+        learner.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
+
+
 # --- end shared: sac-learner ---
 
 
@@ -810,17 +835,16 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-# --- end shared: sac-run ---
-
-
-def check_checkpoint_matches(ckpt: dict, path: str, obs_shape: tuple, act_shape: tuple) -> None:
-    if ckpt.get("script") != "sac_continuous":
+def check_checkpoint_matches(ckpt: dict, path: str, obs_shape: tuple, act_shape: tuple, script: str) -> None:
+    """Refuse a checkpoint of another script, or one made for an env with other observation / action shapes."""
+    if ckpt.get("script") != script:
         raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script', 'another script')}.py, not by "
-                        f"sac_continuous.py.")  # fmt: skip
+                        f"{script}.py.")  # fmt: skip
     if tuple(ckpt["obs_shape"]) != tuple(obs_shape) or tuple(ckpt["act_shape"]) != tuple(act_shape):
         raise UserError(f"checkpoint '{path}' was made for {ckpt['args']['env_id']} (observations {tuple(ckpt['obs_shape'])}"
                         f", actions {tuple(ckpt['act_shape'])}), which does not fit this env (observations {obs_shape}, "
                         f"actions {act_shape}).")  # fmt: skip
+
 
 
 def merge_resume_args(cli: Args, saved: dict) -> Args:
@@ -836,6 +860,10 @@ def merge_resume_args(cli: Args, saved: dict) -> Args:
     return Args(**{f.name: merged[f.name] for f in dataclasses.fields(Args)})
 
 
+# --- end shared: sac-run ---
+
+
+SCRIPT_NAME = "sac_continuous"  # written into checkpoints; a checkpoint of another script is refused
 LOSS_NAMES = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss")
 ACTOR_NAMES = ("actor_loss", "alpha", "alpha_loss")
 
@@ -864,7 +892,7 @@ def main() -> None:
     args.num_iterations = args.total_timesteps // args.num_envs
     obs_shape, act_shape = probe_env(args.env_id)
     if ckpt is not None:
-        check_checkpoint_matches(ckpt, args.resume, obs_shape, act_shape)
+        check_checkpoint_matches(ckpt, args.resume, obs_shape, act_shape, SCRIPT_NAME)
         if ckpt["iteration"] >= args.num_iterations:
             raise UserError(f"checkpoint '{args.resume}' is at step {ckpt['global_step']} and --total-timesteps is "
                             f"{args.total_timesteps}: nothing left to do. Raise --total-timesteps to continue.")  # fmt: skip
@@ -920,14 +948,7 @@ def main() -> None:
     actor_sums = torch.zeros(len(ACTOR_NAMES), device=device)  # summed over its actor updates
     window_grad_steps, window_actor_updates = 0, 0
     if ckpt is not None:
-        learner.actor.load_state_dict(ckpt["actor"])
-        learner.qf.load_state_dict(ckpt["qf"])
-        learner.qf_target.load_state_dict(ckpt["qf_target"])
-        learner.actor_optimizer.load_state_dict(ckpt["actor_optimizer"])
-        learner.q_optimizer.load_state_dict(ckpt["q_optimizer"])
-        learner.log_alpha.data.copy_(ckpt["log_alpha"])
-        if learner.alpha_optimizer is not None:
-            learner.alpha_optimizer.load_state_dict(ckpt["alpha_optimizer"])
+        load_learner_state(learner, ckpt)
         run_state = ckpt["run_state"]
         if len(ckpt["env_states"]) != args.num_envs:
             raise UserError(f"checkpoint has {len(ckpt['env_states'])} env states, the run has {args.num_envs} envs.")
@@ -960,20 +981,14 @@ def main() -> None:
         """A complete checkpoint as plain data (loads with weights_only=True); tensors are copies."""
         return {
             "format": 1,
-            "script": "sac_continuous",
+            "script": SCRIPT_NAME,
             "run_name": run_name,
             "args": dataclasses.asdict(args),
             "global_step": global_step,
             "iteration": iteration,
             "obs_shape": list(obs_shape),
             "act_shape": list(act_shape),
-            "actor": {k: v.detach().clone().cpu() for k, v in learner.actor.state_dict().items()},
-            "qf": {k: v.detach().clone().cpu() for k, v in learner.qf.state_dict().items()},
-            "qf_target": {k: v.detach().clone().cpu() for k, v in learner.qf_target.state_dict().items()},
-            "actor_optimizer": copy.deepcopy(learner.actor_optimizer.state_dict()),
-            "q_optimizer": copy.deepcopy(learner.q_optimizer.state_dict()),
-            "log_alpha": learner.log_alpha.detach().clone().cpu(),
-            "alpha_optimizer": copy.deepcopy(learner.alpha_optimizer.state_dict()) if args.autotune else None,
+            **learner_state(learner),
             "env_states": [capture_env_state(env) for env in envs.envs],
             "run_state": {
                 "raw_obs": torch.from_numpy(np.array(raw_obs, dtype=np.float64)),
@@ -1108,7 +1123,7 @@ def eval_only(args: Args, device: torch.device) -> None:
     ckpt = load_checkpoint(args.eval_checkpoint, device)
     saved = Args(**{f.name: ckpt["args"][f.name] for f in dataclasses.fields(Args) if f.name in ckpt["args"]})
     obs_shape, act_shape = probe_env(saved.env_id)
-    check_checkpoint_matches(ckpt, args.eval_checkpoint, obs_shape, act_shape)
+    check_checkpoint_matches(ckpt, args.eval_checkpoint, obs_shape, act_shape, SCRIPT_NAME)
     actor = Actor(int(np.prod(obs_shape)), int(np.prod(act_shape)))
     actor.load_state_dict(ckpt["actor"])
     holder = ParameterHolder()

@@ -456,6 +456,31 @@ def soft_update(target_flat: torch.Tensor, flat: torch.Tensor, tau: float) -> No
         target_flat.lerp_(flat, tau)
 
 
+def learner_state(learner: Learner) -> dict:
+    """The learner's part of a checkpoint as plain data (copies): networks, optimizers and the temperature."""
+    return {
+        "actor": {k: v.detach().clone().cpu() for k, v in learner.actor.state_dict().items()},
+        "qf": {k: v.detach().clone().cpu() for k, v in learner.qf.state_dict().items()},
+        "qf_target": {k: v.detach().clone().cpu() for k, v in learner.qf_target.state_dict().items()},
+        "actor_optimizer": copy.deepcopy(learner.actor_optimizer.state_dict()),
+        "q_optimizer": copy.deepcopy(learner.q_optimizer.state_dict()),
+        "log_alpha": learner.log_alpha.detach().clone().cpu(),
+        "alpha_optimizer": None if learner.alpha_optimizer is None else copy.deepcopy(learner.alpha_optimizer.state_dict()),
+    }
+
+
+def load_learner_state(learner: Learner, state: dict) -> None:
+    """Restore what learner_state saved (in place: the flat parameters and their optimizers stay the same objects)."""
+    learner.actor.load_state_dict(state["actor"])
+    learner.qf.load_state_dict(state["qf"])
+    learner.qf_target.load_state_dict(state["qf_target"])
+    learner.actor_optimizer.load_state_dict(state["actor_optimizer"])
+    learner.q_optimizer.load_state_dict(state["q_optimizer"])
+    learner.log_alpha.data.copy_(state["log_alpha"])
+    if learner.alpha_optimizer is not None:
+        learner.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
+
+
 # --- end shared: sac-learner ---
 
 
@@ -1017,6 +1042,31 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
+def check_checkpoint_matches(ckpt: dict, path: str, obs_shape: tuple, act_shape: tuple, script: str) -> None:
+    """Refuse a checkpoint of another script, or one made for an env with other observation / action shapes."""
+    if ckpt.get("script") != script:
+        raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script', 'another script')}.py, not by "
+                        f"{script}.py.")  # fmt: skip
+    if tuple(ckpt["obs_shape"]) != tuple(obs_shape) or tuple(ckpt["act_shape"]) != tuple(act_shape):
+        raise UserError(f"checkpoint '{path}' was made for {ckpt['args']['env_id']} (observations {tuple(ckpt['obs_shape'])}"
+                        f", actions {tuple(ckpt['act_shape'])}), which does not fit this env (observations {obs_shape}, "
+                        f"actions {act_shape}).")  # fmt: skip
+
+
+
+def merge_resume_args(cli: Args, saved: dict) -> Args:
+    """The checkpoint's Args win, except the flags in RESUME_OVERRIDABLE; a conflicting flag gets a warning."""
+    defaults = Args()
+    merged = dict(saved)
+    for f in dataclasses.fields(Args):
+        if f.name in RESUME_OVERRIDABLE or f.name not in saved:
+            merged[f.name] = getattr(cli, f.name)
+        elif getattr(cli, f.name) != getattr(defaults, f.name) and getattr(cli, f.name) != saved[f.name]:
+            print(f"warning: --{f.name.replace('_', '-')} {getattr(cli, f.name)} ignored: resuming keeps the checkpoint's "
+                  f"value {saved[f.name]}.", file=sys.stderr)  # fmt: skip
+    return Args(**{f.name: merged[f.name] for f in dataclasses.fields(Args)})
+
+
 # --- end shared: sac-run ---
 
 
@@ -1053,32 +1103,7 @@ def validate_args(args: Args) -> None:
     check_tracking(args.track)
 
 
-SCRIPT_NAME = "sac_continuous_ray"
-
-
-def check_checkpoint_matches(ckpt: dict, path: str, obs_shape: tuple, act_shape: tuple) -> None:
-    if ckpt.get("script") != SCRIPT_NAME:
-        raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script', 'another script')}.py, not by "
-                        f"{SCRIPT_NAME}.py.")  # fmt: skip
-    if tuple(ckpt["obs_shape"]) != tuple(obs_shape) or tuple(ckpt["act_shape"]) != tuple(act_shape):
-        raise UserError(f"checkpoint '{path}' was made for {ckpt['args']['env_id']} (observations {tuple(ckpt['obs_shape'])}"
-                        f", actions {tuple(ckpt['act_shape'])}), which does not fit this env (observations {obs_shape}, "
-                        f"actions {act_shape}).")  # fmt: skip
-
-
-def merge_resume_args(cli: Args, saved: dict) -> Args:
-    """The checkpoint's Args win, except the flags in RESUME_OVERRIDABLE; a conflicting flag gets a warning."""
-    defaults = Args()
-    merged = dict(saved)
-    for f in dataclasses.fields(Args):
-        if f.name in RESUME_OVERRIDABLE or f.name not in saved:
-            merged[f.name] = getattr(cli, f.name)
-        elif getattr(cli, f.name) != getattr(defaults, f.name) and getattr(cli, f.name) != saved[f.name]:
-            print(f"warning: --{f.name.replace('_', '-')} {getattr(cli, f.name)} ignored: resuming keeps the checkpoint's "
-                  f"value {saved[f.name]}.", file=sys.stderr)  # fmt: skip
-    return Args(**{f.name: merged[f.name] for f in dataclasses.fields(Args)})
-
-
+SCRIPT_NAME = "sac_continuous_ray"  # written into checkpoints; a checkpoint of another script is refused
 LOSS_NAMES = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss")
 ACTOR_NAMES = ("actor_loss", "alpha", "alpha_loss")
 SAMPLE_GROUP = 16  # batches per buffer request: one Ray round trip per 16 gradient steps
@@ -1109,7 +1134,7 @@ def main() -> None:
     # whole vector steps only: every worker steps envs_per_worker envs at a time
     total = args.total_timesteps - args.total_timesteps % args.envs_per_worker
     if ckpt is not None:
-        check_checkpoint_matches(ckpt, args.resume, obs_shape, act_shape)
+        check_checkpoint_matches(ckpt, args.resume, obs_shape, act_shape, SCRIPT_NAME)
         if ckpt["global_step"] >= total:
             raise UserError(f"checkpoint '{args.resume}' is at step {ckpt['global_step']} and --total-timesteps is "
                             f"{args.total_timesteps}: nothing left to do. Raise --total-timesteps to continue.")  # fmt: skip
@@ -1149,14 +1174,7 @@ def main() -> None:
     # the update schedule: updates_base + utd * (steps since updates_start); a resume without buffer starts a new one
     updates_start, updates_base = args.learning_starts, 0
     if ckpt is not None:
-        learner.actor.load_state_dict(ckpt["actor"])
-        learner.qf.load_state_dict(ckpt["qf"])
-        learner.qf_target.load_state_dict(ckpt["qf_target"])
-        learner.actor_optimizer.load_state_dict(ckpt["actor_optimizer"])
-        learner.q_optimizer.load_state_dict(ckpt["q_optimizer"])
-        learner.log_alpha.data.copy_(ckpt["log_alpha"])
-        if learner.alpha_optimizer is not None:
-            learner.alpha_optimizer.load_state_dict(ckpt["alpha_optimizer"])
+        load_learner_state(learner, ckpt)
         run_state = ckpt["run_state"]
         recent_returns = list(run_state["recent_returns"])
         grad_steps, actor_updates = run_state["grad_steps"], run_state["actor_updates"]
@@ -1213,13 +1231,7 @@ def main() -> None:
             "global_step": global_step,
             "obs_shape": list(obs_shape),
             "act_shape": list(act_shape),
-            "actor": {k: v.detach().clone().cpu() for k, v in learner.actor.state_dict().items()},
-            "qf": {k: v.detach().clone().cpu() for k, v in learner.qf.state_dict().items()},
-            "qf_target": {k: v.detach().clone().cpu() for k, v in learner.qf_target.state_dict().items()},
-            "actor_optimizer": copy.deepcopy(learner.actor_optimizer.state_dict()),
-            "q_optimizer": copy.deepcopy(learner.q_optimizer.state_dict()),
-            "log_alpha": learner.log_alpha.detach().clone().cpu(),
-            "alpha_optimizer": copy.deepcopy(learner.alpha_optimizer.state_dict()) if args.autotune else None,
+            **learner_state(learner),
             "run_state": {
                 "recent_returns": list(recent_returns),
                 "grad_steps": grad_steps,
@@ -1432,7 +1444,7 @@ def eval_only(args: Args, device: torch.device) -> None:
     ckpt = load_checkpoint(args.eval_checkpoint, device)
     saved = Args(**{f.name: ckpt["args"][f.name] for f in dataclasses.fields(Args) if f.name in ckpt["args"]})
     obs_shape, act_shape = probe_env(saved.env_id)
-    check_checkpoint_matches(ckpt, args.eval_checkpoint, obs_shape, act_shape)
+    check_checkpoint_matches(ckpt, args.eval_checkpoint, obs_shape, act_shape, SCRIPT_NAME)
     actor = Actor(int(np.prod(obs_shape)), int(np.prod(act_shape)))
     actor.load_state_dict(ckpt["actor"])
     holder = ParameterHolder()
