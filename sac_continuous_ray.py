@@ -786,12 +786,18 @@ class Sampler:
 
 def connect_ray(address: Optional[str], num_workers: int):
     """Start an embedded Ray (address None) or join a cluster; an unreachable address fails in seconds, clearly."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage-stats prompt or upload
+    if address is None:
+        # Why: under `uv run`, Ray copies the working directory and builds a second virtual environment in it for
+        # its workers (its uv integration): tens of seconds per start, and pointless when the workers run on this
+        # machine, in this environment. Joining a cluster keeps it: there it brings the environment to other nodes.
+        # (Read when ray is first imported, so set before that.)
+        os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     try:
         import ray
     except ImportError:
         raise UserError("sac_continuous_ray.py needs Ray: install the project's `ray` extra (the README's commands do: "
                         "`uv run --all-extras ...`), or `pip install 'ray>=2.40,<3'`.") from None  # fmt: skip
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage-stats prompt or upload
     if address is None:
         # Logical CPUs: at least one per worker (+1 for the learner), so a 2-core machine can still start 4 workers;
         # they then share the cores, which is what the scaling table measures.
