@@ -846,7 +846,6 @@ def check_checkpoint_matches(ckpt: dict, path: str, obs_shape: tuple, act_shape:
                         f"actions {act_shape}).")  # fmt: skip
 
 
-
 def merge_resume_args(cli: Args, saved: dict) -> Args:
     """The checkpoint's Args win, except the flags in RESUME_OVERRIDABLE; a conflicting flag gets a warning."""
     defaults = Args()

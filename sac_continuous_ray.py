@@ -1059,7 +1059,6 @@ def check_checkpoint_matches(ckpt: dict, path: str, obs_shape: tuple, act_shape:
                         f"actions {act_shape}).")  # fmt: skip
 
 
-
 def merge_resume_args(cli: Args, saved: dict) -> Args:
     """The checkpoint's Args win, except the flags in RESUME_OVERRIDABLE; a conflicting flag gets a warning."""
     defaults = Args()
@@ -1222,7 +1221,7 @@ def main() -> None:
           f"{' '.join(str(i['pid']) for i in infos)}), {args.num_buffer_shards} buffer shard(s), learner on {device}, "
           f"utd ratio {args.utd_ratio:g}{' (asynchronous)' if args.utd_ratio == 0 else ''}"
           f"{', learner paused' if args.pause_learner else ''}")  # fmt: skip
-    bytes_per_transition = (2 * obs_dim + act_dim + 1) * 4 + 1
+    bytes_per_transition = ReplayBuffer(1, obs_dim, act_dim).nbytes  # the shards' own layout, one row
     print(f"replay buffer: {args.buffer_size:,} transitions, {args.buffer_size * bytes_per_transition / 1e6:.1f} MB of "
           f"arrays over {args.num_buffer_shards} shard(s) ({bytes_per_transition} bytes per transition)")  # fmt: skip
 

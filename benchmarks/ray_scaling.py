@@ -110,7 +110,7 @@ def part_costs() -> dict:
         per_batch = median_time(batch_through_ray, 30)
         costs["ray_batch_of_100_ms"] = per_batch * 1e3
         costs["ray_overhead_per_transition_us"] = (per_batch / steps - costs["worker_step_us"] / 1e6) * 1e6
-        costs["bytes_per_transition"] = (2 * obs_dim + act_dim + 1) * 4 + 1
+        costs["bytes_per_transition"] = sr.ReplayBuffer(1, obs_dim, act_dim).nbytes
         for _ in range(40):
             batch_through_ray()  # fill the shard a little
 
