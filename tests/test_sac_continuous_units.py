@@ -2,6 +2,9 @@
 from the script itself (no copies)."""
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -274,16 +277,60 @@ def test_merge_resume_args_keeps_checkpoint_values_and_warns(capsys):
     assert "--q-lr" in err and "--env-id" not in err
 
 
-def test_bf16_autocast_keeps_float32_state_and_close_values():
-    """--bf16 runs the matmuls in bfloat16; parameters, optimizer state and losses stay float32."""
+def test_bf16_keeps_float32_state_and_close_values():
+    """--bf16 runs the networks on bfloat16 copies; the weights, Adam's state and the losses stay float32, and the
+    float32 weights are what the optimizer steps move (the copies' gradients reach them)."""
     batch = random_batch()
-    fp32, bf16 = make_learner(), make_learner(bf16=True)
+    fp32, bf16 = make_learner(bf16=False), make_learner(bf16=True)
+    assert fp32.qf_run is fp32.qf and fp32.actor_run_flat is fp32.actor_flat  # float32: no copies
+    assert bf16.qf_run_flat.dtype == bf16.actor_run_flat.dtype == bf16.qf_target_run_flat.dtype == torch.bfloat16
+    critic_before, actor_before = bf16.qf_flat.detach().clone(), bf16.actor_flat.detach().clone()
     torch.manual_seed(5)
     a = sac.critic_update(fp32, batch, 0.99)
     torch.manual_seed(5)
     b = sac.critic_update(bf16, batch, 0.99)
     torch.testing.assert_close(b, a, rtol=0.05, atol=0.02)
+    assert (bf16.qf_flat.detach() - critic_before).abs().max() > 1e-4, "the float32 critics must move"
+    # Adam's first step is lr * sign(gradient) per weight: the same step but where bfloat16 rounding flips the
+    # sign of a near-zero gradient
+    same_direction = (bf16.qf_flat - critic_before).sign() == (fp32.qf_flat - critic_before).sign()
+    assert same_direction.float().mean() > 0.99
     out = sac.actor_update(bf16, batch["obs"], autotune=True)
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    assert (bf16.actor_flat.detach() - actor_before).abs().max() > 1e-4, "the float32 actor must move"
+    # the copies are refreshed from the float32 weights at the start of every update
+    torch.testing.assert_close(bf16.qf_run_flat.detach(), bf16.qf_flat.detach().to(torch.bfloat16))
     assert bf16.qf_flat.dtype == bf16.actor_flat.dtype == torch.float32
     assert all(v.dtype == torch.float32 for v in bf16.q_optimizer.state[bf16.qf_flat].values() if v.dim() > 0)
+
+
+FAULTS_PER_STEP = """
+import resource, sys, torch
+import sac_continuous as sac
+torch.set_num_threads(1)
+if sys.argv[1] == "keep":
+    sac.keep_freed_memory()
+net = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512))
+x = torch.randn(256, 64)
+for _ in range(5):
+    net(x).sum().backward()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(50):
+    net(x).sum().backward()
+print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 50)
+"""
+
+
+def test_keep_freed_memory_stops_page_faults_in_the_update():
+    """A forward + backward pass with 512 KB activations: by default glibc unmaps them when freed and every step
+    faults their pages in again; after keep_freed_memory() the freed memory is reused."""
+
+    def faults(mode: str) -> float:
+        out = subprocess.run([sys.executable, "-c", FAULTS_PER_STEP, mode], capture_output=True, text=True, check=True,
+                             cwd=str(Path(sac.__file__).parent))  # fmt: skip
+        return float(out.stdout.split()[-1])
+
+    default, kept = faults("default"), faults("keep")
+    if default < 10:
+        pytest.skip(f"this C library does not unmap freed activations ({default:.1f} page faults per step)")
+    assert kept < default / 4, f"{kept:.1f} page faults per step with keep_freed_memory, {default:.1f} without"
