@@ -10,6 +10,7 @@ only a termination (never a time-limit truncation) stops bootstrapping.
 import copy
 import ctypes
 import dataclasses
+import gc
 import importlib
 import json
 import math
@@ -906,6 +907,15 @@ def keep_freed_memory() -> None:
     libc.mallopt(m_trim_threshold, 512 * 1024 * 1024)
 
 
+def freeze_startup_objects() -> None:
+    """Move every object alive now (modules, envs, the networks) out of the garbage collector's reach.
+    Why: the imports alone leave ~200,000 tracked objects, and each full collection walks them all (~90 ms
+    measured here); the update's many short-lived objects trigger one every few hundred gradient steps. Freezing
+    them made the update ~8% faster (3 alternating HalfCheetah runs). Objects created later are collected as usual."""
+    gc.collect()
+    gc.freeze()
+
+
 def check_checkpoint_matches(ckpt: dict, path: str, obs_shape: tuple, act_shape: tuple, script: str) -> None:
     """Refuse a checkpoint of another script, or one made for an env with other observation / action shapes."""
     if ckpt.get("script") != script:
@@ -1084,6 +1094,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     progress = Progress(args.progress, args.total_timesteps)
+    freeze_startup_objects()  # everything set up so far lives to the end of the run
     start_time, start_step = time.time(), global_step
     rollout_time = update_time = 0.0  # in the current log window
     window_start_step = global_step

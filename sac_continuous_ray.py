@@ -19,6 +19,7 @@ they run ahead, so more workers make the run faster, not a different algorithm. 
 import copy
 import ctypes
 import dataclasses
+import gc
 import importlib
 import json
 import logging
@@ -1119,6 +1120,15 @@ def keep_freed_memory() -> None:
     libc.mallopt(m_trim_threshold, 512 * 1024 * 1024)
 
 
+def freeze_startup_objects() -> None:
+    """Move every object alive now (modules, envs, the networks) out of the garbage collector's reach.
+    Why: the imports alone leave ~200,000 tracked objects, and each full collection walks them all (~90 ms
+    measured here); the update's many short-lived objects trigger one every few hundred gradient steps. Freezing
+    them made the update ~8% faster (3 alternating HalfCheetah runs). Objects created later are collected as usual."""
+    gc.collect()
+    gc.freeze()
+
+
 def check_checkpoint_matches(ckpt: dict, path: str, obs_shape: tuple, act_shape: tuple, script: str) -> None:
     """Refuse a checkpoint of another script, or one made for an env with other observation / action shapes."""
     if ckpt.get("script") != script:
@@ -1341,6 +1351,7 @@ def main() -> None:
     actor_sums = torch.zeros(len(ACTOR_NAMES), device=device)  # summed over its actor updates
     window_grad_steps = window_actor_updates = 0
     window = {"time": time.time(), "step": global_step, "grad_steps": grad_steps, "update_time": 0.0, "stale": []}
+    freeze_startup_objects()  # everything set up so far lives to the end of the run
     start_time, start_step = time.time(), global_step
     log_due = eval_due = checkpoint_due = False
 
