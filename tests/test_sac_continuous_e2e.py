@@ -120,6 +120,25 @@ def test_resume_with_buffer_continues_exactly_like_an_uninterrupted_run(tmp_path
         assert scalars(resumed, tag) == pytest.approx(values, rel=1e-6, abs=1e-9), tag  # one curve, no duplicates
 
 
+def test_bf16_resume_continues_exactly(tmp_path):
+    """With --bf16 the passes run on bfloat16 copies that a checkpoint does not hold: they are rebuilt from the
+    float32 weights, so the resumed run still logs the same losses as the uninterrupted one."""
+    full_runs, part_runs = tmp_path / "full", tmp_path / "part"
+    args = [*RESUME_ARGS, "--save-buffer", "--bf16"]
+    assert run_script(SCRIPT, *args, "--runs-dir", full_runs).returncode == 0
+    first = run_script(SCRIPT, *args, "--total-timesteps", "300", "--runs-dir", part_runs)
+    assert first.returncode == 0, first.stderr
+    part = only_run_dir(part_runs)
+    proc = run_script(SCRIPT, "--resume", part / "checkpoints" / "step_0000000300.pt", "--total-timesteps", "600",
+                      "--torch-threads", "1")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    full = only_run_dir(full_runs)
+    for tag in LOSS_TAGS:
+        expected = scalars(full, tag)
+        assert any(s > 300 for s in expected), tag
+        assert scalars(part, tag) == pytest.approx(expected, rel=1e-6, abs=1e-9), tag
+
+
 def test_resume_without_buffer_warns_and_refills_before_updating(tmp_path, uninterrupted_run):
     run_dir = tmp_path / uninterrupted_run.name
     shutil.copytree(uninterrupted_run, run_dir)
