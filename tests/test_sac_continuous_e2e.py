@@ -31,6 +31,7 @@ def test_short_run_reaches_the_update_logs_every_tag_and_writes_complete_checkpo
     assert proc.returncode == 0, proc.stderr
     assert "replay buffer: 1,000,000 transitions, 33.0 MB" in proc.stdout  # (3 + 3 + 1 + 1) * 4 + 1 bytes each
     assert "eval:" in proc.stdout and "peak RSS" in proc.stdout
+    assert "leaked" not in proc.stderr, "objects frozen out of the collector must be handed back at exit"
     run_dir = only_run_dir(tmp_path)
     for tag in LOSS_TAGS + CHART_TAGS + ["eval/episodic_return"]:
         assert scalars(run_dir, tag), f"tag {tag} missing"
