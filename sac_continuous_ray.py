@@ -1125,7 +1125,7 @@ def freeze_startup_objects() -> None:
     """Move every object alive now (modules, envs, the networks) out of the garbage collector's reach.
     Why: the imports alone leave ~200,000 tracked objects, and each full collection walks them all (~90 ms
     measured here); the update's many short-lived objects trigger one every few hundred gradient steps. Freezing
-    them made the update ~8% faster (3 alternating HalfCheetah runs). Objects created later are collected as usual.
+    them took ~10% off the update (3 alternating HalfCheetah runs). Objects created later are collected as usual.
     At exit they are handed back: extension modules built with nanobind (triton, which torch imports) otherwise
     print hundreds of "leaked" lines when the interpreter shuts down."""
     gc.collect()
