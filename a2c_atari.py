@@ -651,6 +651,20 @@ def checkpoint_name(kind: str, global_step: int) -> str:
     return f"{kind}_{global_step:010d}.pt"
 
 
+def merge_resume_args(cli, saved: dict, overridable: tuple):
+    """The checkpoint's Args win, except the flags in `overridable`; a conflicting flag gets a warning."""
+    cls = type(cli)
+    defaults = cls()
+    merged = dict(saved)
+    for f in dataclasses.fields(cls):
+        if f.name in overridable or f.name not in saved:
+            merged[f.name] = getattr(cli, f.name)
+        elif getattr(cli, f.name) != getattr(defaults, f.name) and getattr(cli, f.name) != saved[f.name]:
+            print(f"warning: --{f.name.replace('_', '-')} {getattr(cli, f.name)} ignored: resuming keeps the checkpoint's "
+                  f"value {saved[f.name]}.", file=sys.stderr)  # fmt: skip
+    return cls(**{f.name: merged[f.name] for f in dataclasses.fields(cls)})
+
+
 # --- end shared: checkpoint ---
 
 
@@ -748,20 +762,6 @@ def check_checkpoint_matches(ckpt: dict, path: str, script: str, num_actions: in
     if ckpt["num_actions"] != num_actions:
         raise UserError(f"checkpoint '{path}' was made for {ckpt['args']['env_id']} ({ckpt['num_actions']} actions), "
                         f"which does not fit this game ({num_actions} actions).")  # fmt: skip
-
-
-def merge_resume_args(cli, saved: dict, overridable: tuple):
-    """The checkpoint's Args win, except the flags in `overridable`; a conflicting flag gets a warning."""
-    cls = type(cli)
-    defaults = cls()
-    merged = dict(saved)
-    for f in dataclasses.fields(cls):
-        if f.name in overridable or f.name not in saved:
-            merged[f.name] = getattr(cli, f.name)
-        elif getattr(cli, f.name) != getattr(defaults, f.name) and getattr(cli, f.name) != saved[f.name]:
-            print(f"warning: --{f.name.replace('_', '-')} {getattr(cli, f.name)} ignored: resuming keeps the checkpoint's "
-                  f"value {saved[f.name]}.", file=sys.stderr)  # fmt: skip
-    return cls(**{f.name: merged[f.name] for f in dataclasses.fields(cls)})
 
 
 def eval_only(args, device: torch.device, script: str) -> None:

@@ -1003,6 +1003,20 @@ def checkpoint_name(kind: str, global_step: int) -> str:
     return f"{kind}_{global_step:010d}.pt"
 
 
+def merge_resume_args(cli, saved: dict, overridable: tuple):
+    """The checkpoint's Args win, except the flags in `overridable`; a conflicting flag gets a warning."""
+    cls = type(cli)
+    defaults = cls()
+    merged = dict(saved)
+    for f in dataclasses.fields(cls):
+        if f.name in overridable or f.name not in saved:
+            merged[f.name] = getattr(cli, f.name)
+        elif getattr(cli, f.name) != getattr(defaults, f.name) and getattr(cli, f.name) != saved[f.name]:
+            print(f"warning: --{f.name.replace('_', '-')} {getattr(cli, f.name)} ignored: resuming keeps the checkpoint's "
+                  f"value {saved[f.name]}.", file=sys.stderr)  # fmt: skip
+    return cls(**{f.name: merged[f.name] for f in dataclasses.fields(cls)})
+
+
 # --- end shared: checkpoint ---
 
 
@@ -1144,19 +1158,6 @@ def check_checkpoint_matches(ckpt: dict, path: str, obs_shape: tuple, act_shape:
                         f"actions {act_shape}).")  # fmt: skip
 
 
-def merge_resume_args(cli: Args, saved: dict) -> Args:
-    """The checkpoint's Args win, except the flags in RESUME_OVERRIDABLE; a conflicting flag gets a warning."""
-    defaults = Args()
-    merged = dict(saved)
-    for f in dataclasses.fields(Args):
-        if f.name in RESUME_OVERRIDABLE or f.name not in saved:
-            merged[f.name] = getattr(cli, f.name)
-        elif getattr(cli, f.name) != getattr(defaults, f.name) and getattr(cli, f.name) != saved[f.name]:
-            print(f"warning: --{f.name.replace('_', '-')} {getattr(cli, f.name)} ignored: resuming keeps the checkpoint's "
-                  f"value {saved[f.name]}.", file=sys.stderr)  # fmt: skip
-    return Args(**{f.name: merged[f.name] for f in dataclasses.fields(Args)})
-
-
 # --- end shared: sac-run ---
 
 
@@ -1219,7 +1220,7 @@ def main() -> None:
     ckpt = None
     if args.resume:
         ckpt = load_checkpoint(args.resume, device)
-        args = merge_resume_args(args, ckpt["args"])
+        args = merge_resume_args(args, ckpt["args"], RESUME_OVERRIDABLE)
         validate_args(args)
     obs_shape, act_shape = probe_env(args.env_id)
     # whole vector steps only: every worker steps envs_per_worker envs at a time

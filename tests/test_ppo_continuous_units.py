@@ -282,7 +282,7 @@ def test_prune_keeps_the_newest_periodic_checkpoints(tmp_path):
 def test_merge_resume_args_keeps_checkpoint_values_and_warns(capsys):
     saved = ppo.Args(env_id="Pendulum-v1", learning_rate=1e-3, total_timesteps=10_000)
     cli = ppo.Args(learning_rate=5e-4, total_timesteps=20_000, resume="x.pt")
-    merged = ppo.merge_resume_args(cli, vars(saved))
+    merged = ppo.merge_resume_args(cli, vars(saved), ppo.RESUME_OVERRIDABLE)
     assert merged.env_id == "Pendulum-v1" and merged.learning_rate == 1e-3  # the checkpoint wins...
     assert merged.total_timesteps == 20_000 and merged.resume == "x.pt"  # ...except total_timesteps and output flags
     err = capsys.readouterr().err

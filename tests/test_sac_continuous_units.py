@@ -270,7 +270,7 @@ def test_crossed():
 def test_merge_resume_args_keeps_checkpoint_values_and_warns(capsys):
     saved = sac.Args(env_id="Pendulum-v1", q_lr=3e-3, total_timesteps=10_000)
     cli = sac.Args(q_lr=5e-4, total_timesteps=20_000, resume="x.pt", save_buffer=True)
-    merged = sac.merge_resume_args(cli, vars(saved))
+    merged = sac.merge_resume_args(cli, vars(saved), sac.RESUME_OVERRIDABLE)
     assert merged.env_id == "Pendulum-v1" and merged.q_lr == 3e-3
     assert merged.total_timesteps == 20_000 and merged.save_buffer and merged.resume == "x.pt"
     err = capsys.readouterr().err
