@@ -207,12 +207,15 @@ def squashed_gaussian(
     """Reparameterized sample a = tanh(u) * scale + bias, u = mean + std * noise, and its log-density, summed over
     action dimensions. Change of variables (SAC paper, appendix C):
         log pi(a|s) = log N(u; mean, std) - sum_i log(scale_i * (1 - tanh(u_i)^2))
-    with log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)): exact, and finite even where tanh(u) rounds to +-1
-    (the usual `log(1 - y^2 + 1e-6)` biases the density there)."""
-    u = mean + log_std.exp() * noise
-    log_prob_u = (-0.5 * noise.pow(2) - log_std - LOG_SQRT_2PI).sum(-1)  # (u - mean) / std = noise
-    log_det = (2.0 * (math.log(2.0) - u - nn.functional.softplus(-2.0 * u)) + torch.log(action_scale)).sum(-1)
-    return torch.tanh(u) * action_scale + action_bias, log_prob_u - log_det
+        log N(u; mean, std) = sum_i (-noise_i^2 / 2 - log std_i - log sqrt(2 pi))      ((u - mean) / std = noise)
+        log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))
+    The last form is exact, and finite even where tanh(u) rounds to +-1 (the usual `log(1 - y^2 + 1e-6)` biases the
+    density there). The terms the gradient does not flow through are summed apart: the same value in fewer ops, and
+    in the actor's loss every op costs a second one in the backward pass."""
+    u = torch.addcmul(mean, log_std.exp(), noise)
+    through_net = 2.0 * (u + nn.functional.softplus(-2.0 * u)) - log_std
+    constant = 0.5 * noise.pow(2).sum(-1) + torch.log(action_scale).sum() + mean.shape[-1] * (LOG_SQRT_2PI + 2 * math.log(2.0))
+    return torch.addcmul(action_bias, torch.tanh(u), action_scale), through_net.sum(-1) - constant
 
 
 def soft_q_target(
@@ -345,7 +348,7 @@ class Learner:
     action_scale: torch.Tensor  # (high - low) / 2
     action_bias: torch.Tensor  # (high + low) / 2
     # The copies the forward and backward passes run through: the float32 networks themselves by default; with
-    # --bf16, bfloat16 copies, overwritten from the float32 weights at the start of every update. Mixed precision:
+    # --bf16, bfloat16 copies, overwritten from the float32 weights whenever those change. Mixed precision:
     # the weights, Adam's state, the losses and the squashed-Gaussian math stay float32; only the matmuls and the
     # hidden activations are bfloat16.
     actor_run: Actor
@@ -354,6 +357,7 @@ class Learner:
     qf_run_flat: nn.Parameter
     qf_target_run: TwinQ
     qf_target_run_flat: nn.Parameter
+    qf_run_frozen: list  # detached views of qf_run's weights: the actor's loss reads the critics through them
 
     def alpha(self) -> torch.Tensor:
         return self.log_alpha.detach().exp()
@@ -425,15 +429,16 @@ def make_learner(obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, 
         qf_run_flat=qf_run_flat,
         qf_target_run=qf_target_run,
         qf_target_run_flat=qf_target_run_flat,
+        qf_run_frozen=[p.detach() for p in qf_run.parameters()],  # views: they follow every update of the copy
     )
 
 
 def critic_update(learner: Learner, batch: dict, gamma: float) -> torch.Tensor:
     """One gradient step on both critics: L_i = E[(Q_i(s, a) - y)^2], y from soft_q_target (the target critics and
-    a fresh a' ~ pi(.|s')). Returns [mean Q1, mean Q2, L1, L2] as a detached tensor (no sync)."""
-    for run_flat, flat in ((learner.actor_run_flat, learner.actor_flat), (learner.qf_run_flat, learner.qf_flat),
-                           (learner.qf_target_run_flat, learner.qf_target_flat)):  # fmt: skip
-        refresh_run_copy(run_flat, flat)
+    a fresh a' ~ pi(.|s')). Returns [mean Q1, mean Q2, L1, L2] as a detached tensor (no sync).
+    With --bf16, each low-precision copy is refreshed once per change of its float32 weights: the critics' and the
+    actor's right after their optimizer steps, the targets' here (soft_update moves them between updates)."""
+    refresh_run_copy(learner.qf_target_run_flat, learner.qf_target_flat)
     obs, next_obs, actions = (batch[k].to(learner.dtype) for k in ("obs", "next_obs", "actions"))
     with torch.no_grad():
         mean, log_std = learner.actor_run(next_obs)
@@ -447,6 +452,7 @@ def critic_update(learner: Learner, batch: dict, gamma: float) -> torch.Tensor:
     losses.sum().backward()
     take_run_grad(learner.qf_flat, learner.qf_run_flat)
     learner.q_optimizer.step()
+    refresh_run_copy(learner.qf_run_flat, learner.qf_flat)
     return torch.cat([q.detach().mean(1), losses.detach()])
 
 
@@ -454,28 +460,27 @@ def actor_update(learner: Learner, obs: torch.Tensor, autotune: bool) -> torch.T
     """One gradient step on the actor, then (autotune) on the temperature. Returns [actor loss, alpha, alpha loss].
         L_pi    = E_s[ alpha * log pi(a|s) - min(Q1, Q2)(s, a) ],  a = tanh-squashed reparameterized sample
         L_alpha = E_s[ -alpha * (log pi(a|s) + target_entropy) ]   (log pi detached: only alpha moves)"""
-    refresh_run_copy(learner.actor_run_flat, learner.actor_flat)
-    refresh_run_copy(learner.qf_run_flat, learner.qf_flat)
     alpha = learner.alpha()
     obs_run = obs.to(learner.dtype)
     mean, log_std = learner.actor_run(obs_run)
     noise = torch.randn_like(mean)
     actions, log_prob = squashed_gaussian(mean, log_std, noise, learner.action_scale, learner.action_bias)
-    # Freeze the critics: detached weights, so the gradient reaches the action (and the actor) but not the critics
-    frozen = [p.detach() for p in learner.qf_run.parameters()]
-    q = learner.qf_run(obs_run, actions.to(learner.dtype), params=frozen).min(0).values
+    # Frozen critics (detached weights): the gradient reaches the action, and through it the actor, not the critics
+    q = learner.qf_run(obs_run, actions.to(learner.dtype), params=learner.qf_run_frozen).min(0).values
     actor_loss = (alpha * log_prob - q).mean()
-    learner.actor_run_flat.grad.zero_()
-    actor_loss.backward()
-    take_run_grad(learner.actor_flat, learner.actor_run_flat)
-    learner.actor_optimizer.step()
     if autotune:
         alpha_loss = (-learner.log_alpha.exp() * (log_prob.detach() + learner.target_entropy)).mean()
         learner.alpha_optimizer.zero_grad()
-        alpha_loss.backward()
-        learner.alpha_optimizer.step()
     else:
         alpha_loss = torch.zeros((), device=obs.device)
+    learner.actor_run_flat.grad.zero_()
+    # One backward pass for both losses: they share no parameter (alpha and log pi enter each other's detached)
+    (actor_loss + alpha_loss).backward()
+    take_run_grad(learner.actor_flat, learner.actor_run_flat)
+    learner.actor_optimizer.step()
+    refresh_run_copy(learner.actor_run_flat, learner.actor_flat)
+    if autotune:
+        learner.alpha_optimizer.step()
     return torch.stack([actor_loss.detach(), alpha.reshape(()), alpha_loss.detach()])
 
 
@@ -508,6 +513,9 @@ def load_learner_state(learner: Learner, state: dict) -> None:
     learner.log_alpha.data.copy_(state["log_alpha"])
     if learner.alpha_optimizer is not None:
         learner.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
+    for run_flat, flat in ((learner.actor_run_flat, learner.actor_flat), (learner.qf_run_flat, learner.qf_flat),
+                           (learner.qf_target_run_flat, learner.qf_target_flat)):  # fmt: skip
+        refresh_run_copy(run_flat, flat)
 
 
 # --- end shared: sac-learner ---

@@ -298,10 +298,54 @@ def test_bf16_keeps_float32_state_and_close_values():
     out = sac.actor_update(bf16, batch["obs"], autotune=True)
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
     assert (bf16.actor_flat.detach() - actor_before).abs().max() > 1e-4, "the float32 actor must move"
-    # the copies are refreshed from the float32 weights at the start of every update
     torch.testing.assert_close(bf16.qf_run_flat.detach(), bf16.qf_flat.detach().to(torch.bfloat16))
     assert bf16.qf_flat.dtype == bf16.actor_flat.dtype == torch.float32
     assert all(v.dtype == torch.float32 for v in bf16.q_optimizer.state[bf16.qf_flat].values() if v.dim() > 0)
+
+
+def test_bf16_copies_follow_every_change_of_the_float32_weights():
+    """Each bfloat16 copy is refreshed once per change of its float32 weights (after the optimizer steps, before the
+    targets are used, after a checkpoint load): a stale copy would train on old weights without any error."""
+    learner, batch = make_learner(bf16=True), random_batch()
+
+    def assert_follows(run_flat, flat):
+        torch.testing.assert_close(run_flat.detach(), flat.detach().to(torch.bfloat16), rtol=0, atol=0)
+
+    for _ in range(2):
+        sac.critic_update(learner, batch, 0.99)
+        assert_follows(learner.qf_run_flat, learner.qf_flat)
+        assert_follows(learner.qf_target_run_flat, learner.qf_target_flat)
+        for _ in range(2):  # the second actor update must see the first one's step
+            sac.actor_update(learner, batch["obs"], autotune=True)
+            assert_follows(learner.actor_run_flat, learner.actor_flat)
+        sac.soft_update(learner.qf_target_flat, learner.qf_flat, 0.5)
+    other = make_learner(bf16=True)  # still at the initial weights, its copies too
+    sac.load_learner_state(other, sac.learner_state(learner))
+    for run_flat, flat in ((other.actor_run_flat, other.actor_flat), (other.qf_run_flat, other.qf_flat),
+                           (other.qf_target_run_flat, other.qf_target_flat)):  # fmt: skip
+        assert_follows(run_flat, flat)
+
+
+def test_actor_and_alpha_losses_in_one_backward_pass_equal_two_separate_steps():
+    """actor_update backpropagates L_pi + L_alpha at once. That equals two separate steps only because neither loss
+    reaches the other's parameters (alpha enters L_pi detached, log pi enters L_alpha detached): recompute it apart."""
+    batch = random_batch()
+    learner, manual = make_learner(), make_learner()
+    torch.manual_seed(3)
+    sac.actor_update(learner, batch["obs"], autotune=True)
+    torch.manual_seed(3)
+    mean, log_std = manual.actor(batch["obs"])
+    actions, log_prob = sac.squashed_gaussian(mean, log_std, torch.randn_like(mean), manual.action_scale, manual.action_bias)
+    q = manual.qf(batch["obs"], actions, params=[p.detach() for p in manual.qf.parameters()]).min(0).values
+    manual.actor_flat.grad.zero_()
+    (manual.alpha() * log_prob - q).mean().backward()
+    manual.actor_optimizer.step()
+    manual.alpha_optimizer.zero_grad()
+    (-manual.log_alpha.exp() * (log_prob.detach() + manual.target_entropy)).mean().backward()
+    manual.alpha_optimizer.step()
+    torch.testing.assert_close(learner.actor_flat.detach(), manual.actor_flat.detach())
+    torch.testing.assert_close(learner.log_alpha.detach(), manual.log_alpha.detach())
+    assert manual.qf_flat.grad.abs().sum() == 0 and learner.qf_flat.grad.abs().sum() == 0
 
 
 FAULTS_PER_STEP = """
