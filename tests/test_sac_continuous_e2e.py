@@ -29,7 +29,7 @@ def test_short_run_reaches_the_update_logs_every_tag_and_writes_complete_checkpo
                       "--keep-checkpoints", "2", "--eval-interval", "300", "--eval-episodes", "1", "--save-model",
                       "--runs-dir", tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "replay buffer: 1,000,000 transitions, 33.0 MB" in proc.stdout  # (3 + 3 + 1 + 1) * 4 + 1 bytes each
+    assert "replay buffer: 1,000,000 transitions, 36.0 MB" in proc.stdout  # (3 + 3 + 1 + 1 + 1) * 4 bytes each
     assert "eval:" in proc.stdout and "peak RSS" in proc.stdout
     assert "leaked" not in proc.stderr, "objects frozen out of the collector must be handed back at exit"
     run_dir = only_run_dir(tmp_path)
@@ -62,7 +62,7 @@ def test_halfcheetah_run_reaches_the_update(tmp_path):
                       "--total-timesteps", "300", "--buffer-size", "1000", "--runs-dir", tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "settotalmass" not in proc.stderr + proc.stdout and "out of date" not in proc.stderr
-    assert "1,000 transitions, 0.2 MB" in proc.stdout  # (17 + 17 + 6 + 1) * 4 + 1 = 165 bytes each
+    assert "1,000 transitions, 0.2 MB" in proc.stdout  # (17 + 17 + 6 + 1 + 1) * 4 = 168 bytes each
     assert sorted(scalars(only_run_dir(tmp_path), "losses/qf_loss")) == [300]
 
 

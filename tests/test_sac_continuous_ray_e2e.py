@@ -38,7 +38,7 @@ def test_two_workers_reach_the_update_hold_the_utd_ratio_and_log_every_tag(tmp_p
                       "--checkpoint-interval", "500", "--eval-interval", "500", "--eval-episodes", "1", "--save-model",
                       "--runs-dir", tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "ray: 2 rollout workers x 1 envs" in proc.stdout and "33.0 MB" in proc.stdout
+    assert "ray: 2 rollout workers x 1 envs" in proc.stdout and "36.0 MB" in proc.stdout
     assert "leaked" not in proc.stderr, "objects frozen out of the collector must be handed back at exit"
     # every env step counted once and stored once; utd 1: one update per step from learning_starts (100) on
     assert done_line(proc.stdout) == (1000, 0, 1000, 901)

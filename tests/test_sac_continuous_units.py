@@ -184,7 +184,7 @@ def transitions(start: int, n: int) -> tuple:
 
 def test_buffer_wraps_around_and_overwrites_the_oldest():
     buf = sac.ReplayBuffer(capacity=5, obs_dim=2, act_dim=1)
-    assert buf.nbytes == 5 * (2 * 2 * 4 + 4 + 4 + 1)
+    assert buf.nbytes == 5 * (2 * 2 * 4 + 4 + 4 + 4)  # one float32 row per transition
     buf.add(*transitions(0, 2))
     buf.add(*transitions(2, 2))
     assert (buf.pos, buf.size) == (4, 4)
@@ -301,6 +301,22 @@ def test_bf16_keeps_float32_state_and_close_values():
     torch.testing.assert_close(bf16.qf_run_flat.detach(), bf16.qf_flat.detach().to(torch.bfloat16))
     assert bf16.qf_flat.dtype == bf16.actor_flat.dtype == torch.float32
     assert all(v.dtype == torch.float32 for v in bf16.q_optimizer.state[bf16.qf_flat].values() if v.dim() > 0)
+
+
+def test_bf16_critics_give_float32_precise_q_in_the_hundreds():
+    """With --bf16 the critics' output layer sums in float32: at Q ~ 300 a bfloat16 result would be off by up to
+    +-1 (mean ~0.5 here), while the error left by the bfloat16 hidden layers is a few hundredths."""
+    learner = make_learner(bf16=True)
+    torch.manual_seed(1)
+    obs, actions = torch.randn(256, 3), torch.rand(256, 2) * 4 - 2
+    with torch.no_grad():
+        learner.qf.w3.abs_().mul_(30.0)
+        learner.qf.b3.fill_(300.0)
+        sac.refresh_run_copy(learner.qf_run_flat, learner.qf_flat)
+        exact = learner.qf(obs, actions)
+        assert exact.min() > 250 and exact.dtype == torch.float32
+        error = (learner.qf_run(obs.bfloat16(), actions.bfloat16()) - exact).abs().mean().item()
+    assert error < 0.1, f"mean |Q error| {error:.3f} at Q ~ {exact.mean().item():.0f}: the output was rounded to bfloat16"
 
 
 def test_bf16_copies_follow_every_change_of_the_float32_weights():
