@@ -240,3 +240,24 @@ def test_partial_failure_still_writes_finished_seeds(tmp_path, capsys):
     assert failed["status"] == "failed" and failed["returncode"] == 3 and failed["run_dir"] is None
     assert report["summary"]["seeds_used"] == [1] and report["summary"]["last10_mean"] == {"mean": 3.0, "std": 0.0}
     assert out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_update_ab_measures_a_slower_build_as_slower(tmp_path):
+    """benchmarks/update_ab.py on sac_continuous.py against a copy whose critic update sleeps 50 ms more: the
+    ratio must show it (a harness that timed the wrong thing, or swapped A and B, would not)."""
+    slow = tmp_path / "sac_slow.py"
+    slow.write_text((REPO / "sac_continuous.py").read_text() + textwrap.dedent(
+        """
+        _critic_update = critic_update
+
+
+        def critic_update(learner, batch, gamma):
+            time.sleep(0.05)
+            return _critic_update(learner, batch, gamma)
+        """))  # fmt: skip
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "update_ab.py"), str(REPO / "sac_continuous.py"),
+                           str(slow), "--rounds", "3", "--steps", "4", "--threads", "1"],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ratio = float(proc.stdout.split("B / A time per gradient step: median ")[1].split()[0])
+    assert ratio > 1.5, proc.stdout
