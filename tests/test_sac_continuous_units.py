@@ -2,6 +2,7 @@
 from the script itself (no copies)."""
 
 import math
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -390,10 +391,13 @@ def test_keep_freed_memory_stops_page_faults_in_the_update():
                              cwd=str(Path(sac.__file__).parent))  # fmt: skip
         return float(out.stdout.split()[-1])
 
-    default, kept = faults("default"), faults("keep")
+    # Medians of 3 processes each: on a shared host both counts move (measured: 15-99 per step by default, 5-10 with
+    # keep_freed_memory; a single pair once gave 22 vs 13)
+    default = statistics.median(faults("default") for _ in range(3))
+    kept = statistics.median(faults("keep") for _ in range(3))
     if default < 10:
         pytest.skip(f"this C library does not unmap freed activations ({default:.1f} page faults per step)")
-    assert kept < default / 4, f"{kept:.1f} page faults per step with keep_freed_memory, {default:.1f} without"
+    assert kept < default / 2, f"{kept:.1f} page faults per step with keep_freed_memory, {default:.1f} without"
 
 FREEZE = """
 import gc
