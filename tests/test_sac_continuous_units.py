@@ -17,7 +17,7 @@ import tests.fake_envs  # noqa: F401  (registers Counting-v0 and friends)
 
 def make_learner(obs_dim=3, act_dim=2, low=-2.0, high=2.0, **overrides) -> sac.Learner:
     torch.manual_seed(0)
-    args = sac.Args(**overrides)
+    args = sac.Args(**{"bf16": False, **overrides})  # float32 unless a test asks for --bf16
     return sac.make_learner(obs_dim, act_dim, np.full(act_dim, low, np.float32), np.full(act_dim, high, np.float32),
                             args, torch.device("cpu"))  # fmt: skip
 
@@ -275,6 +275,28 @@ def test_merge_resume_args_keeps_checkpoint_values_and_warns(capsys):
     assert merged.total_timesteps == 20_000 and merged.save_buffer and merged.resume == "x.pt"
     err = capsys.readouterr().err
     assert "--q-lr" in err and "--env-id" not in err
+
+
+def test_cpu_has_native_bf16_reads_the_cpu_flags(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni\n")
+    assert not sac.cpu_has_native_bf16(str(cpuinfo))  # AVX-512 alone: oneDNN emulates bfloat16
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16 avx512_vnni\n")
+    assert sac.cpu_has_native_bf16(str(cpuinfo))
+    cpuinfo.write_text("flags\t\t: fpu avx2 amx_bf16 amx_tile\n")
+    assert sac.cpu_has_native_bf16(str(cpuinfo))
+    assert not sac.cpu_has_native_bf16(str(tmp_path / "missing"))  # not Linux: float32
+
+
+def test_resolve_bf16_only_on_a_cpu_with_native_bf16():
+    """--bf16 is on by default; it takes effect only where it was measured faster with the same returns."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert sac.resolve_bf16(True, cpu, native_bf16=True)[0] is True
+    on, note = sac.resolve_bf16(True, cpu, native_bf16=False)
+    assert on is False and "no native bfloat16" in note
+    assert sac.resolve_bf16(True, cuda, native_bf16=True)[0] is False
+    assert sac.resolve_bf16(False, cpu, native_bf16=True) == (False, "compute: float32 (--no-bf16)")
+    assert sac.Args().bf16 is True
 
 
 def test_bf16_keeps_float32_state_and_close_values():
