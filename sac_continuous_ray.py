@@ -1146,14 +1146,14 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
 def resolve_bf16(requested: bool, device: torch.device, native_bf16: bool) -> tuple[bool, str]:
     """Whether the networks compute in bfloat16, and a line saying what runs and why. bfloat16 only where it was
     measured faster with the same returns: a CPU with native bfloat16 instructions. Why not everywhere: without
-    them oneDNN emulates bfloat16 and a matmul is slower than in float32; on a GPU it was not measured."""
+    them the bfloat16 arithmetic is emulated in software, and neither such CPUs nor GPUs were measured."""
     if not requested:
         return False, "compute: float32 (--no-bf16)"
     if device.type != "cpu":
         return False, f"compute: float32 (--bf16 applies to CPUs with native bfloat16 instructions, not to {device.type})"
     if not native_bf16:
-        return False, ("compute: float32 (this CPU has no native bfloat16 instructions, AVX512_BF16 or AMX, so "
-                       "--bf16 would be slower here)")  # fmt: skip
+        return False, ("compute: float32 (--bf16 applies where the CPU has native bfloat16 instructions, "
+                       "AVX512_BF16 or AMX; this one has neither)")  # fmt: skip
     return True, "compute: bfloat16 matmuls, float32 weights, Adam and losses (--no-bf16 for float32 throughout)"
 
 

@@ -293,7 +293,7 @@ def test_resolve_bf16_only_on_a_cpu_with_native_bf16():
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert sac.resolve_bf16(True, cpu, native_bf16=True)[0] is True
     on, note = sac.resolve_bf16(True, cpu, native_bf16=False)
-    assert on is False and "no native bfloat16" in note
+    assert on is False and "has neither" in note
     assert sac.resolve_bf16(True, cuda, native_bf16=True)[0] is False
     assert sac.resolve_bf16(False, cpu, native_bf16=True) == (False, "compute: float32 (--no-bf16)")
     assert sac.Args().bf16 is True
