@@ -32,6 +32,7 @@ import numpy as np
 RETURN_TAG = "charts/episodic_return"
 SPS_TAG = "charts/SPS"
 EVAL_TAG = "eval/episodic_return"
+THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 MACHINE_NOTE = "learning runs may share the machine; SPS here is not a speed result"
 
 
@@ -214,15 +215,27 @@ class Config:
     reference_label: str
     smooth: int
     tail_lines: int
+    runs_in_cwd: bool = False
 
     @property
     def runs_dir(self) -> Path:
         return self.out.parent / f"{self.out.name}_runs"
 
+    @property
+    def seed_cwd(self) -> Optional[Path]:
+        """With --runs-in-cwd, the working directory the script runs in: `<out>_runs/.cwd`, whose `runs` entry is a
+        link back to `<out>_runs`, so a script that writes to `./runs/<run_name>` (the reference's layout, which has
+        no --runs-dir flag) writes where the harness reads. None otherwise (the caller's directory)."""
+        return self.runs_dir / ".cwd" if self.runs_in_cwd else None
+
     def seed_command(self, seed: int) -> list[str]:
+        python, script = self.python, self.script
+        if self.runs_in_cwd:  # the script runs elsewhere: paths relative to here must be made absolute
+            python = str(Path(python).absolute()) if os.sep in python else python  # (a bare name is a PATH lookup)
+            script = str(Path(script).absolute())
         return [
-            self.python,
-            self.script,
+            python,
+            script,
             "--env-id",
             self.env_id,
             "--seed",
@@ -231,8 +244,7 @@ class Config:
             str(self.total_timesteps),
             "--exp-name",
             self.exp_name,
-            "--runs-dir",
-            str(self.runs_dir),
+            *([] if self.runs_in_cwd else ["--runs-dir", str(self.runs_dir)]),
             *self.extra_args,
         ]
 
@@ -254,7 +266,9 @@ def run_seed(config: Config, seed: int) -> SeedRun:
     start = time.time()
     with open(log_path, "w") as log:
         try:
-            returncode = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+            returncode = subprocess.run(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=config.seed_cwd
+            ).returncode
         except OSError as error:  # e.g. the python executable does not exist
             log.write(f"benchmarks/run.py: could not start the command: {error}\n")
             returncode = 127
@@ -266,6 +280,10 @@ def run_seed(config: Config, seed: int) -> SeedRun:
 
 def run_all_seeds(config: Config) -> list[SeedRun]:
     config.runs_dir.mkdir(parents=True, exist_ok=True)
+    if config.seed_cwd is not None:
+        config.seed_cwd.mkdir(exist_ok=True)
+        if not (config.seed_cwd / "runs").is_symlink():
+            (config.seed_cwd / "runs").symlink_to("..", target_is_directory=True)
     for seed in config.seeds:
         old = find_run_dir(config.runs_dir, config.env_id, config.exp_name, seed)
         if old is not None:
@@ -384,7 +402,14 @@ def build_report(
         "reference": reference_block(config),
         "machine": machine,
         "machine_source": machine_source,
-        "harness": {"parallel": config.parallel, "python": config.python, "smooth_window_episodes": config.smooth},
+        "harness": {
+            "parallel": config.parallel,
+            "python": config.python,
+            "smooth_window_episodes": config.smooth,
+            "runs_in_cwd": config.runs_in_cwd,
+            # thread settings inherited by the scripts (e.g. OMP_NUM_THREADS=1 for a script without a thread flag)
+            "thread_env": {k: os.environ[k] for k in THREAD_ENV_VARS if k in os.environ},
+        },
     }
 
 
@@ -476,6 +501,9 @@ def parse_args(argv: Sequence[str]) -> Config:
     parser.add_argument("--summarize-only", action="store_true", help="do not run; re-read <out>_runs/ and rewrite")
     parser.add_argument("--smooth", type=int, default=20, help="moving-average window (episodes) of the mean curve")
     parser.add_argument("--tail-lines", type=int, default=20, help="log lines shown for a failing seed")
+    parser.add_argument("--runs-in-cwd", action="store_true",
+                        help="the script has no --runs-dir and writes to ./runs (e.g. the reference): run it in a "
+                             "folder whose runs/ is <out>_runs/")  # fmt: skip
     args = parser.parse_args(argv)
     if args.parallel < 1 or args.smooth < 1:
         parser.error("--parallel and --smooth must be >= 1")
@@ -495,6 +523,7 @@ def parse_args(argv: Sequence[str]) -> Config:
         reference_label=args.reference_label,
         smooth=args.smooth,
         tail_lines=args.tail_lines,
+        runs_in_cwd=args.runs_in_cwd,
     )
 
 
