@@ -930,12 +930,13 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
-def resolve_bf16(requested: bool, device: torch.device, native_bf16: bool) -> tuple[bool, str]:
+def resolve_bf16(requested: bool, device: torch.device, native_bf16: bool, resumed: bool = False) -> tuple[bool, str]:
     """Whether the networks compute in bfloat16, and a line saying what runs and why. bfloat16 only where it was
     measured faster with the same returns: a CPU with native bfloat16 instructions. Why not everywhere: without
-    them the bfloat16 arithmetic is emulated in software, and neither such CPUs nor GPUs were measured."""
+    them the bfloat16 arithmetic is emulated in software, and neither such CPUs nor GPUs were measured.
+    `resumed`: `requested` is what the checkpoint recorded (the dtype its run used), not this command's flag."""
     if not requested:
-        return False, "compute: float32 (--no-bf16)"
+        return False, "compute: float32 (" + ("as the checkpoint's run computed" if resumed else "--no-bf16") + ")"
     if device.type != "cpu":
         return False, f"compute: float32 (--bf16 applies to CPUs with native bfloat16 instructions, not to {device.type})"
     if not native_bf16:
@@ -1016,7 +1017,7 @@ def main() -> None:
         args = merge_resume_args(args, ckpt["args"], RESUME_OVERRIDABLE)
         validate_args(args)
     # the compute dtype actually used is what the run records (args.json, hparams, checkpoints)
-    args.bf16, compute_note = resolve_bf16(args.bf16, device, cpu_has_native_bf16())
+    args.bf16, compute_note = resolve_bf16(args.bf16, device, cpu_has_native_bf16(), resumed=ckpt is not None)
     args.num_iterations = args.total_timesteps // args.num_envs
     obs_shape, act_shape = probe_env(args.env_id)
     if ckpt is not None:

@@ -296,6 +296,8 @@ def test_resolve_bf16_only_on_a_cpu_with_native_bf16():
     assert on is False and "has neither" in note
     assert sac.resolve_bf16(True, cuda, native_bf16=True)[0] is False
     assert sac.resolve_bf16(False, cpu, native_bf16=True) == (False, "compute: float32 (--no-bf16)")
+    # on a resume the flag comes from the checkpoint: the note must not blame a --no-bf16 nobody passed
+    assert sac.resolve_bf16(False, cpu, True, resumed=True) == (False, "compute: float32 (as the checkpoint's run computed)")
     assert sac.Args().bf16 is True
 
 
