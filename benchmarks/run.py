@@ -374,6 +374,10 @@ def build_report(
         machine_source = "previous JSON (the machine of the runs)" if previous.get("machine") else "this invocation"
     else:
         runs_command, runs_date, machine, machine_source = harness_command, utc_now(), machine_info(), "this invocation"
+    # thread settings the scripts inherited (e.g. OMP_NUM_THREADS=1 for a script without a thread flag): those of the
+    # runs, so a --summarize-only keeps the previous JSON's
+    current_thread_env = {k: os.environ[k] for k in THREAD_ENV_VARS if k in os.environ}
+    thread_env = previous.get("harness", {}).get("thread_env") if config.summarize_only else current_thread_env
     return {
         "script": config.script,
         "env_id": config.env_id,
@@ -407,8 +411,7 @@ def build_report(
             "python": config.python,
             "smooth_window_episodes": config.smooth,
             "runs_in_cwd": config.runs_in_cwd,
-            # thread settings inherited by the scripts (e.g. OMP_NUM_THREADS=1 for a script without a thread flag)
-            "thread_env": {k: os.environ[k] for k in THREAD_ENV_VARS if k in os.environ},
+            "thread_env": thread_env,
         },
     }
 

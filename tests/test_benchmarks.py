@@ -232,11 +232,13 @@ def test_fake_training_two_seeds_end_to_end(tmp_path):
 def test_runs_in_cwd_for_a_script_without_runs_dir(tmp_path, monkeypatch):
     """--runs-in-cwd: a script in the reference's layout (no --runs-dir; it writes to ./runs/<run_name>) is run in a
     folder whose runs/ is <out>_runs/, so its curves are found; --runs-dir is not passed (it would be rejected)."""
-    cwd_script = FAKE_TRAIN.replace('parser.add_argument("--runs-dir")\n', "").replace(
-        "Path(args.runs_dir) / run_name", 'Path("runs") / run_name'
+    cwd_script = (
+        FAKE_TRAIN.replace('parser.add_argument("--runs-dir")\n', "")
+        .replace("Path(args.runs_dir) / run_name", 'Path("runs") / run_name')
+        .replace("args, _ = parser.parse_known_args()", "args = parser.parse_args()")  # unknown flags fail
     )
-    assert cwd_script != FAKE_TRAIN and "runs_dir" not in cwd_script
-    script = write_script(tmp_path / "fake_reference.py", cwd_script.replace("args, _ = parser.parse_known_args()", "args = parser.parse_args()"))
+    assert cwd_script != FAKE_TRAIN and "runs_dir" not in cwd_script and "parse_known_args" not in cwd_script
+    script = write_script(tmp_path / "fake_reference.py", cwd_script)
     monkeypatch.chdir(tmp_path)  # relative --script and --out: the harness makes them absolute for the other folder
     out = Path("results") / "ref"
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -246,6 +248,10 @@ def test_runs_in_cwd_for_a_script_without_runs_dir(tmp_path, monkeypatch):
     assert all("--runs-dir" not in entry["command"] for entry in report["per_seed"])
     assert report["harness"]["runs_in_cwd"] is True and report["harness"]["thread_env"] == {"OMP_NUM_THREADS": "1"}
     assert not (tmp_path / "runs").exists()  # nothing written where the test (the caller) runs
+    # a later --summarize-only, under other thread settings, keeps the runs' thread settings
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert bench.main(harness_args(out, script.name, [1, 2]) + ["--runs-in-cwd", "--summarize-only"]) == 0
+    assert json.loads(out.with_suffix(".json").read_text())["harness"]["thread_env"] == {"OMP_NUM_THREADS": "1"}
 
 
 def test_partial_failure_still_writes_finished_seeds(tmp_path, capsys):
