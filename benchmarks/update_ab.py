@@ -49,7 +49,7 @@ def main() -> None:
     for build in builds:
         if hasattr(build, "keep_freed_memory"):
             build.keep_freed_memory()
-    learner_args = types.SimpleNamespace(autotune=True, alpha=0.2, bf16=args.bf16, policy_lr=3e-4, q_lr=1e-3)
+    learner_args = types.SimpleNamespace(autotune=True, alpha=0.2, bf16=args.bf16, policy_lr=3e-4, q_lr=1e-3, squash_eps=0.0)
     rng = np.random.default_rng(0)
     n = 20_000
     data = (rng.standard_normal((n, OBS_DIM), np.float32), rng.standard_normal((n, OBS_DIM), np.float32),

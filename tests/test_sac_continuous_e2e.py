@@ -177,6 +177,7 @@ def test_eval_checkpoint_is_deterministic_and_logged(tmp_path, uninterrupted_run
         (["--env-id", "tests.fake_envs:DiscreteCounting-v0"], ["Discrete(2)", "continuous"]),
         (["--env-id", "NoSuchEnv-v0"], ["unknown environment id", "NoSuchEnv-v0"]),
         (["--total-timesteps", "1000", "--learning-starts", "2000"], ["learning_starts (2000)", "total_timesteps (1000)"]),
+        (["--squash-eps", "-0.1"], ["squash_eps must be in [0, 1)", "-0.1"]),
         (["--batch-size", "512", "--buffer-size", "100"], ["batch_size (512)", "buffer_size (100)"]),
         (["--resume", "does/not/exist.pt"], ["does not exist"]),
         (["--eval-checkpoint", "does/not/exist.pt"], ["does not exist"]),

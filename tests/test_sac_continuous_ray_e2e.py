@@ -184,6 +184,7 @@ def test_eval_checkpoint_is_deterministic_and_logged(saved_run):
         (["--env-id", "tests.fake_envs:DiscreteCounting-v0"], ["Discrete(2)", "continuous"]),
         (["--env-id", "NoSuchEnv-v0"], ["unknown environment id", "NoSuchEnv-v0"]),
         (["--total-timesteps", "1000", "--learning-starts", "2000"], ["learning_starts (2000)", "total_timesteps (1000)"]),
+        (["--squash-eps", "-0.1"], ["squash_eps must be in [0, 1)", "-0.1"]),
         (["--batch-size", "512", "--buffer-size", "100"], ["batch_size (512)", "buffer_size 100"]),
         (["--num-buffer-shards", "3", "--num-rollout-workers", "2"], ["num_buffer_shards (3)"]),
         (["--num-rollout-workers", "0"], ["num_rollout_workers"]),

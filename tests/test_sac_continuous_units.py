@@ -56,6 +56,37 @@ def test_squashed_sample_is_inside_the_bounds_and_stable_at_saturation():
     assert log_prob.item() == pytest.approx(3 * unsquashed - 2 * expected_log_det - math.log(2.0), rel=1e-4)
 
 
+def test_squash_eps_floors_tanhs_slope_like_the_reference_formula():
+    """With eps > 0 the correction is log(1 - tanh(u)^2 + eps): computed naively in float64 (where 1 - tanh^2 is
+    still accurate at |u| <= 8), it must agree; far past saturation it is log(eps), where the exact one is unbounded."""
+    u = torch.linspace(-8.0, 8.0, 33, dtype=torch.float64).reshape(-1, 1)
+    mean, log_std, noise = u, torch.full_like(u, -0.3), torch.zeros_like(u)
+    scale, bias = torch.tensor([2.0], dtype=torch.float64), torch.tensor([0.5], dtype=torch.float64)
+    for eps in (1e-6, 1e-2):
+        _, log_prob = sac.squashed_gaussian(mean, log_std, noise, scale, bias, eps)
+        naive = -log_std - math.log(math.sqrt(2 * math.pi)) - torch.log(scale) - torch.log(1 - torch.tanh(u) ** 2 + eps)
+        torch.testing.assert_close(log_prob, naive.sum(-1), rtol=1e-9, atol=1e-9)
+    far = torch.tensor([[40.0]])
+    _, floored = sac.squashed_gaussian(far, torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.zeros(1), 1e-6)
+    _, exact = sac.squashed_gaussian(far, torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.zeros(1), 0.0)
+    assert floored.item() == pytest.approx(-math.log(math.sqrt(2 * math.pi)) - math.log(1e-6), rel=1e-5)
+    assert exact.item() > floored.item() + 60  # 2 (u - log 2) ~ 78.6 against log(1e-6) = -13.8
+
+
+def test_squash_eps_lets_the_entropy_pull_on_a_saturated_action_fade():
+    """The reason for the floor: d(-log pi)/du, the entropy term's pull on u, is 2 tanh(u) exactly (it never fades);
+    with eps = 1e-6 it vanishes once 1 - tanh(u)^2 << eps (|u| > ~7.6) and matches the exact pull well before."""
+    def pull(u: float, eps: float) -> float:
+        mean = torch.tensor([[u]], requires_grad=True)
+        _, log_prob = sac.squashed_gaussian(mean, torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.zeros(1), eps)
+        (-log_prob).sum().backward()
+        return mean.grad.item()
+
+    assert pull(12.0, 0.0) == pytest.approx(-2.0, rel=1e-5)  # -log pi falls as u grows: pull back toward 0
+    assert abs(pull(12.0, 1e-6)) < 1e-3
+    assert pull(2.0, 1e-6) == pytest.approx(pull(2.0, 0.0), rel=1e-4)
+
+
 def test_bounded_log_std_range():
     out = sac.bounded_log_std(torch.tensor([-100.0, 0.0, 100.0]))
     torch.testing.assert_close(out, torch.tensor([sac.LOG_STD_MIN, (sac.LOG_STD_MIN + sac.LOG_STD_MAX) / 2, sac.LOG_STD_MAX]))
@@ -142,6 +173,23 @@ def random_batch(n=16, obs_dim=3, act_dim=2) -> dict:
     return {"obs": torch.randn(n, obs_dim, generator=g), "next_obs": torch.randn(n, obs_dim, generator=g),
             "actions": torch.rand(n, act_dim, generator=g) * 4 - 2, "rewards": torch.randn(n, generator=g),
             "terminated": (torch.rand(n, generator=g) < 0.3).float()}  # fmt: skip
+
+
+@pytest.mark.parametrize("squash_eps", [0.0, 0.5])
+def test_critic_update_regresses_on_the_soft_bellman_target(squash_eps):
+    """The losses critic_update returns are those against y = r + gamma (1 - d) (min Q'(s', a') - alpha log pi(a'|s')),
+    recomputed here from the helpers; a large --squash-eps (0.5) shows that the target uses the learner's own."""
+    batch, learner = random_batch(), make_learner(squash_eps=squash_eps)
+    torch.manual_seed(5)
+    with torch.no_grad():
+        mean, log_std = learner.actor(batch["next_obs"])
+        noise, scale, bias = torch.randn_like(mean), learner.action_scale, learner.action_bias
+        next_actions, next_log_prob = sac.squashed_gaussian(mean, log_std, noise, scale, bias, squash_eps)
+        next_q = learner.qf_target(batch["next_obs"], next_actions)
+        y = sac.soft_q_target(batch["rewards"], batch["terminated"], next_q, next_log_prob, learner.alpha(), 0.99)
+        expected = (learner.qf(batch["obs"], batch["actions"]) - y).pow(2).mean(1)
+    torch.manual_seed(5)
+    torch.testing.assert_close(sac.critic_update(learner, batch, 0.99)[2:], expected)
 
 
 def test_critic_update_moves_only_the_critics_and_lowers_their_loss():
@@ -366,16 +414,19 @@ def test_bf16_copies_follow_every_change_of_the_float32_weights():
         assert_follows(run_flat, flat)
 
 
-def test_actor_and_alpha_losses_in_one_backward_pass_equal_two_separate_steps():
+@pytest.mark.parametrize("squash_eps", [0.0, 0.5])
+def test_actor_and_alpha_losses_in_one_backward_pass_equal_two_separate_steps(squash_eps):
     """actor_update backpropagates L_pi + L_alpha at once. That equals two separate steps only because neither loss
-    reaches the other's parameters (alpha enters L_pi detached, log pi enters L_alpha detached): recompute it apart."""
+    reaches the other's parameters (alpha enters L_pi detached, log pi enters L_alpha detached): recompute it apart.
+    A large --squash-eps (0.5) shows that the update uses the learner's own."""
     batch = random_batch()
-    learner, manual = make_learner(), make_learner()
+    learner, manual = make_learner(squash_eps=squash_eps), make_learner()
     torch.manual_seed(3)
     sac.actor_update(learner, batch["obs"], autotune=True)
     torch.manual_seed(3)
     mean, log_std = manual.actor(batch["obs"])
-    actions, log_prob = sac.squashed_gaussian(mean, log_std, torch.randn_like(mean), manual.action_scale, manual.action_bias)
+    noise, scale, bias = torch.randn_like(mean), manual.action_scale, manual.action_bias
+    actions, log_prob = sac.squashed_gaussian(mean, log_std, noise, scale, bias, squash_eps)
     q = manual.qf(batch["obs"], actions, params=[p.detach() for p in manual.qf.parameters()]).min(0).values
     manual.actor_flat.grad.zero_()
     (manual.alpha() * log_prob - q).mean().backward()
