@@ -237,7 +237,7 @@ def main() -> int:
     args = parser.parse_args()
     report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "date_utc":
               datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "env_id": ENV_ID,
-              "machine": machine_info()}  # fmt: skip
+              "machine": machine_info(sys.executable)}  # fmt: skip
     if not args.skip_costs:
         report["costs"] = part_costs()
         print(json.dumps(report["costs"], indent=1), flush=True)

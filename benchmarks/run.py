@@ -166,20 +166,36 @@ def mem_total_gib(meminfo: str) -> Optional[float]:
     return None
 
 
-def package_versions(names: Sequence[str]) -> dict[str, Optional[str]]:
-    """Installed versions (importlib.metadata; nothing is imported), None for a package that is not installed."""
-    from importlib import metadata
+PACKAGES = ("torch", "gymnasium", "mujoco", "numpy")
+# Run by the interpreter that ran the seeds, which need not be this one (--python): the versions in the JSON must be
+# those of the runs, e.g. the reference's own pinned stack, not the harness's.
+VERSIONS_PROBE = """
+import importlib.metadata as m, json, platform, sys
+versions = {}
+for name in sys.argv[1:]:
+    try:
+        versions[name] = m.version(name)
+    except m.PackageNotFoundError:
+        versions[name] = None
+print(json.dumps({"python": platform.python_version(), "packages": versions}))
+"""
 
-    versions: dict[str, Optional[str]] = {}
-    for name in names:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
+
+def interpreter_versions(python: str, names: Sequence[str] = PACKAGES) -> dict[str, Any]:
+    """Python version and installed package versions (importlib.metadata; nothing is imported) of `python`, asked in a
+    subprocess. On failure the versions are None and `versions_error` says why: the report is still written."""
+    try:
+        proc = subprocess.run([python, "-c", VERSIONS_PROBE, *names], capture_output=True, text=True, timeout=120)
+        if proc.returncode == 0:
+            return json.loads(proc.stdout.strip().splitlines()[-1])
+        error = f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError, IndexError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    return {"python": None, "packages": {name: None for name in names}, "versions_error": error}
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info(python: str) -> dict[str, Any]:
+    """The machine, and the versions of the interpreter that ran the seeds (`python`, which --python sets)."""
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {
         "platform": platform.platform(),
@@ -187,8 +203,8 @@ def machine_info() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cpu_affinity_count": affinity,
         "mem_total_gib": mem_total_gib(_read_text("/proc/meminfo")),
-        "python": platform.python_version(),
-        "packages": package_versions(["torch", "gymnasium", "mujoco", "numpy"]),
+        **interpreter_versions(python),
+        "versions_of": python,
         "note": MACHINE_NOTE,
     }
 
@@ -370,10 +386,11 @@ def build_report(
     if config.summarize_only:
         runs_command = previous.get("runs_harness_command")
         runs_date = previous.get("runs_date_utc")
-        machine = previous.get("machine") or machine_info()
+        machine = previous.get("machine") or machine_info(config.python)
         machine_source = "previous JSON (the machine of the runs)" if previous.get("machine") else "this invocation"
     else:
-        runs_command, runs_date, machine, machine_source = harness_command, utc_now(), machine_info(), "this invocation"
+        runs_command, runs_date, machine_source = harness_command, utc_now(), "this invocation"
+        machine = machine_info(config.python)
     # thread settings the scripts inherited (e.g. OMP_NUM_THREADS=1 for a script without a thread flag): those of the
     # runs, so a --summarize-only keeps the previous JSON's
     current_thread_env = {k: os.environ[k] for k in THREAD_ENV_VARS if k in os.environ}

@@ -161,7 +161,30 @@ def test_moving_average_and_mean_curve():
 def test_machine_helpers():
     assert bench.cpu_model("processor\t: 0\nmodel name\t: Fancy CPU 3000\n") == "Fancy CPU 3000"
     assert bench.mem_total_gib("MemTotal:       2097152 kB\nMemFree: 1 kB\n") == 2.0
-    assert bench.package_versions(["numpy", "surely-not-installed-pkg"])["surely-not-installed-pkg"] is None
+
+
+def test_versions_are_those_of_the_interpreter_that_ran_the_seeds(tmp_path, runs_out):
+    """--python runs the seeds in another interpreter (the reference's pinned stack, a scratch MuJoCo): the JSON's
+    versions must be that interpreter's. A bare venv has no numpy; the harness's own interpreter has."""
+    import platform
+
+    own = bench.interpreter_versions(sys.executable, ["numpy", "surely-not-installed-pkg"])
+    assert own == {"python": platform.python_version(), "packages": {"numpy": np.__version__, "surely-not-installed-pkg": None}}
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    machine = bench.machine_info(str(bare / "bin" / "python"))
+    assert machine["packages"]["numpy"] is None and machine["packages"]["torch"] is None
+    assert machine["versions_of"] == str(bare / "bin" / "python") and machine["python"] == platform.python_version()
+    broken = bench.interpreter_versions(str(tmp_path / "no-such-python"), ["numpy"])
+    assert broken["packages"] == {"numpy": None} and "no-such-python" in broken["versions_error"]
+    # and the report the harness writes takes them from --python
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(runs_out.parent / f"{runs_out.name}_runs", tmp_path / "copy_runs")
+    assert bench.main(harness_args(out, "fake_train.py", [1, 2]) + ["--summarize-only", "--python", str(bare / "bin" / "python")]) == 0
+    report = json.loads((tmp_path / "copy.json").read_text())
+    assert report["machine"]["packages"]["numpy"] is None and report["machine"]["versions_of"] == str(bare / "bin" / "python")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
