@@ -309,3 +309,21 @@ def test_update_ab_measures_a_slower_build_as_slower(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     ratio = float(proc.stdout.split("B / A time per gradient step: median ")[1].split()[0])
     assert ratio > 1.5, proc.stdout
+
+
+def test_simulator_divergence_is_zero_for_the_same_interpreter_and_reports_each_step():
+    """benchmarks/simulator_divergence.py compares two interpreters' HalfCheetah states step by step: against itself the
+    simulation is deterministic, so every reported difference must be exactly 0 (a tool that compared different
+    resets, actions or steps would not give 0)."""
+    script = REPO / "benchmarks" / "simulator_divergence.py"
+    proc = subprocess.run([sys.executable, str(script), sys.executable, sys.executable, "--steps", "50"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line.split(":") for line in proc.stdout.splitlines() if line.startswith("  ")]
+    assert [int(step) for step, _ in rows] == [1, 2, 5, 10, 20, 50]
+    assert all(float(value) == 0.0 for _, value in rows)
+    spec = importlib.util.spec_from_file_location("simulator_divergence_under_test", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    np.testing.assert_array_equal(module.divergence(np.array([[0.0, 1.0], [2.0, 3.0]]), np.array([[0.0, 1.5], [2.0, 2.0]])),
+                                  [0.5, 1.0])  # fmt: skip
