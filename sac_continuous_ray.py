@@ -256,9 +256,8 @@ def squashed_gaussian(
     does not flow through are summed apart: in the actor's loss every op costs a second one in the backward pass."""
     u = torch.addcmul(mean, log_std.exp(), noise)
     minus_log_slope = 2.0 * (u + nn.functional.softplus(-2.0 * u))  # 2 log 2 - log(1 - tanh(u)^2); 2 log 2 is constant
-    if squash_eps > 0.0:
-        log_slope = 2.0 * LOG_2 - minus_log_slope
-        minus_log_slope = 2.0 * LOG_2 - (log_slope + nn.functional.softplus(math.log(squash_eps) - log_slope))  # floored
+    if squash_eps > 0.0:  # log(x + eps) = log x + softplus(log eps - log x), with log x = 2 log 2 - minus_log_slope
+        minus_log_slope = minus_log_slope - nn.functional.softplus(math.log(squash_eps) - 2.0 * LOG_2 + minus_log_slope)
     through_net = minus_log_slope - log_std
     constant = 0.5 * noise.pow(2).sum(-1) + torch.log(action_scale).sum() + mean.shape[-1] * (LOG_SQRT_2PI + 2.0 * LOG_2)
     return torch.addcmul(action_bias, torch.tanh(u), action_scale), through_net.sum(-1) - constant
