@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+ROOT = Path(__file__).resolve().parents[1]
+
 REPORT_STEPS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000)
 
 
@@ -56,15 +58,18 @@ def main(argv=None) -> int:
     if args.dump:
         dump_states(args.env_id, args.steps, args.seed, args.dump)
         return 0
+    sys.path.insert(0, str(ROOT))  # here, not at import: the --dump children need nothing from the project
+    from benchmarks.run import interpreter_versions
+
     with tempfile.TemporaryDirectory() as tmp:
         states = []
         for i, python in enumerate((args.python_a, args.python_b)):
             path = str(Path(tmp) / f"{i}.npy")
             flags = ["--env-id", args.env_id, "--steps", str(args.steps), "--seed", str(args.seed), "--dump", path]
-            version = subprocess.run([python, "-c", "import mujoco; print(mujoco.__version__)"], capture_output=True, text=True)
             subprocess.run([python, __file__, "-", "-", *flags], check=True)
             states.append(np.load(path))
-            print(f"{'AB'[i]}: {python} (mujoco {version.stdout.strip() or 'not importable'})")
+            mujoco = interpreter_versions(python, ["mujoco"])["packages"]["mujoco"]
+            print(f"{'AB'[i]}: {python} (mujoco {mujoco or 'not installed'})")
     diff = divergence(*states)
     print(f"{args.env_id}, seed {args.seed}: largest |state difference| after step")
     for step in REPORT_STEPS:
