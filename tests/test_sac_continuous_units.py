@@ -336,17 +336,37 @@ def test_cpu_has_native_bf16_reads_the_cpu_flags(tmp_path):
     assert not sac.cpu_has_native_bf16(str(tmp_path / "missing"))  # not Linux: float32
 
 
-def test_resolve_bf16_only_on_a_cpu_with_native_bf16():
-    """--bf16 is on by default; it takes effect only where it was measured faster with the same returns."""
+def test_resolve_bf16_only_where_native_and_measured_faster():
+    """--bf16 is on by default; it takes effect only on a CPU with native bfloat16 instructions where the bfloat16
+    matmul measured at start-up is at least BF16_MIN_SPEEDUP times faster, and a resume keeps the recorded dtype."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert sac.resolve_bf16(True, cpu, native_bf16=True)[0] is True
-    on, note = sac.resolve_bf16(True, cpu, native_bf16=False)
+    calls = []
+
+    def measured(ratio):
+        return lambda: calls.append(ratio) or ratio
+
+    assert sac.resolve_bf16(True, cpu, native_bf16=True, speedup=measured(2.0))[0] is True
+    on, note = sac.resolve_bf16(True, cpu, native_bf16=True, speedup=measured(0.51))
+    assert on is False and "0.51x" in note  # the Intel Xeon without AMX: bfloat16 instructions, slower matmul
+    assert sac.resolve_bf16(True, cpu, native_bf16=True, speedup=measured(sac.BF16_MIN_SPEEDUP))[0] is True
+    assert calls == [2.0, 0.51, sac.BF16_MIN_SPEEDUP]
+    on, note = sac.resolve_bf16(True, cpu, native_bf16=False, speedup=measured(9.0))
     assert on is False and "has neither" in note
-    assert sac.resolve_bf16(True, cuda, native_bf16=True)[0] is False
-    assert sac.resolve_bf16(False, cpu, native_bf16=True) == (False, "compute: float32 (--no-bf16)")
-    # on a resume the flag comes from the checkpoint: the note must not blame a --no-bf16 nobody passed
+    assert sac.resolve_bf16(True, cuda, native_bf16=True, speedup=measured(9.0))[0] is False
+    assert sac.resolve_bf16(False, cpu, native_bf16=True, speedup=measured(9.0)) == (False, "compute: float32 (--no-bf16)")
+    # on a resume the flag comes from the checkpoint: the note must not blame a --no-bf16 nobody passed, and a run
+    # that computed in bfloat16 goes on in bfloat16 whatever a measurement would say now (same numerics)
     assert sac.resolve_bf16(False, cpu, True, resumed=True) == (False, "compute: float32 (as the checkpoint's run computed)")
+    on, note = sac.resolve_bf16(True, cpu, True, resumed=True, speedup=measured(0.5))
+    assert on is True and "as the checkpoint's run computed" in note
+    assert calls == [2.0, 0.51, sac.BF16_MIN_SPEEDUP], "the probe runs only when it decides something"
     assert sac.Args().bf16 is True
+
+
+def test_bf16_matmul_speedup_measures_this_machine():
+    """A ratio of two timings of the same product: positive and finite, and the same call path the scripts use."""
+    ratio = sac.bf16_matmul_speedup(rounds=2, calls=2)
+    assert 0.05 < ratio < 20.0
 
 
 def test_bf16_keeps_float32_state_and_close_values():
