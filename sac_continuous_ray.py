@@ -1218,6 +1218,23 @@ def resolve_bf16(
     return True, on_note + f"; the bfloat16 matmul ran {ratio:.2f}x as fast as float32 here)"
 
 
+def flush_denormals() -> bool:
+    """Make float32 arithmetic treat and produce denormal numbers (|x| < 1.2e-38) as zero: in this thread, and in
+    the OpenMP threads torch starts later (a thread copies the flag when it starts, so call this before torch's
+    first parallel op). Returns whether it holds in every thread.
+    Why: Adam's first moment of a weight whose gradient stays exactly zero (a weight into or out of a ReLU unit that
+    is dead on every sample) shrinks by beta1 = 0.9 a step, through the denormal range, where each arithmetic op
+    takes a microcode assist tens of times slower. Measured in HalfCheetah training on a 2-core Xeon: from ~1,000
+    gradient steps on, a third of the critics' 144k first moments were denormal at any time; the critics' fused Adam
+    step took 1.69 ms so, 0.16 ms flushed, and the float32 update in the loop 6.6-7.1 ms per gradient step against
+    5.7 ms (3 alternating pairs). Flushing changes only values below 1.2e-38: a moment reaches 0 ~150 steps sooner."""
+    if not torch.set_flush_denormal(True):
+        return False  # a CPU without the flush-to-zero / denormals-are-zero modes
+    # The smallest denormal, 1.4e-45, written as its bit pattern: converting a Python float would already flush it
+    probe = torch.ones(1 << 16, dtype=torch.int32).view(torch.float32)  # 2 chunks of 32k: both threads (2 cores)
+    return bool(((probe * 1.0).view(torch.int32) == 0).all())  # bits: a comparison would read denormals as 0
+
+
 def keep_freed_memory() -> None:
     """Let glibc's malloc reuse freed memory instead of handing it back to the OS.
     Why: by default glibc maps every block over its mmap threshold (128 KiB to start) fresh from the OS and unmaps
@@ -1314,6 +1331,7 @@ def main() -> None:
     if not args.resume:  # a resumed run is checked once its Args are merged with the checkpoint's
         validate_args(args)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    flush_denormals()  # before torch's first parallel op: its threads copy the flag when they start
     torch.set_num_threads(pick_torch_threads(args.torch_threads))
     keep_freed_memory()  # the learner's process (workers and shards allocate little)
 

@@ -501,6 +501,58 @@ def test_keep_freed_memory_reuses_freed_blocks_without_page_faults():
     assert max(kept[1:]) < pages // 100, f"page faults per round with keep_freed_memory: {kept} (default: {default})"
 
 
+FLUSH = """
+import sys, torch
+import sac_continuous as sac
+torch.set_num_threads(2)
+if sys.argv[1] == "late":
+    torch.ones(1 << 20).sum()  # torch's OpenMP threads start before the flag is set
+
+
+def denormals(n):  # the smallest denormal, 1.4e-45, by its bit pattern (a float conversion would flush it)
+    return torch.ones(n, dtype=torch.int32).view(torch.float32)
+
+
+ok = sac.flush_denormals()
+x = denormals(1 << 20)  # 1M elements: every thread gets a chunk
+
+
+def nonzero(t):  # by bit pattern: with the flag, even a comparison reads a denormal as 0
+    return int((t.view(torch.int32) != 0).sum())
+
+
+assert nonzero(x) == 1 << 20  # stored as such; arithmetic on them is what the flag changes
+param = torch.nn.Parameter(torch.ones(1 << 20))
+opt = torch.optim.Adam([param], lr=1e-3, fused=True)
+param.grad = torch.full_like(param, 1e-3)
+opt.step()
+opt.state[param]["exp_avg"].copy_(denormals(1 << 20))  # the first moment of a weight whose gradient stopped
+param.grad.zero_()
+opt.step()  # exp_avg <- 0.9 * exp_avg: stays denormal without the flag
+print(ok, nonzero(x * 1.0), nonzero(opt.state[param]["exp_avg"]), torch.get_num_threads())
+"""
+
+
+def test_flush_denormals_reaches_every_torch_thread_and_adam():
+    """Called before torch's first parallel op (as main() does), denormals read and write as zero in every OpenMP
+    thread, Adam's decaying first moment included; called after it, the threads already running keep denormals,
+    and the helper says so instead of claiming success."""
+
+    def run(mode: str) -> list:
+        out = subprocess.run([sys.executable, "-c", FLUSH, mode], capture_output=True, text=True, check=True,
+                             cwd=str(Path(sac.__file__).parent))  # fmt: skip
+        return out.stdout.split()
+
+    if not torch.set_flush_denormal(True):
+        pytest.skip("this CPU has no flush-to-zero mode")
+    torch.set_flush_denormal(False)  # this test process: leave the default
+    ok, nonzero_x, nonzero_moment, threads = run("early")
+    assert (ok, nonzero_x, nonzero_moment) == ("True", "0", "0")
+    ok, nonzero_x, _, threads = run("late")
+    if int(threads) >= 2:
+        assert ok == "False" and 0 < int(nonzero_x) < 1 << 20  # the main thread's chunk flushed, the other's not
+
+
 FREEZE = """
 import gc
 import sac_continuous as sac
