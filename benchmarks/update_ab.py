@@ -44,11 +44,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
 
-    torch.set_num_threads(args.threads)
     builds = [load(args.a, "build_a"), load(args.b, "build_b")]
-    for build in builds:
+    for build in builds:  # the process settings of the training loop; one call holds for both builds
+        if hasattr(build, "flush_denormals"):
+            build.flush_denormals()  # before torch's first parallel op (its threads copy the flag when they start)
         if hasattr(build, "keep_freed_memory"):
             build.keep_freed_memory()
+    torch.set_num_threads(args.threads)
     learner_args = types.SimpleNamespace(autotune=True, alpha=0.2, bf16=args.bf16, policy_lr=3e-4, q_lr=1e-3, squash_eps=0.0)
     rng = np.random.default_rng(0)
     n = 20_000
