@@ -490,7 +490,7 @@ def adam_step(optimizer: torch.optim.Adam) -> None:
     are unchanged (tests/ compare it with step() bit for bit).
     Why: around a ~50 us kernel, torch.optim's step() spends its time on bookkeeping (grouping tensors by device and
     dtype, hooks, a profiler record, a separate op for the step count); with three calls per gradient step that was
-    8% of the update (benchmarks/update_ab.py, 30 rounds: B/A 0.916). The first call goes through step(), which
+    8% of the update (benchmarks/update_ab.py, 30 rounds: B/A 0.919). The first call goes through step(), which
     creates the state; an optimizer without fused=True (a device with no fused kernel) always does."""
     group = optimizer.param_groups[0]
     (param,) = group["params"]
