@@ -469,7 +469,8 @@ def adam_step(optimizer: torch.optim.Adam) -> None:
     group = optimizer.param_groups[0]
     (param,) = group["params"]
     state = optimizer.state[param]
-    if not state or not group["fused"] or group["amsgrad"] or group["maximize"]:
+    # Only plain fused Adam is reproduced here; anything else (AMSGrad, maximize, AdamW's decoupled decay) steps as usual
+    if not state or not group["fused"] or group["amsgrad"] or group["maximize"] or group.get("decoupled_weight_decay"):
         optimizer.step()
         return
     beta1, beta2 = group["betas"]

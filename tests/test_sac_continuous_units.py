@@ -468,8 +468,7 @@ def test_adam_step_equals_torch_optim_step_bit_for_bit_and_survives_a_state_dict
     torch.manual_seed(0)
     start = torch.randn(size)
     ours, theirs = nn_param(start), nn_param(start)
-    opt_ours = torch.optim.Adam([ours], lr=3e-3, betas=(0.8, 0.99), eps=1e-6, fused=True)
-    opt_theirs = torch.optim.Adam([theirs], lr=3e-3, betas=(0.8, 0.99), eps=1e-6, fused=True)
+    opt_ours, opt_theirs = adam(ours), adam(theirs)
 
     def steps(count: int) -> None:
         for _ in range(count):
@@ -484,7 +483,7 @@ def test_adam_step_equals_torch_optim_step_bit_for_bit_and_survives_a_state_dict
     assert torch.equal(opt_ours.state[ours]["exp_avg_sq"], opt_theirs.state[theirs]["exp_avg_sq"])
     saved = opt_ours.state_dict()
     ours = nn_param(ours.detach())
-    opt_ours = torch.optim.Adam([ours], lr=3e-3, betas=(0.8, 0.99), eps=1e-6, fused=True)
+    opt_ours = adam(ours)
     opt_ours.load_state_dict(saved)
     steps(5)
     assert not torch.equal(ours.detach(), start)
@@ -492,6 +491,11 @@ def test_adam_step_equals_torch_optim_step_bit_for_bit_and_survives_a_state_dict
 
 def nn_param(value: torch.Tensor) -> torch.nn.Parameter:
     return torch.nn.Parameter(value.detach().clone())
+
+
+def adam(param: torch.nn.Parameter) -> torch.optim.Adam:
+    """Non-default hyperparameters, so that a wrong or swapped one shows."""
+    return torch.optim.Adam([param], lr=3e-3, betas=(0.8, 0.99), eps=1e-6, fused=True)
 
 
 FAULTS_PER_ROUND = """
