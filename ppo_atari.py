@@ -147,9 +147,9 @@ def parse_atari_id(env_id: str) -> tuple[str, float]:
     sticky-action probability (v5 repeats the previous action with p=0.25, Machado et al. 2018; v4 never does)."""
     match = ATARI_ID.match(env_id)
     if match is None:
-        raise UserError(f"'{env_id}' is not an Atari id this script takes: use GameNoFrameskip-v4 (e.g. BreakoutNoFrameskip-v4) "
-                        "or ALE/Game-v5 (e.g. ALE/Breakout-v5). For continuous-action environments (MuJoCo, Pendulum) "
-                        "use ppo_continuous.py or sac_continuous.py.")  # fmt: skip
+        raise UserError(f"'{env_id}' is not an Atari id this script takes: use GameNoFrameskip-v4 "
+                        "(e.g. BreakoutNoFrameskip-v4) or ALE/Game-v5 (e.g. ALE/Breakout-v5). For continuous-action "
+                        "environments (MuJoCo, Pendulum) use ppo_continuous.py or sac_continuous.py.")  # fmt: skip
     return (match["v4"], 0.0) if match["v4"] else (match["v5"], 0.25)
 
 
@@ -166,7 +166,9 @@ def check_atari_env(env_id: str) -> None:
     try:
         gym.spec(env_id)
     except gym.error.Error as e:
-        raise UserError(f"unknown Atari game in '{env_id}' ({e}). The games are listed by `ale_py.roms.get_all_rom_ids()`.") from None
+        raise UserError(
+            f"unknown Atari game in '{env_id}' ({e}). The games are listed by `ale_py.roms.get_all_rom_ids()`."
+        ) from None
 
 
 class NoopReset(gym.Wrapper):
@@ -410,7 +412,8 @@ def finished_games(infos: dict) -> list:
     """[(env index, full-game return, length in agent steps)] for each game that ended at this step."""
     if "_episode" not in infos:
         return []
-    return [(int(i), float(infos["episode"]["r"][i]), int(infos["episode"]["l"][i])) for i in np.flatnonzero(infos["_episode"])]
+    episode = infos["episode"]
+    return [(int(i), float(episode["r"][i]), int(episode["l"][i])) for i in np.flatnonzero(infos["_episode"])]
 
 
 # --- end shared: atari-env ---
@@ -772,7 +775,9 @@ class Progress:
 
 
 # --- shared: atari-run ---
-def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device: torch.device, video_dir: Optional[str] = None) -> list:
+def evaluate(
+    agent: Agent, env_id: str, episodes: int, seed: int, device: torch.device, video_dir: Optional[str] = None
+) -> list:
     """Full games with actions sampled from the policy (a greedy Atari policy can stall forever in a loop),
     under the training preprocessing; returns each game's unclipped score over all its lives."""
     env = make_env(env_id, 0, video_dir is not None, video_dir or "")()
@@ -834,7 +839,8 @@ def validate_common_args(args) -> None:
         raise UserError("num_envs and num_steps must be at least 1.")
     if args.total_timesteps < args.num_envs * args.num_steps:
         raise UserError(f"total_timesteps ({args.total_timesteps}) is below one batch (num_envs * num_steps = "
-                        f"{args.num_envs * args.num_steps}): no update would run. Raise --total-timesteps or lower --num-steps.")  # fmt: skip
+                        f"{args.num_envs * args.num_steps}): no update would run. "
+                        "Raise --total-timesteps or lower --num-steps.")  # fmt: skip
     if args.env_backend not in ("gymnasium", "envpool"):
         raise UserError(f"--env-backend must be 'gymnasium' or 'envpool', not '{args.env_backend}'.")
     if args.env_backend == "envpool" and args.capture_video:
@@ -1060,8 +1066,10 @@ def main() -> None:
                 mb_advantages = b_advantages[idx]
                 if args.norm_adv:
                     mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                pg_loss, v_loss, log_ratios[mb] = ppo_losses(new_logprob, b_logprobs[idx], mb_advantages, new_values,
-                                                             b_values[idx], b_returns[idx], clip_coef, args.clip_vloss)  # fmt: skip
+                pg_loss, v_loss, log_ratios[mb] = ppo_losses(
+                    new_logprob, b_logprobs[idx], mb_advantages, new_values, b_values[idx], b_returns[idx], clip_coef,
+                    args.clip_vloss,
+                )
                 # L = L^CLIP - c_ent * H + c_v * L^V
                 loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
                 optimizer.zero_grad()
@@ -1087,7 +1095,8 @@ def main() -> None:
         writer.add_scalar("charts/clip_coef", clip_coef, global_step)
         for name, value in metrics.items():
             writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar("losses/explained_variance", explained_variance(b_values.cpu().numpy(), b_returns.cpu().numpy()), global_step)
+        explained = explained_variance(b_values.cpu().numpy(), b_returns.cpu().numpy())
+        writer.add_scalar("losses/explained_variance", explained, global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         writer.add_scalar("charts/rollout_us_per_step", rollout_time / args.batch_size * 1e6, global_step)
         writer.add_scalar("charts/update_us_per_step", update_time / args.batch_size * 1e6, global_step)

@@ -938,8 +938,10 @@ def main() -> None:
                 mb_advantages = e_advantages[mb]
                 if args.norm_adv:
                     mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                pg_loss, v_loss, log_ratios[mb] = ppo_losses(new_logprob, e_logprobs[mb], mb_advantages, new_values,
-                                                             e_values[mb], e_returns[mb], args.clip_coef, args.clip_vloss)  # fmt: skip
+                pg_loss, v_loss, log_ratios[mb] = ppo_losses(
+                    new_logprob, e_logprobs[mb], mb_advantages, new_values, e_values[mb], e_returns[mb], args.clip_coef,
+                    args.clip_vloss,
+                )
                 # L = L^CLIP - c_ent * H + c_v * L^V
                 loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
                 flat_params.grad.zero_()
@@ -992,8 +994,11 @@ def main() -> None:
         path = ckpt_dir / checkpoint_name("final", global_step)
         save_checkpoint(training_state(iteration), path)
         print(f"model saved to {path}")
-        returns_eval = evaluate(agent, args.env_id, obs_rms if args.norm_obs else None, args.obs_clip, args.eval_episodes,
-                                args.seed + 10_000, device, str(run_dir / "videos" / "eval") if args.capture_video else None)  # fmt: skip
+        eval_video_dir = str(run_dir / "videos" / "eval") if args.capture_video else None
+        eval_rms = obs_rms if args.norm_obs else None
+        returns_eval = evaluate(
+            agent, args.env_id, eval_rms, args.obs_clip, args.eval_episodes, args.seed + 10_000, device, eval_video_dir
+        )
         writer.add_scalar("eval/episodic_return", float(np.mean(returns_eval)), global_step)
         print(f"eval: {np.mean(returns_eval):.2f} +- {np.std(returns_eval):.2f} over {len(returns_eval)} episodes")
     writer.close()
@@ -1019,7 +1024,8 @@ def eval_only(args: Args, device: torch.device) -> None:
     run_dir = Path(args.eval_checkpoint).resolve().parent.parent
     eval_dir = run_dir / "eval" / Path(args.eval_checkpoint).stem
     video_dir = str(eval_dir / "videos") if args.capture_video else None
-    returns = evaluate(agent, saved.env_id, obs_rms, saved.obs_clip, args.eval_episodes, saved.seed + 10_000, device, video_dir)
+    eval_seed = saved.seed + 10_000
+    returns = evaluate(agent, saved.env_id, obs_rms, saved.obs_clip, args.eval_episodes, eval_seed, device, video_dir)
     writer = make_writer(eval_dir, saved, purge_step=None)
     writer.add_scalar("eval/episodic_return", float(np.mean(returns)), ckpt["global_step"])
     writer.close()

@@ -1560,8 +1560,8 @@ def main() -> None:
                 steps, random_steps = next_batch_plan(dispatched, total, args.learning_starts, args.envs_per_worker,
                                                       args.worker_batch_steps)  # fmt: skip
                 utd = args.utd_ratio if learning else 0.0
-                if steps == 0 or not collection_allowed(dispatched, steps * args.envs_per_worker,
-                                                        grad_steps - updates_base, updates_start, utd, lead_steps):  # fmt: skip
+                new_steps, updates_done = steps * args.envs_per_worker, grad_steps - updates_base
+                if steps == 0 or not collection_allowed(dispatched, new_steps, updates_done, updates_start, utd, lead_steps):
                     break
                 if actor_updates != published:
                     # Publish when a batch starts, not after every actor update: workers pull at most every

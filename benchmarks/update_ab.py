@@ -54,8 +54,9 @@ def main() -> None:
     learner_args = types.SimpleNamespace(autotune=True, alpha=0.2, bf16=args.bf16, policy_lr=3e-4, q_lr=1e-3, squash_eps=0.0)
     rng = np.random.default_rng(0)
     n = 20_000
-    data = (rng.standard_normal((n, OBS_DIM), np.float32), rng.standard_normal((n, OBS_DIM), np.float32),
-            rng.uniform(-1, 1, (n, ACT_DIM)).astype(np.float32), rng.standard_normal(n, np.float32), np.zeros(n, bool))  # fmt: skip
+    obs, next_obs = rng.standard_normal((n, OBS_DIM), np.float32), rng.standard_normal((n, OBS_DIM), np.float32)
+    actions = rng.uniform(-1, 1, (n, ACT_DIM)).astype(np.float32)
+    data = (obs, next_obs, actions, rng.standard_normal(n, np.float32), np.zeros(n, bool))
     setups = []
     for build in builds:
         torch.manual_seed(0)

@@ -22,7 +22,9 @@ def run_script(script: str, *args, timeout: float = 300, env: dict = None, cwd: 
     full_env = {**os.environ, **BASE_ENV, **(env or {})}
     full_env = {k: v for k, v in full_env.items() if v is not None}  # env={"VAR": None} unsets VAR
     cmd = [sys.executable, str(ROOT / script), *map(str, args)]
-    return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
+    )
 
 
 def only_run_dir(runs_dir: Path) -> Path:

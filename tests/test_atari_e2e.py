@@ -96,8 +96,8 @@ def test_resume_restores_network_optimizer_counters_schedule_and_rng(tmp_path):
     copy = resumed_root / full_dir.name
     (copy / "checkpoints").mkdir(parents=True)
     (copy / "checkpoints" / ckpt_path.name).write_bytes(ckpt_path.read_bytes())
-    resumed = run_script("a2c_atari.py", "--resume", copy / "checkpoints" / ckpt_path.name, "--total-timesteps", "800", "--checkpoint-interval", "10",
-                         "--torch-threads", "1", timeout=600)  # fmt: skip
+    resumed = run_script("a2c_atari.py", "--resume", copy / "checkpoints" / ckpt_path.name, "--total-timesteps", "800",
+                         "--checkpoint-interval", "10", "--torch-threads", "1", timeout=600)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     lr_full, lr_resumed = scalars(full_dir, "charts/learning_rate"), scalars(copy, "charts/learning_rate")
     assert sorted(lr_resumed) == [s for s in sorted(lr_full) if s > 400]  # counters continue
@@ -183,7 +183,8 @@ def test_ctrl_c_with_worker_processes_saves_and_resumes(tmp_path):
 
 def test_capture_video_records_training_and_evaluation_games(tmp_path):
     proc = run_script("a2c_atari.py", "--env-id", GAME, *A2C_SMALL, "--no-async-envs", "--total-timesteps", "400",
-                      "--capture-video", "--save-model", "--eval-episodes", "1", "--runs-dir", tmp_path, timeout=600)  # fmt: skip
+                      "--capture-video", "--save-model", "--eval-episodes", "1", "--runs-dir", tmp_path,
+                      timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     videos = only_run_dir(tmp_path) / "videos"
     assert [p.name for p in videos.glob("*.mp4")] == ["rl-video-episode-0.mp4"]  # env 0's first game

@@ -169,7 +169,8 @@ def test_versions_are_those_of_the_interpreter_that_ran_the_seeds(tmp_path, runs
     import platform
 
     own = bench.interpreter_versions(sys.executable, ["numpy", "surely-not-installed-pkg"])
-    assert own == {"python": platform.python_version(), "packages": {"numpy": np.__version__, "surely-not-installed-pkg": None}}
+    packages = {"numpy": np.__version__, "surely-not-installed-pkg": None}
+    assert own == {"python": platform.python_version(), "packages": packages}
     bare = tmp_path / "bare"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
     machine = bench.machine_info(str(bare / "bin" / "python"))
@@ -182,7 +183,8 @@ def test_versions_are_those_of_the_interpreter_that_ran_the_seeds(tmp_path, runs
 
     out = tmp_path / "copy"
     shutil.copytree(runs_out.parent / f"{runs_out.name}_runs", tmp_path / "copy_runs")
-    assert bench.main(harness_args(out, "fake_train.py", [1, 2]) + ["--summarize-only", "--python", str(bare / "bin" / "python")]) == 0
+    summarize = ["--summarize-only", "--python", str(bare / "bin" / "python")]
+    assert bench.main(harness_args(out, "fake_train.py", [1, 2]) + summarize) == 0
     report = json.loads((tmp_path / "copy.json").read_text())
     assert report["machine"]["packages"]["numpy"] is None and report["machine"]["versions_of"] == str(bare / "bin" / "python")
 

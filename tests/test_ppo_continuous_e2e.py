@@ -139,7 +139,8 @@ def test_corrupt_or_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path
     corrupt.write_bytes(pendulum_checkpoint.read_bytes()[:-200])
     before = corrupt.read_bytes()
     assert_clean_error(run_script(SCRIPT, mode, corrupt, "--total-timesteps", "100000", timeout=120), "corrupt")
-    assert corrupt.read_bytes() == before and sorted(p.name for p in (tmp_path / "run").rglob("*")) == ["checkpoints", "corrupt.pt"]
+    assert corrupt.read_bytes() == before
+    assert sorted(p.name for p in (tmp_path / "run").rglob("*")) == ["checkpoints", "corrupt.pt"]
 
     # a checkpoint whose network does not fit its env (here: relabelled as HalfCheetah, 17-d observations)
     ckpt = torch.load(pendulum_checkpoint, weights_only=True)

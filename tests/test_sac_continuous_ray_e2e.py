@@ -22,8 +22,10 @@ SCRIPT = "sac_continuous_ray.py"
 SMALL = ["--learning-starts", "100", "--batch-size", "32", "--torch-threads", "1", "--worker-batch-steps", "50"]
 LOSS_TAGS = ["losses/qf1_values", "losses/qf2_values", "losses/qf1_loss", "losses/qf2_loss", "losses/qf_loss",
              "losses/actor_loss", "losses/alpha", "losses/alpha_loss"]  # fmt: skip
-CHART_TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/env_steps_per_second",
-              "charts/updates_per_second", "charts/weight_staleness", "charts/learner_busy", "charts/worker_restarts"]  # fmt: skip
+CHART_TAGS = [
+    "charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/env_steps_per_second",
+    "charts/updates_per_second", "charts/weight_staleness", "charts/learner_busy", "charts/worker_restarts",
+]  # fmt: skip
 DONE = re.compile(r"done: (\d+) env steps \((\d+) worker restarts\), (\d+) transitions in the buffer, (\d+) gradient updates")
 
 
