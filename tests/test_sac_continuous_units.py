@@ -364,9 +364,11 @@ def test_resolve_bf16_only_where_native_and_measured_faster():
 
 
 def test_bf16_matmul_speedup_measures_this_machine():
-    """A ratio of two timings of the same product: positive and finite, and the same call path the scripts use."""
+    """A ratio of two timings of the same product: positive and finite, and the same call path the scripts use.
+    No tighter bound holds everywhere: a CPU without bfloat16 instructions emulates it (0.008x on a 2-core AMD EPYC
+    Zen 3), and AMX runs it many times faster than float32."""
     ratio = sac.bf16_matmul_speedup(rounds=2, calls=2)
-    assert 0.05 < ratio < 20.0
+    assert 0.0 < ratio < 100.0 and math.isfinite(ratio)
 
 
 def test_bf16_keeps_float32_state_and_close_values():
