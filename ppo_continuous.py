@@ -1,11 +1,18 @@
-# Docs: README.md, section "ppo_continuous.py" (https://arxiv.org/abs/1707.06347 for the algorithm)
-"""Proximal Policy Optimization for continuous actions (MuJoCo, classic control), in one file.
+"""Proximal Policy Optimization (PPO) for continuous actions (MuJoCo, classic control), in one file.
 
-Read it top to bottom: Args, the env factory, the network, small pure helpers (normalization, GAE, losses),
-the shared blocks (seeding, env-state capture, checkpoints, logging, error reporting), then the training loop.
+Map of this file, top to bottom:
+  Args            algorithm flags, then run flags (`python ppo_continuous.py --help` lists them)
+  make_env        one gymnasium env; observation / reward normalization are done in the loop, visibly
+  Agent           Gaussian policy and value function: separate Tanh MLPs
+  helpers         running statistics, reward scaling, GAE, the PPO losses (one line of math above each)
+  main()          set-up, then the loop: rollout -> advantages -> update -> log, then finish
+  # === Plumbing  runs, checkpoints, resume, errors, progress, speed set-up: not needed to follow the algorithm
+
 Runs on gymnasium 1.x: episode boundaries are handled explicitly, and a time-limit truncation is bootstrapped.
+Docs: docs/ppo_continuous.md; the algorithm: https://arxiv.org/abs/1707.06347
 """
-import copy
+
+import atexit
 import dataclasses
 import importlib
 import json
@@ -14,9 +21,11 @@ import os
 import random
 import signal
 import sys
+import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -26,104 +35,58 @@ import torch
 import torch.nn as nn
 import tyro
 
+SCRIPT_NAME = "ppo_continuous"  # written into checkpoints; a checkpoint of another script is refused
+
 
 @dataclass
 class Args:
-    # --- experiment ---
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """the name of this experiment"""
-    seed: int = 1
-    """seed of the experiment"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled, cuda will be used when available"""
-    torch_threads: int = 0
-    """CPU threads for torch; 0 = one per core this process may use (os.sched_getaffinity)"""
+    # --- algorithm ---
+    env_id: str = "HalfCheetah-v4"  # the id of the environment
+    total_timesteps: int = 1_000_000  # total timesteps of the experiments
+    learning_rate: float = 3e-4  # the learning rate of the optimizer
+    num_envs: int = 1  # the number of parallel game environments
+    num_steps: int = 2048  # the number of steps to run in each environment per policy rollout
+    anneal_lr: bool = True  # Toggle learning rate annealing for policy and value networks
+    gamma: float = 0.99  # the discount factor gamma
+    gae_lambda: float = 0.95  # the lambda for the general advantage estimation
+    num_minibatches: int = 32  # the number of mini-batches
+    update_epochs: int = 10  # the K epochs to update the policy
+    norm_adv: bool = True  # Toggles advantages normalization
+    clip_coef: float = 0.2  # the surrogate clipping coefficient
+    clip_vloss: bool = True  # Toggles whether or not to use a clipped loss for the value function, as per the paper.
+    ent_coef: float = 0.0  # coefficient of the entropy
+    vf_coef: float = 0.5  # coefficient of the value function
+    max_grad_norm: float = 0.5  # the maximum norm for the gradient clipping
+    target_kl: Optional[float] = None  # the target KL divergence threshold (stop the update's epochs early when exceeded)
+    norm_obs: bool = True  # normalize observations with running statistics (clipped to +-obs_clip)
+    norm_reward: bool = True  # scale rewards by the running std of the discounted return (clipped to +-reward_clip)
+    obs_clip: float = 10.0  # clip range of normalized observations
+    reward_clip: float = 10.0  # clip range of normalized rewards
+
+    # --- run ---
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # the name of this experiment
+    seed: int = 1  # seed of the experiment
+    torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
+    cuda: bool = True  # if toggled, cuda will be used when available
+    torch_threads: int = 0  # CPU threads for torch; 0 = share this machine's cores among the runs of these scripts on it
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases (WANDB_MODE=offline works without network)"""
-    wandb_project_name: str = "onefile-rl"
-    """the wandb's project name"""
-    wandb_entity: Optional[str] = None
-    """the entity (team) of wandb's project"""
-    capture_video: bool = False
-    """whether to capture videos of the agent performances (env 0; under `runs/<run>/videos`)"""
-    save_model: bool = False
-    """whether to save a final checkpoint at the end of training, then evaluate it"""
-    runs_dir: str = "runs"
-    """folder that holds one sub-folder per run (TensorBoard events, checkpoints, videos)"""
-    checkpoint_interval: int = 50
-    """write a checkpoint every N iterations (0 = never; Ctrl-C and --save-model still save)"""
-    keep_checkpoints: int = 3
-    """keep the newest K periodic checkpoints (the final one is always kept)"""
-    resume: Optional[str] = None
-    """path of a checkpoint to continue from (appends to that run's folder)"""
-    eval_checkpoint: Optional[str] = None
-    """path of a checkpoint to evaluate (no training)"""
-    eval_episodes: int = 10
-    """number of episodes for evaluation (after --save-model, or with --eval-checkpoint)"""
-    progress: bool = True
-    """show a one-line progress display (only when stdout is a terminal)"""
+    wandb_project_name: str = "onefile-rl"  # the wandb's project name
+    wandb_entity: Optional[str] = None  # the entity (team) of wandb's project
+    capture_video: bool = False  # whether to capture videos of the agent performances (env 0; under `runs/<run>/videos`)
+    save_model: bool = False  # whether to save a final checkpoint at the end of training, then evaluate it
+    runs_dir: str = "runs"  # folder that holds one sub-folder per run (TensorBoard events, checkpoints, videos)
+    checkpoint_interval: int = 100_000  # write a checkpoint every N env steps (0 = never; Ctrl-C and --save-model still save)
+    keep_checkpoints: int = 3  # keep the newest K periodic checkpoints (the final one is always kept)
+    resume: Optional[str] = None  # path of a checkpoint to continue from (appends to that run's folder)
+    eval_checkpoint: Optional[str] = None  # path of a checkpoint to evaluate (no training)
+    eval_episodes: int = 10  # number of episodes for evaluation (after --save-model, or with --eval-checkpoint)
+    progress: bool = True  # show progress: a one-line display on a terminal, a plain line every 30 s otherwise
 
-    # --- algorithm ---
-    env_id: str = "HalfCheetah-v4"
-    """the id of the environment"""
-    total_timesteps: int = 1_000_000
-    """total timesteps of the experiments"""
-    learning_rate: float = 3e-4
-    """the learning rate of the optimizer"""
-    num_envs: int = 1
-    """the number of parallel game environments"""
-    num_steps: int = 2048
-    """the number of steps to run in each environment per policy rollout"""
-    anneal_lr: bool = True
-    """Toggle learning rate annealing for policy and value networks"""
-    gamma: float = 0.99
-    """the discount factor gamma"""
-    gae_lambda: float = 0.95
-    """the lambda for the general advantage estimation"""
-    num_minibatches: int = 32
-    """the number of mini-batches"""
-    update_epochs: int = 10
-    """the K epochs to update the policy"""
-    norm_adv: bool = True
-    """Toggles advantages normalization"""
-    clip_coef: float = 0.2
-    """the surrogate clipping coefficient"""
-    clip_vloss: bool = True
-    """Toggles whether or not to use a clipped loss for the value function, as per the paper."""
-    ent_coef: float = 0.0
-    """coefficient of the entropy"""
-    vf_coef: float = 0.5
-    """coefficient of the value function"""
-    max_grad_norm: float = 0.5
-    """the maximum norm for the gradient clipping"""
-    target_kl: Optional[float] = None
-    """the target KL divergence threshold (stop the update's epochs early when exceeded)"""
-    norm_obs: bool = True
-    """normalize observations with running statistics (clipped to +-obs_clip)"""
-    norm_reward: bool = True
-    """scale rewards by the running std of the discounted return (clipped to +-reward_clip)"""
-    obs_clip: float = 10.0
-    """clip range of normalized observations"""
-    reward_clip: float = 10.0
-    """clip range of normalized rewards"""
-
-    # --- derived (filled in at runtime) ---
-    batch_size: int = 0
-    """the batch size (computed in runtime)"""
-    minibatch_size: int = 0
-    """the mini-batch size (computed in runtime)"""
-    num_iterations: int = 0
-    """the number of iterations (computed in runtime)"""
-
-
-# Flags that --resume takes from the command line; every other field comes from the checkpoint.
-RESUME_OVERRIDABLE = (
-    "total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "runs_dir",
-    "checkpoint_interval", "keep_checkpoints", "resume", "eval_checkpoint", "eval_episodes", "progress", "cuda",
-    "torch_threads",
-)  # fmt: skip
+    # --- derived from the flags above (not flags themselves) ---
+    batch_size: tyro.conf.Suppress[int] = 0  # the batch size: num_envs * num_steps
+    minibatch_size: tyro.conf.Suppress[int] = 0  # the mini-batch size: batch_size // num_minibatches
+    num_iterations: tyro.conf.Suppress[int] = 0  # the number of iterations: total_timesteps // batch_size
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Callable[[], gym.Env]:
@@ -141,10 +104,28 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Call
     return thunk
 
 
-def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+# --- shared: layer-init ---
+def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    """Orthogonal weights with gain `std`, constant bias: the initialization the PPO implementations share."""
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
+
+
+# --- end shared: layer-init ---
+
+
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """log N(a; mu, sigma) summed over action dimensions: -((a-mu)/sigma)^2/2 - log(sigma) - log(sqrt(2 pi))."""
+    return (-0.5 * ((action - mean) * torch.exp(-log_std)) ** 2 - log_std - LOG_SQRT_2PI).sum(-1)
+
+
+def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
+    """H[N(mu, sigma)] summed over action dimensions: 1/2 + log(sqrt(2 pi)) + log(sigma) per dimension."""
+    return (0.5 + LOG_SQRT_2PI + log_std).sum(-1)
 
 
 class Agent(nn.Module):
@@ -171,10 +152,17 @@ class Agent(nn.Module):
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(x).squeeze(-1)
 
+    def get_action_and_value(self, x: torch.Tensor, action: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, ...]:
+        """(action, log pi(action|x), entropy, V(x)); samples a ~ N(mu(x), sigma) when no action is given."""
+        mean = self.actor_mean(x)
+        if action is None:
+            action = mean + self.actor_logstd.exp() * torch.randn_like(mean)
+        log_prob = gaussian_log_prob(mean, self.actor_logstd, action)
+        entropy = gaussian_entropy(self.actor_logstd)  # state-independent sigma: one value, shape (1,), for every x
+        return action, log_prob, entropy, self.get_value(x)
 
-# ---------------------------------------------------------------------------------------------------------------
-# Pure helpers: no globals, tensors/arrays in, tensors/arrays out. The tests import these.
-# ---------------------------------------------------------------------------------------------------------------
+
+# ---- algorithm helpers: no globals, tensors / arrays in and out (the tests import them) ----
 class RunningMeanStd:
     """Running mean and variance of a stream of batches (Chan et al. parallel algorithm), in float64."""
 
@@ -193,15 +181,6 @@ class RunningMeanStd:
         self.mean = self.mean + delta * (n / total)
         self.var = (self.var * self.count + batch_var * n + np.square(delta) * (self.count * n / total)) / total
         self.count = total
-
-    def state_dict(self) -> dict:
-        as_tensor = lambda x: torch.from_numpy(np.array(x, dtype=np.float64))  # noqa: E731 (copies; 0-d for scalars)
-        return {"mean": as_tensor(self.mean), "var": as_tensor(self.var), "count": float(self.count)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.mean = state["mean"].numpy().astype(np.float64)
-        self.var = state["var"].numpy().astype(np.float64)
-        self.count = float(state["count"])
 
 
 def normalize_obs(obs: np.ndarray, rms: RunningMeanStd, clip: float, epsilon: float = 1e-8) -> np.ndarray:
@@ -328,11 +307,295 @@ def kl_diagnostics(log_ratio: torch.Tensor, clip_coef: float) -> torch.Tensor:
 # --- end shared: ppo-losses ---
 
 
-def flatten_parameters(module: nn.Module) -> nn.Parameter:
-    """Make all of `module`'s parameters views into one flat parameter, and their .grad views into one flat grad.
-    Why: these MLPs are tiny, so the update costs per-tensor overhead, not arithmetic. With one tensor, gradient
-    clipping is two ops and Adam one fused call (about 20% of the update time here). Zero the gradient with
-    `flat.grad.zero_()`, never `optimizer.zero_grad()`: set_to_none would cut the views loose."""
+# --- shared: diagnostics-and-schedules ---
+def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
+    """1 - Var[y - y_pred] / Var[y]: 1 is a perfect value function, 0 no better than a constant, NaN if Var[y]=0."""
+    var_y = np.var(y_true)
+    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
+
+
+def annealed(iteration: int, num_iterations: int, value: float) -> float:
+    """Linear decay from `value` at iteration 1 to value/num_iterations at the last iteration."""
+    return (1.0 - (iteration - 1.0) / num_iterations) * value
+
+
+# --- end shared: diagnostics-and-schedules ---
+
+
+@dataclass
+class LoopState:
+    """What the training loop carries from one iteration to the next; checkpoints save and restore all of it.
+    Fields marked "env" describe the envs' running episodes: they are restored only with the envs' exact state."""
+
+    global_step: int = 0
+    iteration: int = 0  # the last completed iteration
+    raw_obs: np.ndarray = field(default=None, metadata={"env": True})  # unnormalized obs the envs returned last
+    episode_return: np.ndarray = field(default=None, metadata={"env": True})  # true (unscaled) return so far
+    episode_length: np.ndarray = field(default=None, metadata={"env": True})
+    discounted_return: np.ndarray = field(default=None, metadata={"env": True})  # G of reward scaling
+
+
+def main() -> None:
+    args, ckpt, device = parse_command_line(Args, RESUME_OVERRIDABLE, FLAG_RULES, validate_args)
+    if args.eval_checkpoint:
+        return eval_only(args, device)
+    args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
+    obs_shape, act_shape = probe_env(args.env_id)
+    run = Run(args, SCRIPT_NAME, ckpt, {"obs_shape": list(obs_shape), "act_shape": list(act_shape)}, args.batch_size)
+    seed_everything(args.seed, args.torch_deterministic)
+
+    # SAME_STEP autoreset: step() returns the next episode's first obs, the finished one's last is in infos["final_obs"].
+    # (NEXT_STEP, gymnasium 1.x's default, adds a step per episode whose action is ignored: not a real transition.)
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id, i, args.capture_video, str(run.dir / "videos")) for i in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "the loop assumes same-step autoreset"
+    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_shape))
+    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+
+    agent = Agent(obs_dim, act_dim).to(device)
+    params = fast_parameters(agent)  # speed (below the banner): all weights as views of one tensor, same math
+    optimizer = torch.optim.Adam(params, lr=args.learning_rate, eps=1e-5, fused=True)
+    obs_rms, return_rms = RunningMeanStd(shape=(obs_dim,)), RunningMeanStd(shape=())
+
+    # ---- storage: everything indexed "at step t" of the rollout ----
+    obs_buf = np.zeros((args.num_steps, args.num_envs, obs_dim), np.float32)  # normalized obs the policy saw
+    next_obs_buf = np.zeros_like(obs_buf)  # normalized true next obs of transition t (final obs at an episode end)
+    actions_buf = np.zeros((args.num_steps, args.num_envs, act_dim), np.float32)  # unclipped Gaussian samples
+    rewards_buf = np.zeros((args.num_steps, args.num_envs), np.float32)  # scaled rewards
+    terminations_buf = np.zeros((args.num_steps, args.num_envs), bool)  # episode ended at t by a terminal state
+    truncations_buf = np.zeros((args.num_steps, args.num_envs), bool)  # episode ended at t by the time limit
+
+    s = LoopState(raw_obs=envs.reset(seed=args.seed)[0], episode_return=np.zeros(args.num_envs),
+                  episode_length=np.zeros(args.num_envs, np.int64), discounted_return=np.zeros(args.num_envs))  # fmt: skip
+    run.attach(s, envs, model=agent, optimizer=optimizer, obs_rms=obs_rms, return_rms=return_rms, env_states=EnvStates(envs))
+    if args.norm_obs and ckpt is None:
+        obs_rms.update(s.raw_obs)
+    next_obs = normalize_obs(s.raw_obs, obs_rms, args.obs_clip) if args.norm_obs else s.raw_obs.astype(np.float32)
+
+    for iteration in run.iterations(s, args.num_iterations):  # between iterations: checkpoints, Ctrl-C, progress
+        lr = annealed(iteration, args.num_iterations, args.learning_rate) if args.anneal_lr else args.learning_rate
+        optimizer.param_groups[0]["lr"] = lr
+
+        # ---- rollout: act with the current policy, record transitions ----
+        with run.timer("rollout"):
+            policy_mean = acting_copy(agent.actor_mean)  # mu(s) for one step's obs (speed: numpy, below the banner)
+            # a = mu(s) + sigma * eps, eps ~ N(0, I): the noise for the whole rollout in one draw of torch's RNG
+            std = agent.actor_logstd.detach().exp().cpu().numpy()
+            noise = torch.randn((args.num_steps, args.num_envs, act_dim)).numpy()
+            for step in range(args.num_steps):
+                s.global_step += args.num_envs
+                obs_buf[step] = next_obs
+                action = policy_mean(next_obs) + std * noise[step]
+                actions_buf[step] = action
+                # The env gets the action clipped to its bounds; training keeps the sampled one, whose log-prob we know.
+                s.raw_obs, reward, terminations, truncations, infos = envs.step(np.clip(action, action_low, action_high))
+                episode_ended = terminations | truncations
+                s.episode_return += reward
+                s.episode_length += 1
+                real_next_raw = true_next_obs(s.raw_obs, episode_ended, infos)
+                for i in np.flatnonzero(episode_ended):
+                    run.episode(s.episode_return[i], s.episode_length[i], s.global_step)
+                s.episode_return[episode_ended], s.episode_length[episode_ended] = 0.0, 0
+                if args.norm_obs:
+                    obs_rms.update(s.raw_obs)
+                    next_obs = normalize_obs(s.raw_obs, obs_rms, args.obs_clip)
+                    # Easy to miss: the final obs is bootstrapped from, so it goes through the same normalization.
+                    next_obs_buf[step] = (
+                        normalize_obs(real_next_raw, obs_rms, args.obs_clip) if episode_ended.any() else next_obs
+                    )
+                else:
+                    next_obs = s.raw_obs.astype(np.float32)
+                    next_obs_buf[step] = real_next_raw
+                if args.norm_reward:
+                    rewards_buf[step], s.discounted_return = scale_rewards(
+                        reward, s.discounted_return, episode_ended, return_rms, args.gamma, args.reward_clip
+                    )
+                else:
+                    rewards_buf[step] = reward
+                terminations_buf[step], truncations_buf[step] = terminations, truncations
+
+        with run.timer("update"):
+            # ---- advantages: values and log-probs of the whole rollout in one batched pass ----
+            b_obs_t, actions_t = torch.from_numpy(obs_buf).to(device), torch.from_numpy(actions_buf).to(device)
+            with torch.no_grad():
+                _, logprobs, _, values = agent.get_action_and_value(b_obs_t, actions_t)
+                next_values = agent.get_value(torch.from_numpy(next_obs_buf).to(device))
+            advantages = compute_gae(
+                rewards_buf, values.cpu().numpy(), next_values.cpu().numpy(), terminations_buf, truncations_buf,
+                args.gamma, args.gae_lambda,
+            )  # fmt: skip
+            returns = advantages + values.cpu().numpy()
+
+            # flatten (num_steps, num_envs) -> batch
+            b_obs, b_actions, b_logprobs = b_obs_t.reshape(-1, obs_dim), actions_t.reshape(-1, act_dim), logprobs.reshape(-1)
+            b_advantages = torch.from_numpy(advantages).to(device).reshape(-1)
+            b_returns = torch.from_numpy(returns).to(device).reshape(-1)
+            b_values = values.reshape(-1)
+
+            # ---- update: update_epochs passes over the batch in shuffled minibatches ----
+            # Metrics are summed over every minibatch (no .item() per minibatch: one sync per update) and averaged.
+            loss_sums = torch.zeros(4, device=device)  # policy_loss, value_loss, entropy, grad_norm
+            kl_sums, num_epochs = torch.zeros(3, device=device), 0  # old_approx_kl, approx_kl, clipfrac
+            log_ratios = torch.zeros((args.num_minibatches, args.minibatch_size), device=device)
+            for epoch in range(args.update_epochs):
+                perm = torch.randperm(args.batch_size, device=device).view(args.num_minibatches, args.minibatch_size)
+                # one gather per epoch instead of one per minibatch
+                e_obs, e_actions, e_logprobs = b_obs[perm], b_actions[perm], b_logprobs[perm]
+                e_advantages, e_returns, e_values = b_advantages[perm], b_returns[perm], b_values[perm]
+                for mb in range(args.num_minibatches):
+                    _, new_logprob, entropy, new_values = agent.get_action_and_value(e_obs[mb], e_actions[mb])
+                    entropy = entropy.mean()
+                    mb_advantages = e_advantages[mb]
+                    if args.norm_adv:
+                        mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                    pg_loss, v_loss, log_ratios[mb] = ppo_losses(
+                        new_logprob, e_logprobs[mb], mb_advantages, new_values, e_values[mb], e_returns[mb],
+                        args.clip_coef, args.clip_vloss,
+                    )  # fmt: skip
+                    # L = L^CLIP - c_ent * H + c_v * L^V
+                    loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+                    optimizer.zero_grad(set_to_none=False)
+                    loss.backward()
+                    grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)  # norm before clipping
+                    optimizer.step()
+                    loss_sums += torch.stack([pg_loss.detach(), v_loss.detach(), entropy.detach(), grad_norm])
+                epoch_kl = kl_diagnostics(log_ratios, args.clip_coef)  # the epoch's mean over its minibatches
+                kl_sums += epoch_kl
+                num_epochs += 1
+                # KL early stop, on the epoch's mean approx_kl (one sync per epoch)
+                if args.target_kl is not None and epoch_kl[1].item() > args.target_kl:
+                    break
+
+        # ---- log: every metric is a mean over all minibatches of the update (not the last minibatch's value) ----
+        metrics = dict(zip(("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/grad_norm"),
+                           (loss_sums / (num_epochs * args.num_minibatches)).tolist()))  # fmt: skip
+        metrics.update(zip(("losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac"), (kl_sums / num_epochs).tolist()))
+        metrics["losses/explained_variance"] = explained_variance(values.cpu().numpy(), returns)
+        metrics["charts/learning_rate"] = lr
+        run.log(s.global_step, metrics)
+
+    if run.finish():  # after Ctrl-C: saved, exits; with --save-model: the final checkpoint is saved, then evaluated
+        video_dir = str(run.dir / "videos" / "eval") if args.capture_video else None
+        returns_eval = evaluate(agent, args.env_id, obs_rms if args.norm_obs else None, args.obs_clip, args.eval_episodes,
+                                args.seed + 10_000, device, video_dir)  # fmt: skip
+        run.log(s.global_step, {"eval/episodic_return": float(np.mean(returns_eval))})
+        print(f"eval: {np.mean(returns_eval):.2f} +- {np.std(returns_eval):.2f} over {len(returns_eval)} episodes")
+    run.close()
+
+
+# === Plumbing: runs, checkpoints, errors, speed set-up; not needed to follow the algorithm ===
+# What follows makes the script a dependable research tool: flag checks, resume, evaluation of a checkpoint, env
+# state capture, checkpoints, TensorBoard / wandb, progress, Ctrl-C, and the speed set-up. The `shared:` blocks are
+# the same text in every script (tests/test_shared_blocks.py).
+
+# Flags that --resume takes from the command line; every other field comes from the checkpoint.
+RESUME_OVERRIDABLE = (
+    "total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "runs_dir",
+    "checkpoint_interval", "keep_checkpoints", "resume", "eval_checkpoint", "eval_episodes", "progress", "cuda",
+    "torch_threads",
+)  # fmt: skip
+# Every numeric flag and the range it must lie in (checked before anything starts; see check_flags)
+FLAG_RULES = {
+    "total_timesteps": ">= 1", "learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gamma": "in [0, 1]",
+    "gae_lambda": "in [0, 1]", "num_minibatches": ">= 1", "update_epochs": ">= 1", "clip_coef": "> 0",
+    "ent_coef": ">= 0", "vf_coef": ">= 0", "max_grad_norm": "> 0", "target_kl": "> 0", "obs_clip": "> 0",
+    "reward_clip": "> 0", "seed": ">= 0", "torch_threads": ">= 0", "checkpoint_interval": ">= 0",
+    "keep_checkpoints": ">= 1", "eval_episodes": ">= 1",
+}  # fmt: skip
+
+
+def validate_args(args: Args) -> None:
+    """What single-flag rules cannot say: sizes that must fit together."""
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches != 0:
+        raise UserError(f"num_minibatches ({args.num_minibatches}) must divide the batch size num_envs * num_steps = "
+                        f"{args.num_envs} * {args.num_steps} = {batch_size}.")  # fmt: skip
+    if args.total_timesteps < batch_size:
+        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one batch (num_envs * num_steps = "
+                        f"{batch_size}): no update would run. Raise --total-timesteps or lower --num-steps.")  # fmt: skip
+
+
+def probe_env(env_id: str) -> tuple[tuple, tuple]:
+    """Make the env once to check it exists and has a continuous (Box) action space; return (obs, action) shapes."""
+    check_env_id(env_id)
+    try:
+        env = gym.wrappers.FlattenObservation(gym.make(env_id))
+    except gym.error.Error as e:
+        raise UserError(f"environment '{env_id}' could not be created: {e}") from None
+    obs_space, act_space = env.observation_space, env.action_space
+    env.close()
+    if not isinstance(act_space, gym.spaces.Box):
+        raise UserError(f"{env_id} has a {type(act_space).__name__} action space ({act_space}); this PPO needs a "
+                        f"continuous Box action space. For discrete actions use a discrete-action PPO.")  # fmt: skip
+    if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
+        raise UserError(f"{env_id}'s action space {act_space} is unbounded; actions are clipped to its bounds.")
+    return obs_space.shape, act_space.shape
+
+
+def evaluate(
+    agent: Agent,
+    env_id: str,
+    obs_rms: Optional[RunningMeanStd],
+    obs_clip: float,
+    episodes: int,
+    seed: int,
+    device: torch.device,
+    video_dir: Optional[str] = None,
+) -> list:
+    """Deterministic episodes (the Gaussian's mean action) with the normalization statistics frozen."""
+    env = make_env(env_id, 0, video_dir is not None, video_dir or "")()
+    low, high = env.action_space.low, env.action_space.high
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        done, total = False, 0.0
+        while not done:
+            x = normalize_obs(obs, obs_rms, obs_clip) if obs_rms is not None else obs.astype(np.float32)
+            with torch.inference_mode():
+                action = agent.actor_mean(torch.as_tensor(x, device=device).unsqueeze(0))[0].cpu().numpy()
+            obs, reward, terminated, truncated, _ = env.step(np.clip(action, low, high))
+            total += float(reward)
+            done = terminated or truncated
+        returns.append(total)
+    env.close()
+    return returns
+
+
+def eval_only(args: Args, device: torch.device) -> None:
+    """--eval-checkpoint: deterministic episodes with frozen normalization; print and log eval/episodic_return."""
+    ckpt = load_checkpoint(args.eval_checkpoint, device)
+    saved = Args(**{f.name: ckpt["args"][f.name] for f in dataclasses.fields(Args) if f.name in ckpt["args"]})
+    obs_shape, act_shape = probe_env(saved.env_id)
+    check_checkpoint_matches(ckpt, args.eval_checkpoint, SCRIPT_NAME, {"obs_shape": list(obs_shape),
+                                                                       "act_shape": list(act_shape)})  # fmt: skip
+    agent = Agent(int(np.prod(obs_shape)), int(np.prod(act_shape))).to(device)
+    agent.load_state_dict(ckpt["model"])
+    obs_rms = None
+    if saved.norm_obs:
+        obs_rms = RunningMeanStd(shape=(int(np.prod(obs_shape)),))
+        obs_rms.load_state_dict(ckpt["obs_rms"])
+    run_dir = Path(args.eval_checkpoint).resolve().parent.parent
+    eval_dir = run_dir / "eval" / Path(args.eval_checkpoint).stem
+    video_dir = str(eval_dir / "videos") if args.capture_video else None
+    eval_seed = saved.seed + 10_000
+    returns = evaluate(agent, saved.env_id, obs_rms, saved.obs_clip, args.eval_episodes, eval_seed, device, video_dir)
+    writer = make_writer(eval_dir, saved, purge_step=None)
+    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), ckpt["global_step"])
+    writer.close()
+    print(f"eval {saved.env_id} at step {ckpt['global_step']}: {np.mean(returns):.2f} +- {np.std(returns):.2f} "
+          f"over {len(returns)} episodes")  # fmt: skip
+
+
+# ---- speed set-up: each wraps one step of the algorithm above without changing its math ----
+def fast_parameters(module: nn.Module) -> list:
+    """The optimizer's parameter list: [one flat tensor] whose slices are all of `module`'s parameters (and whose
+    .grad's slices are their .grad). Why: these MLPs are tiny, so the update costs per-tensor overhead, not
+    arithmetic; with one tensor, gradient clipping is two ops and Adam one fused call. Zero the gradient in place
+    (`optimizer.zero_grad(set_to_none=False)`): set_to_none would cut the views loose."""
     params = list(module.parameters())
     flat = torch.cat([p.detach().reshape(-1) for p in params])
     flat_grad = torch.zeros_like(flat)
@@ -344,28 +607,413 @@ def flatten_parameters(module: nn.Module) -> nn.Parameter:
         offset += n
     flat_param = nn.Parameter(flat)
     flat_param.grad = flat_grad
-    return flat_param
+    return [flat_param]
 
 
 def mlp_numpy(x: np.ndarray, weights: list) -> np.ndarray:
-    """The actor-mean MLP (Linear-Tanh-Linear-Tanh-Linear) in numpy, for acting on one step's observations.
-    Why: torch spends ~5 us of dispatch per op on a (1, 17) input, numpy ~1 us; acting is ~60% of a step's
-    non-env time. Training (batched, autograd) stays in torch; tests check both give the same mean."""
+    """The actor-mean MLP (Linear-Tanh-Linear-Tanh-Linear) in numpy; tests check it gives the torch actor's mean."""
     w1, b1, w2, b2, w3, b3 = weights
     h = np.tanh(x @ w1.T + b1)
     h = np.tanh(h @ w2.T + b2)
     return h @ w3.T + b3
 
 
-def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
-    """1 - Var[y - y_pred] / Var[y]: 1 is a perfect value function, 0 no better than a constant, NaN if Var[y]=0."""
-    var_y = np.var(y_true)
-    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
+def acting_copy(actor_mean: nn.Sequential) -> Callable[[np.ndarray], np.ndarray]:
+    """actor_mean as a numpy function of one step's observations, with the weights it has now (a rollout's policy).
+    Why: torch spends ~5 us of dispatch per op on a (1, 17) input, numpy ~1 us; acting is ~60% of a step's
+    non-env time. Training (batched, autograd) stays in torch."""
+    weights = [p.detach().cpu().numpy() for p in actor_mean.parameters()]
+    return lambda obs: mlp_numpy(obs, weights)
 
 
-def annealed_lr(iteration: int, num_iterations: int, learning_rate: float) -> float:
-    """Linear decay from learning_rate at iteration 1 to learning_rate/num_iterations at the last iteration."""
-    return (1.0 - (iteration - 1.0) / num_iterations) * learning_rate
+# --- shared: run ---
+class StopRequest:
+    """Ctrl-C / SIGTERM handler: the first signal asks the loop to stop at the end of the current iteration (a
+    consistent state to save); a second one interrupts at once, without saving.
+    Why a flag, not `except KeyboardInterrupt`: the exception lands at an arbitrary point (inside the TensorBoard
+    writer, a checkpoint write, ...); a flag checked between iterations never cuts anything half-way."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __call__(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+class Progress:
+    """On a terminal: one self-overwriting line with an ETA. Otherwise (Slurm, nohup, CI logs): a plain line every
+    `every_s` seconds and one at the end, so a log file shows the run advancing."""
+
+    def __init__(self, enabled: bool, total: int, every_s: float = 30.0):
+        self.enabled, self.tty, self.total, self.every_s = enabled, sys.stdout.isatty(), total, every_s
+        self.last_print, self.line = time.monotonic(), ""
+
+    def update(self, step: int, sps: float, recent_return: Optional[float]) -> None:
+        if not self.enabled:
+            return
+        ret = "   n/a" if recent_return is None else f"{recent_return:9.1f}"
+        eta = (self.total - step) / sps if sps > 0 else math.inf
+        eta_text = "?" if not math.isfinite(eta) else time.strftime("%H:%M:%S", time.gmtime(eta))
+        if eta >= 86_400 and math.isfinite(eta):
+            eta_text = f"{eta / 86_400:.1f} days"
+        self.line = f"step {step:>10,}/{self.total:,} | {sps:6.0f} SPS | return (last 10) {ret} | ETA {eta_text}"
+        if self.tty:
+            print(f"\r{self.line}", end="", flush=True)
+        elif time.monotonic() - self.last_print >= self.every_s:
+            print(self.line, flush=True)
+            self.last_print = time.monotonic()
+
+    def close(self) -> None:
+        if self.enabled and self.line:
+            print() if self.tty else print(self.line, flush=True)
+
+
+def to_plain(obj) -> dict:
+    """An object's attributes (a dataclass's fields) as plain data that loads with weights_only=True: arrays become
+    tensors; all are copies. For loop states, and for parts without state_dict() (e.g. running statistics)."""
+    plain = {}
+    for name, value in vars(obj).items():
+        if isinstance(value, np.ndarray):
+            value = torch.from_numpy(np.array(value))
+        elif isinstance(value, torch.Tensor):
+            value = value.detach().cpu().clone()
+        plain[name] = value
+    return plain
+
+
+def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
+    """Set an object's attributes from to_plain's dict, in their current types and devices. Dataclass fields marked
+    metadata={"env": True} describe the envs' episodes: kept as they are when the envs restart from a reset."""
+    env_fields = {f.name for f in dataclasses.fields(obj) if f.metadata.get("env")} if dataclasses.is_dataclass(obj) else set()
+    for name, current in vars(obj).items():
+        if name not in saved or (name in env_fields and not env_exact):
+            continue
+        value = saved[name]
+        if isinstance(current, np.ndarray):
+            value = value.numpy().astype(current.dtype)
+        elif isinstance(current, torch.Tensor):
+            value = value.to(current.device)
+        setattr(obj, name, value)
+
+
+class Run:
+    """A training run's bookkeeping, the same in every script: the run folder (a new
+    `runs/<env>__<exp>__<seed>__<time>`, or the resumed checkpoint's), args.json, TensorBoard, wandb, the progress
+    line, Ctrl-C / SIGTERM, the log window (SPS and phase timings) and checkpoints. A checkpoint holds the loop
+    state (a dataclass with global_step and iteration), every part given to attach() (anything with state_dict /
+    load_state_dict, or plain attributes), the recent returns and the RNG states: plain data, written atomically."""
+
+    def __init__(self, args, script: str, ckpt: Optional[dict], shapes: dict, log_every: int):
+        self.args, self.script, self.ckpt, self.shapes, self.log_every = args, script, ckpt, shapes, log_every
+        if ckpt is not None:
+            check_checkpoint_matches(ckpt, args.resume, script, shapes)
+            if ckpt["iteration"] >= args.num_iterations:
+                raise UserError(f"checkpoint '{args.resume}' is at iteration {ckpt['iteration']} (step "
+                                f"{ckpt['global_step']}) and --total-timesteps {args.total_timesteps} gives "
+                                f"{args.num_iterations} iterations: nothing left to do. Raise --total-timesteps to "
+                                "continue.")  # fmt: skip
+            self.dir, self.name = Path(args.resume).resolve().parent.parent, ckpt["run_name"]
+        else:
+            safe_env_id = args.env_id.replace("/", "-").replace(":", "-")  # "ALE/Pong-v5": no nested folders
+            self.name = f"{safe_env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+            self.dir = Path(args.runs_dir) / self.name
+        self.ckpt_dir = self.dir / "checkpoints"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if args.track:
+            init_tracking(args, self.name, self.dir)
+        self.writer = make_writer(self.dir, args, purge_step=None if ckpt is None else ckpt["global_step"] + 1)
+        if ckpt is None:
+            (self.dir / "args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2))
+        print(f"run: {self.dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
+        self.recent_returns: list = []  # the last 10 episodes' returns, for the progress line
+        self.phase_time: dict = {}  # seconds per phase (run.timer) in the current log window
+        self.state, self.parts, self.closing, self.stopped = None, {}, None, False
+
+    def attach(self, state, envs, **parts) -> None:
+        """Register what a checkpoint holds (the loop state and the parts) and what to close at the end; on
+        --resume, load them all from the checkpoint, then the RNG states."""
+        self.state, self.closing, self.parts = state, envs, parts
+        if self.ckpt is None:
+            return
+        for name, part in parts.items():
+            part.load_state_dict(self.ckpt[name]) if hasattr(part, "load_state_dict") else load_plain(part, self.ckpt[name])
+        exact = all(getattr(part, "exact", True) for part in parts.values())
+        if not exact:
+            print(f"warning: {self.args.env_id}'s simulator state cannot be captured; its envs restart from a reset.")
+        load_plain(state, self.ckpt["run_state"], exact)
+        self.recent_returns = list(self.ckpt["run_state"]["recent_returns"])
+        set_rng_states(self.ckpt["rng_states"])
+
+    def iterations(self, state, num_iterations: int):
+        """The loop's iteration numbers, continuing a resumed run. Between two iterations: the log window's SPS and
+        timings, the progress line, periodic checkpoints (every --checkpoint-interval env steps), and a clean stop
+        after Ctrl-C / SIGTERM."""
+        stop = StopRequest()
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+        progress = Progress(self.args.progress, self.args.total_timesteps)
+        start_time, start_step = time.time(), state.global_step
+        window_step, saved_step, threads_checked = state.global_step, state.global_step, time.monotonic()
+        try:
+            for iteration in range(state.iteration + 1, num_iterations + 1):
+                state.iteration = iteration
+                yield iteration
+                if self.log_due(state.global_step, window_step):
+                    sps = (state.global_step - start_step) / (time.time() - start_time)
+                    self.writer.add_scalar("charts/SPS", sps, state.global_step)
+                    for phase, seconds in self.phase_time.items():
+                        us = seconds / (state.global_step - window_step) * 1e6
+                        self.writer.add_scalar(f"charts/{phase}_us_per_step", us, state.global_step)
+                    self.phase_time = dict.fromkeys(self.phase_time, 0.0)
+                    recent = float(np.mean(self.recent_returns)) if self.recent_returns else None
+                    progress.update(state.global_step, sps, recent)
+                    window_step = state.global_step
+                if time.monotonic() - threads_checked > 5.0:
+                    share_threads(self.args.torch_threads, RUNS_FOLDER)
+                    threads_checked = time.monotonic()
+                interval = self.args.checkpoint_interval
+                if interval > 0 and state.global_step // interval > saved_step // interval:
+                    self.save("step")
+                    prune_checkpoints(self.ckpt_dir, self.args.keep_checkpoints)
+                    saved_step = state.global_step
+                if stop.requested:
+                    self.stopped = True
+                    break
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            progress.close()
+
+    def log_due(self, step: int, window_step: int) -> bool:
+        """Does a log window end at `step`? (It ends each time global_step passes a multiple of log_every.)"""
+        return step // self.log_every > window_step // self.log_every
+
+    @contextmanager
+    def timer(self, phase: str):
+        """Time a phase of the loop; logged per env step as charts/<phase>_us_per_step at the end of each window."""
+        start = time.perf_counter()
+        yield
+        self.phase_time[phase] = self.phase_time.get(phase, 0.0) + time.perf_counter() - start
+
+    def log(self, step: int, scalars: dict) -> None:
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, value, step)
+
+    def episode(self, episode_return: float, length: int, step: int) -> None:
+        """A finished episode: its true return and length, against the global step at which it ended."""
+        self.writer.add_scalar("charts/episodic_return", episode_return, step)
+        self.writer.add_scalar("charts/episodic_length", length, step)
+        self.recent_returns = (self.recent_returns + [float(episode_return)])[-10:]
+
+    def save(self, kind: str) -> Path:
+        """Write a checkpoint `<kind>_<global step>.pt`; tensors are saved as they are now (torch.save copies)."""
+        state = {"format": 1, "script": self.script, "run_name": self.name, "args": dataclasses.asdict(self.args),
+                 "global_step": self.state.global_step, "iteration": self.state.iteration, **self.shapes,
+                 **{name: part.state_dict() if hasattr(part, "state_dict") else to_plain(part)
+                    for name, part in self.parts.items()},
+                 "run_state": {**to_plain(self.state), "recent_returns": list(self.recent_returns)},
+                 "rng_states": get_rng_states()}  # fmt: skip
+        path = self.ckpt_dir / checkpoint_name(kind, self.state.global_step)
+        save_checkpoint(state, path)
+        return path
+
+    def finish(self) -> bool:
+        """After the loop. Stopped by Ctrl-C / SIGTERM: save, say how to resume, exit 130. With --save-model: save
+        the final checkpoint and return True (the caller evaluates it)."""
+        if self.stopped:
+            path = self.save("interrupted")
+            print(f"interrupted: saved step {self.state.global_step} (iteration {self.state.iteration}) to {path}\n"
+                  f"resume with: python {self.script}.py --resume {path}", file=sys.stderr)  # fmt: skip
+            self.close()
+            sys.exit(130)
+        if self.args.save_model:
+            print(f"model saved to {self.save('final')}")
+        return self.args.save_model
+
+    def close(self) -> None:
+        rss = peak_rss_mb()
+        if rss is not None:
+            print(f"peak RSS: {rss:.0f} MB")
+        self.writer.close()
+        if self.closing is not None:
+            self.closing.close()
+        if self.args.track:
+            import wandb
+
+            wandb.finish()
+
+
+def wandb_credentials_available() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")
+
+
+def check_tracking(track: bool) -> None:
+    """Never wait at wandb's login prompt: with no credentials and WANDB_MODE not offline/disabled, stop at once,
+    before anything is written."""
+    mode = os.environ.get("WANDB_MODE", "").lower()
+    if track and mode not in ("offline", "disabled", "dryrun") and not wandb_credentials_available():
+        raise UserError("--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
+                        "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`).")  # fmt: skip
+
+
+def init_tracking(args, run_name: str, run_dir: Path) -> None:
+    """wandb mirrors the TensorBoard scalars (sync_tensorboard=True: call before creating the SummaryWriter)."""
+    check_tracking(True)
+    import wandb
+
+    wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
+               name=run_name, dir=str(run_dir), save_code=True)  # fmt: skip
+
+
+def make_writer(run_dir: Path, args, purge_step: Optional[int]):
+    """TensorBoard writer. On resume, purge_step hides events logged after the checkpoint (one continuous curve)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(run_dir), purge_step=purge_step)
+    if purge_step is None:
+        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer
+
+
+# --- end shared: run ---
+
+
+# --- shared: checkpoint ---
+def save_checkpoint(state: dict, path: Path) -> None:
+    """Write atomically: a temporary file in the same folder, fsync, then rename over the target. A crash or
+    Ctrl-C mid-write leaves at worst a stray .tmp file, never a truncated checkpoint under the real name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_checkpoint(path: str, map_location: torch.device) -> dict:
+    """Load with weights_only=True: plain tensors and Python data only, never arbitrary pickled objects."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"checkpoint '{path}' does not exist (or is not a file).")
+    try:
+        state = torch.load(p, map_location=map_location, weights_only=True)
+    except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
+        raise UserError(f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}).") from None  # fmt: skip
+    if not isinstance(state, dict) or "format" not in state or "args" not in state:
+        raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
+    return state
+
+
+def check_checkpoint_matches(ckpt: dict, path: str, script: str, shapes: dict) -> None:
+    """Refuse a checkpoint of another script, or one made for an env of other shapes (`shapes`: name -> value)."""
+    if ckpt.get("script") != script:
+        raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script', 'another script')}.py, not by "
+                        f"{script}.py.")  # fmt: skip
+    saved = {k: ckpt.get(k) for k in shapes}
+    if saved != shapes:
+        describe = lambda d: ", ".join(f"{k} {tuple(v) if isinstance(v, list) else v}" for k, v in d.items())  # noqa: E731
+        raise UserError(f"checkpoint '{path}' was made for {ckpt['args']['env_id']} ({describe(saved)}), which does not "
+                        f"fit this env ({describe(shapes)}).")  # fmt: skip
+
+
+def prune_checkpoints(ckpt_dir: Path, keep: int, prefix: str = "step_") -> None:
+    """Delete all but the newest `keep` periodic checkpoints (names sort by zero-padded global step)."""
+    periodic = sorted(ckpt_dir.glob(f"{prefix}*.pt"))
+    for old in periodic[: max(len(periodic) - keep, 0)]:
+        old.unlink()
+
+
+def checkpoint_name(kind: str, global_step: int) -> str:
+    return f"{kind}_{global_step:010d}.pt"
+
+
+# --- end shared: checkpoint ---
+
+
+# --- shared: validation ---
+RULES = {
+    "> 0": lambda v: v > 0,
+    ">= 0": lambda v: v >= 0,
+    ">= 1": lambda v: v >= 1,
+    "in [0, 1]": lambda v: 0 <= v <= 1,
+    "in (0, 1]": lambda v: 0 < v <= 1,
+}
+
+
+def check_flags(args, rules: dict) -> None:
+    """Every numeric flag against its rule in `rules` (flag name -> a key of RULES); None (an unset optional) passes."""
+    for name, rule in rules.items():
+        value = getattr(args, name)
+        if value is not None and not RULES[rule](value):
+            raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
+
+
+def flags_on_command_line(argv: list, cls) -> set:
+    """Field names of the flags typed on the command line (`--x`, `--x=v`, `--no-x`). Why read argv: tyro cannot
+    tell a flag set to its default from a flag not given."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    given = set()
+    for word in argv:
+        if word.startswith("--"):
+            name = word[2:].split("=", 1)[0].replace("-", "_")
+            given.add(name[3:] if name not in names and name.startswith("no_") else name)
+    return given & names
+
+
+def merge_resume_args(cli, saved: dict, overridable: tuple, given: set):
+    """--resume: the checkpoint's Args, except the flags in `overridable` (taken from the command line). A fixed flag
+    typed on the command line with another value than the checkpoint's is refused, never silently ignored."""
+    cls = type(cli)
+    merged = dict(saved)
+    for f in dataclasses.fields(cls):
+        if f.name in overridable or f.name not in saved:
+            merged[f.name] = getattr(cli, f.name)
+        elif f.name in given and getattr(cli, f.name) != saved[f.name]:
+            raise UserError(f"--{f.name.replace('_', '-')} {getattr(cli, f.name)} conflicts with the checkpoint, which "
+                            f"was trained with {saved[f.name]}: a resumed run keeps it. Drop the flag, or start a new "
+                            "run.")  # fmt: skip
+    return cls(**{f.name: merged[f.name] for f in dataclasses.fields(cls)})
+
+
+def parse_command_line(cls, overridable: tuple, rules: dict, validate: Callable) -> tuple:
+    """(args, the --resume checkpoint or None, device): flags parsed and checked before anything starts, torch's
+    threads set, and on --resume the checkpoint loaded and its Args merged with the command line's."""
+    args = tyro.cli(cls)
+    if args.capture_video and not os.environ.get("DISPLAY"):
+        # headless: MuJoCo renders through EGL (Mesa's software EGL works without a GPU). Set before mujoco loads.
+        os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL") or "egl"
+    quiet_mujoco_warnings()
+    if args.resume and args.eval_checkpoint:
+        raise UserError("--resume and --eval-checkpoint exclude each other: evaluate a checkpoint, or continue it.")
+    check_flags(args, rules)  # a resumed run is checked again once its Args are merged with the checkpoint's
+    if not args.resume:
+        validate(args)
+    check_tracking(args.track)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.torch_threads == 0:
+        register_run(RUNS_FOLDER)
+    share_threads(args.torch_threads, RUNS_FOLDER)
+    ckpt = None
+    if args.resume:
+        ckpt = load_checkpoint(args.resume, device)
+        args = merge_resume_args(args, ckpt["args"], overridable, flags_on_command_line(sys.argv[1:], cls))
+        check_flags(args, rules)
+        validate(args)
+    return args, ckpt, device
+
+
+# --- end shared: validation ---
 
 
 # --- shared: errors ---
@@ -446,12 +1094,68 @@ def set_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def pick_torch_threads(requested: int) -> int:
-    """0 means one thread per core this process may run on (respects taskset/cgroups, unlike os.cpu_count)."""
-    return requested if requested > 0 else len(os.sched_getaffinity(0))
-
-
 # --- end shared: seeding ---
+
+
+# --- shared: threads ---
+def usable_cores() -> int:
+    """Cores this process may run on: os.sched_getaffinity respects taskset / cgroups but exists only on Linux;
+    elsewhere (macOS, Windows) os.cpu_count()."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def peak_rss_mb() -> Optional[float]:
+    """Peak resident memory of this process in MB; None where the `resource` module is missing (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
+
+
+RUNS_FOLDER = Path(tempfile.gettempdir()) / "onefile-rl-runs"  # one file per live run, named by its pid
+
+
+def register_run(folder: Path) -> None:
+    """Leave this process's entry in `folder` for as long as it lives (see share_threads)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        entry = folder / str(os.getpid())
+        entry.touch()
+        atexit.register(entry.unlink, missing_ok=True)
+    except OSError:  # a read-only temp dir: this run then counts only the others
+        pass
+
+
+def live_runs(folder: Path) -> int:
+    """Runs of these scripts alive on this machine (at least 1: this one); entries of dead processes are removed."""
+    alive = 0
+    for entry in folder.glob("[0-9]*"):
+        try:
+            os.kill(int(entry.name), 0)
+            alive += 1
+        except ProcessLookupError:
+            entry.unlink(missing_ok=True)
+        except (ValueError, OSError):  # PermissionError: another user's live process
+            alive += 1
+    return max(alive, 1)
+
+
+def share_threads(requested: int, folder: Path) -> int:
+    """Set torch's CPU threads: --torch-threads N > 0 fixes N; 0 (the default) shares this machine's cores among
+    the runs of these scripts alive on it (the Run re-checks every few seconds, so a run started alone gives up
+    cores when a second one starts). Why: torch's OpenMP threads spin while they wait, so two runs with a thread
+    per core each ran ~6x slower on 2 cores (3,178 SPS alone; 524 and 549 side by side); split, each keeps a core."""
+    threads = requested if requested > 0 else max(1, usable_cores() // live_runs(folder))
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return threads
+
+
+# --- end shared: threads ---
 
 
 # --- shared: env-state ---
@@ -503,534 +1207,25 @@ def restore_env_state(env: gym.Env, state: dict) -> None:
             base.last_u = state["last_u"]
 
 
+class EnvStates:
+    """The states of a SyncVectorEnv's envs as one checkpoint part (state_dict / load_state_dict); `exact` says
+    whether the last load restored every env exactly (else they run on from a reset)."""
+
+    def __init__(self, envs: gym.vector.SyncVectorEnv):
+        self.envs, self.exact = envs, True
+
+    def state_dict(self) -> list:
+        return [capture_env_state(env) for env in self.envs.envs]
+
+    def load_state_dict(self, states: list) -> None:
+        if len(states) != len(self.envs.envs):
+            raise UserError(f"checkpoint has {len(states)} env states, the run has {len(self.envs.envs)} envs.")
+        for env, state in zip(self.envs.envs, states):
+            restore_env_state(env, state)
+        self.exact = all(state["exact"] for state in states)
+
+
 # --- end shared: env-state ---
-
-
-# --- shared: checkpoint ---
-def save_checkpoint(state: dict, path: Path) -> None:
-    """Write atomically: a temporary file in the same folder, fsync, then rename over the target. A crash or
-    Ctrl-C mid-write leaves at worst a stray .tmp file, never a truncated checkpoint under the real name."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def load_checkpoint(path: str, map_location: torch.device) -> dict:
-    """Load with weights_only=True: plain tensors and Python data only, never arbitrary pickled objects."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"checkpoint '{path}' does not exist (or is not a file).")
-    try:
-        state = torch.load(p, map_location=map_location, weights_only=True)
-    except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
-        raise UserError(f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''}).") from None  # fmt: skip
-    if not isinstance(state, dict) or "format" not in state or "args" not in state:
-        raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
-    return state
-
-
-def prune_checkpoints(ckpt_dir: Path, keep: int, prefix: str = "step_") -> None:
-    """Delete all but the newest `keep` periodic checkpoints (names sort by zero-padded global step)."""
-    periodic = sorted(ckpt_dir.glob(f"{prefix}*.pt"))
-    for old in periodic[: max(len(periodic) - keep, 0)]:
-        old.unlink()
-
-
-def checkpoint_name(kind: str, global_step: int) -> str:
-    return f"{kind}_{global_step:010d}.pt"
-
-
-def merge_resume_args(cli, saved: dict, overridable: tuple):
-    """The checkpoint's Args win, except the flags in `overridable`; a conflicting flag gets a warning."""
-    cls = type(cli)
-    defaults = cls()
-    merged = dict(saved)
-    for f in dataclasses.fields(cls):
-        if f.name in overridable or f.name not in saved:
-            merged[f.name] = getattr(cli, f.name)
-        elif getattr(cli, f.name) != getattr(defaults, f.name) and getattr(cli, f.name) != saved[f.name]:
-            print(f"warning: --{f.name.replace('_', '-')} {getattr(cli, f.name)} ignored: resuming keeps the checkpoint's "
-                  f"value {saved[f.name]}.", file=sys.stderr)  # fmt: skip
-    return cls(**{f.name: merged[f.name] for f in dataclasses.fields(cls)})
-
-
-# --- end shared: checkpoint ---
-
-
-# --- shared: logging ---
-def wandb_credentials_available() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")
-
-
-def check_tracking(track: bool) -> None:
-    """Never wait at wandb's login prompt: with no credentials and WANDB_MODE not offline/disabled, stop at once,
-    before anything is written."""
-    mode = os.environ.get("WANDB_MODE", "").lower()
-    if track and mode not in ("offline", "disabled", "dryrun") and not wandb_credentials_available():
-        raise UserError("--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
-                        "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`).")  # fmt: skip
-
-
-def init_tracking(args, run_name: str, run_dir: Path) -> None:
-    """wandb mirrors the TensorBoard scalars (sync_tensorboard=True: call before creating the SummaryWriter)."""
-    check_tracking(True)
-    import wandb
-
-    wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
-               name=run_name, dir=str(run_dir), save_code=True)  # fmt: skip
-
-
-def make_writer(run_dir: Path, args, purge_step: Optional[int]):
-    """TensorBoard writer. On resume, purge_step hides events logged after the checkpoint (one continuous curve)."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(str(run_dir), purge_step=purge_step)
-    if purge_step is None:
-        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-    return writer
-
-
-class Progress:
-    """One self-overwriting status line on a terminal; silent when stdout is not a TTY (logs, CI, nohup)."""
-
-    def __init__(self, enabled: bool, total: int):
-        self.enabled = enabled and sys.stdout.isatty()
-        self.total = total
-
-    def update(self, step: int, sps: float, recent_return: Optional[float]) -> None:
-        if self.enabled:
-            ret = "   n/a" if recent_return is None else f"{recent_return:9.1f}"
-            print(f"\rstep {step:>10,}/{self.total:,} | {sps:6.0f} SPS | return (last 10) {ret}", end="", flush=True)
-
-    def close(self) -> None:
-        if self.enabled:
-            print()
-
-
-# --- end shared: logging ---
-
-
-def evaluate(
-    agent: Agent,
-    env_id: str,
-    obs_rms: Optional[RunningMeanStd],
-    obs_clip: float,
-    episodes: int,
-    seed: int,
-    device: torch.device,
-    video_dir: Optional[str] = None,
-) -> list:
-    """Deterministic episodes (the Gaussian's mean action) with the normalization statistics frozen."""
-    env = make_env(env_id, 0, video_dir is not None, video_dir or "")()
-    low, high = env.action_space.low, env.action_space.high
-    returns = []
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
-        done, total = False, 0.0
-        while not done:
-            x = normalize_obs(obs, obs_rms, obs_clip) if obs_rms is not None else obs.astype(np.float32)
-            with torch.inference_mode():
-                action = agent.actor_mean(torch.as_tensor(x, device=device).unsqueeze(0))[0].cpu().numpy()
-            obs, reward, terminated, truncated, _ = env.step(np.clip(action, low, high))
-            total += float(reward)
-            done = terminated or truncated
-        returns.append(total)
-    env.close()
-    return returns
-
-
-def validate_args(args: Args) -> None:
-    if args.num_envs < 1 or args.num_steps < 1 or args.num_minibatches < 1 or args.update_epochs < 1:
-        raise UserError("num_envs, num_steps, num_minibatches and update_epochs must all be at least 1.")
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches != 0:
-        raise UserError(f"num_minibatches ({args.num_minibatches}) must divide the batch size num_envs * num_steps = "
-                        f"{args.num_envs} * {args.num_steps} = {batch_size}.")  # fmt: skip
-    if args.total_timesteps < batch_size:
-        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one batch (num_envs * num_steps = "
-                        f"{batch_size}): no update would run. Raise --total-timesteps or lower --num-steps.")  # fmt: skip
-    if args.checkpoint_interval < 0 or args.keep_checkpoints < 1 or args.eval_episodes < 1:
-        raise UserError("checkpoint_interval must be >= 0, keep_checkpoints >= 1 and eval_episodes >= 1.")
-    check_tracking(args.track)
-
-
-def probe_env(env_id: str) -> tuple[tuple, tuple]:
-    """Make the env once to check it exists and has a continuous (Box) action space; return (obs, action) shapes."""
-    check_env_id(env_id)
-    try:
-        env = gym.wrappers.FlattenObservation(gym.make(env_id))
-    except gym.error.Error as e:
-        raise UserError(f"environment '{env_id}' could not be created: {e}") from None
-    obs_space, act_space = env.observation_space, env.action_space
-    env.close()
-    if not isinstance(act_space, gym.spaces.Box):
-        raise UserError(f"{env_id} has a {type(act_space).__name__} action space ({act_space}); this PPO needs a "
-                        f"continuous Box action space. For discrete actions use a discrete-action PPO.")  # fmt: skip
-    if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
-        raise UserError(f"{env_id}'s action space {act_space} is unbounded; actions are clipped to its bounds.")
-    return obs_space.shape, act_space.shape
-
-
-def check_checkpoint_matches(ckpt: dict, path: str, obs_shape: tuple, act_shape: tuple) -> None:
-    if ckpt.get("script") != "ppo_continuous":
-        raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script')}.py, not ppo_continuous.py.")
-    if tuple(ckpt["obs_shape"]) != tuple(obs_shape) or tuple(ckpt["act_shape"]) != tuple(act_shape):
-        raise UserError(f"checkpoint '{path}' was made for {ckpt['args']['env_id']} (observations {tuple(ckpt['obs_shape'])}"
-                        f", actions {tuple(ckpt['act_shape'])}), which does not fit this env (observations {obs_shape}, "
-                        f"actions {act_shape}).")  # fmt: skip
-
-
-class StopRequest:
-    """Ctrl-C / SIGTERM handler: the first signal asks the loop to stop at the end of the current iteration (a
-    consistent state to save); a second one interrupts at once, without saving."""
-
-    def __init__(self):
-        self.requested = False
-
-    def __call__(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-
-def main() -> None:
-    args = tyro.cli(Args)
-    if args.capture_video and not os.environ.get("DISPLAY"):
-        # headless: MuJoCo renders through EGL (Mesa's software EGL works without a GPU). Set before mujoco loads.
-        os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL") or "egl"
-    quiet_mujoco_warnings()
-    if args.resume and args.eval_checkpoint:
-        raise UserError("--resume and --eval-checkpoint exclude each other: evaluate a checkpoint, or continue it.")
-    if not args.resume:  # a resumed run is checked once its Args are merged with the checkpoint's
-        validate_args(args)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    # Small MLPs: a thread per core is the deliberate default (README, "Speed"); --torch-threads overrides.
-    torch.set_num_threads(pick_torch_threads(args.torch_threads))
-
-    if args.eval_checkpoint:
-        return eval_only(args, device)
-
-    ckpt = None
-    if args.resume:
-        ckpt = load_checkpoint(args.resume, device)
-        args = merge_resume_args(args, ckpt["args"], RESUME_OVERRIDABLE)
-        validate_args(args)
-    args.batch_size = int(args.num_envs * args.num_steps)
-    args.minibatch_size = int(args.batch_size // args.num_minibatches)
-    args.num_iterations = args.total_timesteps // args.batch_size
-    obs_shape, act_shape = probe_env(args.env_id)
-    if ckpt is not None:
-        check_checkpoint_matches(ckpt, args.resume, obs_shape, act_shape)
-        if ckpt["iteration"] >= args.num_iterations:
-            raise UserError(f"checkpoint '{args.resume}' is at iteration {ckpt['iteration']} (step {ckpt['global_step']}) "
-                            f"and --total-timesteps {args.total_timesteps} gives {args.num_iterations} iterations: "
-                            "nothing left to do. Raise --total-timesteps to continue.")  # fmt: skip
-        run_dir = Path(args.resume).resolve().parent.parent
-        run_name = ckpt["run_name"]
-    else:
-        # "ALE/Pong-v5" or "module:Env-v0" must not become nested or odd folder names
-        safe_env_id = args.env_id.replace("/", "-").replace(":", "-")
-        run_name = f"{safe_env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        run_dir = Path(args.runs_dir) / run_name
-    ckpt_dir = run_dir / "checkpoints"
-
-    # ---- logging ----
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if args.track:
-        init_tracking(args, run_name, run_dir)
-    writer = make_writer(run_dir, args, purge_step=None if ckpt is None else ckpt["global_step"] + 1)
-    if ckpt is None:
-        (run_dir / "args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2))
-    print(f"run: {run_dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
-
-    # ---- seeding ----
-    seed_everything(args.seed, args.torch_deterministic)
-
-    # ---- env setup ----
-    # SAME_STEP autoreset: step() returns the next episode's first obs and puts the true last obs of the finished
-    # episode in infos["final_obs"]. Every stored transition is then a real one (gymnasium 1.x's default, NEXT_STEP,
-    # would return one extra step per episode whose action is ignored, which must not enter training).
-    envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id, i, args.capture_video, str(run_dir / "videos")) for i in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
-    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "the loop assumes same-step autoreset"
-    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_shape))
-    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
-
-    agent = Agent(obs_dim, act_dim).to(device)
-    flat_params = flatten_parameters(agent)  # one tensor: cheap clipping and a single fused Adam step
-    optimizer = torch.optim.Adam([flat_params], lr=args.learning_rate, eps=1e-5, fused=True)
-    obs_rms = RunningMeanStd(shape=(obs_dim,))
-    return_rms = RunningMeanStd(shape=())
-
-    # ---- storage: everything indexed "at step t" of the rollout ----
-    obs_buf = np.zeros((args.num_steps, args.num_envs, obs_dim), np.float32)  # normalized obs the policy saw
-    next_obs_buf = np.zeros_like(obs_buf)  # normalized true next obs of transition t (final obs at an episode end)
-    actions_buf = np.zeros((args.num_steps, args.num_envs, act_dim), np.float32)  # unclipped Gaussian samples
-    rewards_buf = np.zeros((args.num_steps, args.num_envs), np.float32)  # scaled rewards
-    terminations_buf = np.zeros((args.num_steps, args.num_envs), bool)  # episode ended at t by a terminal state
-    truncations_buf = np.zeros((args.num_steps, args.num_envs), bool)  # episode ended at t by the time limit
-
-    # ---- start or restore the state that runs across iterations ----
-    raw_obs, _ = envs.reset(seed=args.seed)
-    episode_return = np.zeros(args.num_envs)  # true (unscaled) return of each env's running episode
-    episode_length = np.zeros(args.num_envs, np.int64)
-    discounted_return = np.zeros(args.num_envs)  # for reward scaling
-    recent_returns: list = []
-    global_step, start_iteration = 0, 1
-    if ckpt is not None:
-        agent.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        obs_rms.load_state_dict(ckpt["obs_rms"])
-        return_rms.load_state_dict(ckpt["return_rms"])
-        run_state = ckpt["run_state"]
-        if len(ckpt["env_states"]) != args.num_envs:
-            raise UserError(f"checkpoint has {len(ckpt['env_states'])} env states, the run has {args.num_envs} envs.")
-        exact = True
-        for env, env_state in zip(envs.envs, ckpt["env_states"]):
-            restore_env_state(env, env_state)
-            exact = exact and env_state["exact"]
-        if exact:
-            raw_obs = run_state["raw_obs"].numpy()
-            episode_return, episode_length = run_state["episode_return"].numpy(), run_state["episode_length"].numpy()
-            discounted_return = run_state["discounted_return"].numpy()
-        else:
-            print(f"warning: {args.env_id}'s simulator state cannot be captured; its envs restart from a reset.")
-        recent_returns = list(run_state["recent_returns"])
-        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
-        set_rng_states(ckpt["rng_states"])
-
-    def training_state(iteration: int) -> dict:
-        """A complete checkpoint as plain data (loads with weights_only=True); tensors are copies."""
-        return {
-            "format": 1,
-            "script": "ppo_continuous",
-            "run_name": run_name,
-            "args": dataclasses.asdict(args),
-            "global_step": global_step,
-            "iteration": iteration,
-            "obs_shape": list(obs_shape),
-            "act_shape": list(act_shape),
-            "model": {k: v.detach().clone().cpu() for k, v in agent.state_dict().items()},
-            "optimizer": copy.deepcopy(optimizer.state_dict()),
-            "obs_rms": obs_rms.state_dict(),
-            "return_rms": return_rms.state_dict(),
-            "env_states": [capture_env_state(env) for env in envs.envs],
-            "run_state": {
-                "raw_obs": torch.from_numpy(np.array(raw_obs, dtype=np.float64)),
-                "episode_return": torch.from_numpy(episode_return.copy()),
-                "episode_length": torch.from_numpy(episode_length.copy()),
-                "discounted_return": torch.from_numpy(discounted_return.copy()),
-                "recent_returns": list(recent_returns),
-            },
-            "rng_states": get_rng_states(),
-        }
-
-    if args.norm_obs and ckpt is None:
-        obs_rms.update(raw_obs)
-    next_obs = normalize_obs(raw_obs, obs_rms, args.obs_clip) if args.norm_obs else raw_obs.astype(np.float32)
-
-    # Ctrl-C (and SIGTERM, e.g. a cluster preempting the job) stops the loop at the end of the current iteration,
-    # whose state is consistent, and saves it. Why a flag, not `except KeyboardInterrupt`: the exception lands at an
-    # arbitrary point (inside the TensorBoard writer, a checkpoint write, ...); a flag checked between iterations never
-    # cuts anything half-way.
-    stop = StopRequest()
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    progress = Progress(args.progress, args.total_timesteps)
-    start_time, start_step = time.time(), global_step
-    iteration = start_iteration - 1
-    for iteration in range(start_iteration, args.num_iterations + 1):
-        lr = annealed_lr(iteration, args.num_iterations, args.learning_rate) if args.anneal_lr else args.learning_rate
-        optimizer.param_groups[0]["lr"] = lr
-
-        # ---- rollout: act with the current policy, record transitions ----
-        t_rollout = time.perf_counter()
-        # a = mu(s) + sigma * eps, eps ~ N(0, I): the noise for the whole rollout in one draw of torch's RNG
-        actor_weights = [p.detach().cpu().numpy() for p in agent.actor_mean.parameters()]
-        std = agent.actor_logstd.detach().exp().cpu().numpy()
-        noise = torch.randn((args.num_steps, args.num_envs, act_dim)).numpy()
-        for step in range(args.num_steps):
-            global_step += args.num_envs
-            obs_buf[step] = next_obs
-            action = mlp_numpy(next_obs, actor_weights) + std * noise[step]
-            actions_buf[step] = action
-            # The env gets the action clipped to its bounds; training keeps the sampled one, whose log-prob we know.
-            raw_obs, reward, terminations, truncations, infos = envs.step(np.clip(action, action_low, action_high))
-            episode_ended = terminations | truncations
-            episode_return += reward
-            episode_length += 1
-            real_next_raw = true_next_obs(raw_obs, episode_ended, infos)
-            if episode_ended.any():
-                for i in np.flatnonzero(episode_ended):
-                    writer.add_scalar("charts/episodic_return", episode_return[i], global_step)
-                    writer.add_scalar("charts/episodic_length", episode_length[i], global_step)
-                    recent_returns = (recent_returns + [float(episode_return[i])])[-10:]
-                episode_return[episode_ended], episode_length[episode_ended] = 0.0, 0
-            if args.norm_obs:
-                obs_rms.update(raw_obs)
-                next_obs = normalize_obs(raw_obs, obs_rms, args.obs_clip)
-                # Easy to miss: the final obs is bootstrapped from, so it goes through the same normalization.
-                next_obs_buf[step] = normalize_obs(real_next_raw, obs_rms, args.obs_clip) if episode_ended.any() else next_obs
-            else:
-                next_obs = raw_obs.astype(np.float32)
-                next_obs_buf[step] = real_next_raw
-            if args.norm_reward:
-                rewards_buf[step], discounted_return = scale_rewards(
-                    reward, discounted_return, episode_ended, return_rms, args.gamma, args.reward_clip
-                )
-            else:
-                rewards_buf[step] = reward
-            terminations_buf[step], truncations_buf[step] = terminations, truncations
-        rollout_time = time.perf_counter() - t_rollout
-
-        # ---- advantages: values and log-probs of the whole rollout in one batched pass ----
-        t_update = time.perf_counter()
-        b_obs_t = torch.from_numpy(obs_buf).to(device)
-        with torch.no_grad():
-            values = agent.get_value(b_obs_t)
-            next_values = agent.get_value(torch.from_numpy(next_obs_buf).to(device))
-            actions_t = torch.from_numpy(actions_buf).to(device)
-            logprobs = gaussian_log_prob(agent.actor_mean(b_obs_t), agent.actor_logstd, actions_t)
-        advantages = compute_gae(
-            rewards_buf, values.cpu().numpy(), next_values.cpu().numpy(), terminations_buf, truncations_buf,
-            args.gamma, args.gae_lambda,
-        )  # fmt: skip
-        returns = advantages + values.cpu().numpy()
-
-        # flatten (num_steps, num_envs) -> batch
-        b_obs = b_obs_t.reshape(-1, obs_dim)
-        b_actions = actions_t.reshape(-1, act_dim)
-        b_logprobs = logprobs.reshape(-1)
-        b_advantages = torch.from_numpy(advantages).to(device).reshape(-1)
-        b_returns = torch.from_numpy(returns).to(device).reshape(-1)
-        b_values = values.reshape(-1)
-
-        # ---- update: update_epochs passes over the batch in shuffled minibatches ----
-        # Metrics are summed over every minibatch (no .item() per minibatch: one sync per update) and averaged.
-        loss_sums = torch.zeros(4, device=device)  # policy_loss, value_loss, entropy, grad_norm
-        kl_sums = torch.zeros(3, device=device)  # old_approx_kl, approx_kl, clipfrac
-        num_epochs = 0
-        log_ratios = torch.zeros((args.num_minibatches, args.minibatch_size), device=device)
-        for epoch in range(args.update_epochs):
-            perm = torch.randperm(args.batch_size, device=device).view(args.num_minibatches, args.minibatch_size)
-            # one gather per epoch instead of one per minibatch
-            e_obs, e_actions, e_logprobs = b_obs[perm], b_actions[perm], b_logprobs[perm]
-            e_advantages, e_returns, e_values = b_advantages[perm], b_returns[perm], b_values[perm]
-            for mb in range(args.num_minibatches):
-                new_mean = agent.actor_mean(e_obs[mb])
-                new_logprob = gaussian_log_prob(new_mean, agent.actor_logstd, e_actions[mb])
-                entropy = gaussian_entropy(agent.actor_logstd).mean()  # state-independent sigma: same for all s
-                new_values = agent.get_value(e_obs[mb])
-                mb_advantages = e_advantages[mb]
-                if args.norm_adv:
-                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                pg_loss, v_loss, log_ratios[mb] = ppo_losses(
-                    new_logprob, e_logprobs[mb], mb_advantages, new_values, e_values[mb], e_returns[mb], args.clip_coef,
-                    args.clip_vloss,
-                )
-                # L = L^CLIP - c_ent * H + c_v * L^V
-                loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-                flat_params.grad.zero_()
-                loss.backward()
-                grad_norm = nn.utils.clip_grad_norm_([flat_params], args.max_grad_norm)  # norm before clipping
-                optimizer.step()
-                loss_sums += torch.stack([pg_loss.detach(), v_loss.detach(), entropy.detach(), grad_norm])
-            epoch_kl = kl_diagnostics(log_ratios, args.clip_coef)  # the epoch's mean over its minibatches
-            kl_sums += epoch_kl
-            num_epochs += 1
-            # KL early stop, on the epoch's mean approx_kl (one sync per epoch)
-            if args.target_kl is not None and epoch_kl[1].item() > args.target_kl:
-                break
-        # every metric is a mean over all minibatches of the update (not the last minibatch's value)
-        metrics = dict(zip(("policy_loss", "value_loss", "entropy", "grad_norm"),
-                           (loss_sums / (num_epochs * args.num_minibatches)).tolist()))  # fmt: skip
-        metrics.update(zip(("old_approx_kl", "approx_kl", "clipfrac"), (kl_sums / num_epochs).tolist()))
-        update_time = time.perf_counter() - t_update
-
-        # ---- logging ----
-        sps = (global_step - start_step) / (time.time() - start_time)
-        writer.add_scalar("charts/learning_rate", lr, global_step)
-        for name, value in metrics.items():
-            writer.add_scalar(f"losses/{name}", value, global_step)
-        writer.add_scalar("losses/explained_variance", explained_variance(values.cpu().numpy(), returns), global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
-        writer.add_scalar("charts/rollout_us_per_step", rollout_time / args.batch_size * 1e6, global_step)
-        writer.add_scalar("charts/update_us_per_step", update_time / args.batch_size * 1e6, global_step)
-        progress.update(global_step, sps, float(np.mean(recent_returns)) if recent_returns else None)
-
-        if args.checkpoint_interval > 0 and iteration % args.checkpoint_interval == 0:
-            save_checkpoint(training_state(iteration), ckpt_dir / checkpoint_name("step", global_step))
-            prune_checkpoints(ckpt_dir, args.keep_checkpoints)
-        if stop.requested:
-            break
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    progress.close()
-
-    if stop.requested:
-        path = ckpt_dir / checkpoint_name("interrupted", global_step)
-        save_checkpoint(training_state(iteration), path)
-        print(f"interrupted: saved iteration {iteration} to {path}\nresume with: python {os.path.basename(__file__)} "
-              f"--resume {path}", file=sys.stderr)  # fmt: skip
-        writer.close()
-        envs.close()
-        sys.exit(130)
-
-    if args.save_model:
-        path = ckpt_dir / checkpoint_name("final", global_step)
-        save_checkpoint(training_state(iteration), path)
-        print(f"model saved to {path}")
-        eval_video_dir = str(run_dir / "videos" / "eval") if args.capture_video else None
-        eval_rms = obs_rms if args.norm_obs else None
-        returns_eval = evaluate(
-            agent, args.env_id, eval_rms, args.obs_clip, args.eval_episodes, args.seed + 10_000, device, eval_video_dir
-        )
-        writer.add_scalar("eval/episodic_return", float(np.mean(returns_eval)), global_step)
-        print(f"eval: {np.mean(returns_eval):.2f} +- {np.std(returns_eval):.2f} over {len(returns_eval)} episodes")
-    writer.close()
-    envs.close()
-    if args.track:
-        import wandb
-
-        wandb.finish()
-
-
-def eval_only(args: Args, device: torch.device) -> None:
-    """--eval-checkpoint: deterministic episodes with frozen normalization; print and log eval/episodic_return."""
-    ckpt = load_checkpoint(args.eval_checkpoint, device)
-    saved = Args(**{f.name: ckpt["args"][f.name] for f in dataclasses.fields(Args) if f.name in ckpt["args"]})
-    obs_shape, act_shape = probe_env(saved.env_id)
-    check_checkpoint_matches(ckpt, args.eval_checkpoint, obs_shape, act_shape)
-    agent = Agent(int(np.prod(obs_shape)), int(np.prod(act_shape))).to(device)
-    agent.load_state_dict(ckpt["model"])
-    obs_rms = None
-    if saved.norm_obs:
-        obs_rms = RunningMeanStd(shape=(int(np.prod(obs_shape)),))
-        obs_rms.load_state_dict(ckpt["obs_rms"])
-    run_dir = Path(args.eval_checkpoint).resolve().parent.parent
-    eval_dir = run_dir / "eval" / Path(args.eval_checkpoint).stem
-    video_dir = str(eval_dir / "videos") if args.capture_video else None
-    eval_seed = saved.seed + 10_000
-    returns = evaluate(agent, saved.env_id, obs_rms, saved.obs_clip, args.eval_episodes, eval_seed, device, video_dir)
-    writer = make_writer(eval_dir, saved, purge_step=None)
-    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), ckpt["global_step"])
-    writer.close()
-    print(f"eval {saved.env_id} at step {ckpt['global_step']}: {np.mean(returns):.2f} +- {np.std(returns):.2f} "
-          f"over {len(returns)} episodes")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ CHART_TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/learni
 
 
 def test_short_run_logs_every_tag_and_writes_complete_checkpoints(tmp_path):
-    proc = run_script(SCRIPT, "--env-id", "HalfCheetah-v4", *SMALL, "--total-timesteps", "2560", "--checkpoint-interval", "2",
+    proc = run_script(SCRIPT, "--env-id", "HalfCheetah-v4", *SMALL, "--total-timesteps", "2560", "--checkpoint-interval", "512",
                       "--keep-checkpoints", "2", "--save-model", "--eval-episodes", "1", "--runs-dir", tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     # MuJoCo 4's deprecation warning about the -v4 model files stays out of the user's way; no traceback
@@ -64,7 +64,7 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     """Stop after iteration 2, resume: iterations 3-4 log the same losses as the uninterrupted run. The envs cross
     their 1000-step time limit during iteration 4, so the MuJoCo state, RNGs and time-limit counters must be right."""
     args = ["--env-id", "HalfCheetah-v5", "--num-envs", "2", "--num-steps", "256", "--num-minibatches", "4",
-            "--update-epochs", "2", "--torch-threads", "1", "--total-timesteps", "2048", "--checkpoint-interval", "1",
+            "--update-epochs", "2", "--torch-threads", "1", "--total-timesteps", "2048", "--checkpoint-interval", "512",
             "--keep-checkpoints", "10"]  # fmt: skip
     proc = run_script(SCRIPT, *args, "--runs-dir", tmp_path / "a")
     assert proc.returncode == 0, proc.stderr
@@ -187,7 +187,12 @@ def test_ctrl_c_saves_the_last_completed_iteration_and_resumes(tmp_path):
 def test_progress_display_only_on_a_terminal(tmp_path):
     args = [sys.executable, str(ROOT / SCRIPT), "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "512"]
     piped = run_script(SCRIPT, *args[2:], "--runs-dir", tmp_path / "piped")
-    assert piped.returncode == 0 and "SPS" not in piped.stdout
+    # not a terminal (Slurm, nohup, CI): plain lines, no carriage returns; at least the closing one
+    assert piped.returncode == 0 and "\r" not in piped.stdout
+    plain = [line for line in piped.stdout.splitlines() if "SPS" in line]
+    assert plain and "512/512" in plain[-1].replace(",", "") and "ETA" in plain[-1], piped.stdout
+    quiet = run_script(SCRIPT, *args[2:], "--no-progress", "--runs-dir", tmp_path / "quiet")
+    assert quiet.returncode == 0 and "SPS" not in quiet.stdout
 
     main_fd, child_fd = pty.openpty()
     proc = subprocess.Popen([*args, "--runs-dir", str(tmp_path / "tty")], cwd=ROOT, env={**os.environ, **BASE_ENV},
@@ -204,7 +209,7 @@ def test_progress_display_only_on_a_terminal(tmp_path):
         output += chunk
     assert proc.wait(timeout=60) == 0
     text = output.decode(errors="replace")
-    assert "SPS" in text and "512/512" in text.replace(",", ""), text
+    assert "SPS" in text and "512/512" in text.replace(",", "") and "\r" in text and "ETA" in text, text
 
 
 def test_track_without_credentials_stops_at_once(tmp_path):

@@ -85,10 +85,13 @@ def test_running_mean_std_matches_numpy(rng):
     data = np.concatenate(batches)
     np.testing.assert_allclose(rms.mean, data.mean(0), rtol=1e-9)
     np.testing.assert_allclose(rms.var, data.var(0), rtol=1e-9)
-    restored = ppo.RunningMeanStd(shape=(3,))
-    restored.load_state_dict(rms.state_dict())
+    restored = ppo.RunningMeanStd(shape=(3,))  # checkpointed as plain attributes (the Run's to_plain / load_plain)
+    saved = ppo.to_plain(rms)
+    assert isinstance(saved["mean"], torch.Tensor) and isinstance(saved["count"], float)
+    ppo.load_plain(restored, saved)
     np.testing.assert_array_equal(restored.mean, rms.mean)
-    assert restored.count == rms.count
+    np.testing.assert_array_equal(restored.var, rms.var)
+    assert restored.count == rms.count and restored.mean.dtype == np.float64
 
 
 def test_normalize_obs_clips():
@@ -151,23 +154,25 @@ def test_policy_gradient_raises_probability_of_advantaged_actions():
     assert mean.grad.item() < 0  # gradient descent moves the mean towards the action
 
 
-def test_explained_variance_and_annealed_lr():
+def test_explained_variance_and_annealed():
     y = np.array([1.0, 2.0, 3.0])
     assert ppo.explained_variance(y, y) == 1.0
     assert ppo.explained_variance(np.full(3, 2.0), y) == pytest.approx(0.0)
     assert math.isnan(ppo.explained_variance(y, np.ones(3)))
-    assert ppo.annealed_lr(1, 10, 1e-3) == pytest.approx(1e-3)
-    assert ppo.annealed_lr(10, 10, 1e-3) == pytest.approx(1e-4)
+    assert ppo.annealed(1, 10, 1e-3) == pytest.approx(1e-3)
+    assert ppo.annealed(10, 10, 1e-3) == pytest.approx(1e-4)
 
 
 def test_flat_parameters_train_like_plain_adam():
-    """flatten_parameters + one fused Adam + clipping on the flat grad == torch's Adam and clip_grad_norm_ per tensor."""
+    """fast_parameters + one fused Adam + clipping on the flat grad == torch's Adam and clip_grad_norm_ per tensor."""
     torch.manual_seed(0)
     plain, flat_agent = ppo.Agent(4, 2), ppo.Agent(4, 2)
     flat_agent.load_state_dict(plain.state_dict())
-    flat = ppo.flatten_parameters(flat_agent)
+    params = ppo.fast_parameters(flat_agent)
+    assert len(params) == 1
+    flat = params[0]
     opt_plain = torch.optim.Adam(plain.parameters(), lr=1e-2, eps=1e-5, foreach=False)
-    opt_flat = torch.optim.Adam([flat], lr=1e-2, eps=1e-5, fused=True)
+    opt_flat = torch.optim.Adam(params, lr=1e-2, eps=1e-5, fused=True)
     x = torch.randn(16, 4)
     for _ in range(5):
         opt_plain.zero_grad()
@@ -175,7 +180,7 @@ def test_flat_parameters_train_like_plain_adam():
         loss.backward()
         norm_plain = torch.nn.utils.clip_grad_norm_(plain.parameters(), 0.5)
         opt_plain.step()
-        flat.grad.zero_()
+        opt_flat.zero_grad(set_to_none=False)  # as main() does: in place, the views stay attached
         loss = (flat_agent.actor_mean(x) ** 2).sum() + flat_agent.get_value(x).sum() + flat_agent.actor_logstd.sum()
         loss.backward()
         norm_flat = torch.nn.utils.clip_grad_norm_([flat], 0.5)
@@ -195,6 +200,7 @@ def test_mlp_numpy_acts_like_the_torch_actor():
     with torch.no_grad():
         expected = agent.actor_mean(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(ppo.mlp_numpy(x, weights), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ppo.acting_copy(agent.actor_mean)(x), expected, rtol=1e-5, atol=1e-6)  # what the loop calls
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -279,14 +285,21 @@ def test_prune_keeps_the_newest_periodic_checkpoints(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["final_0000003000.pt", "step_0000000300.pt", "step_0000002000.pt"]
 
 
-def test_merge_resume_args_keeps_checkpoint_values_and_warns(capsys):
+def test_merge_resume_args_keeps_checkpoint_values_and_refuses_conflicts():
     saved = ppo.Args(env_id="Pendulum-v1", learning_rate=1e-3, total_timesteps=10_000)
     cli = ppo.Args(learning_rate=5e-4, total_timesteps=20_000, resume="x.pt")
-    merged = ppo.merge_resume_args(cli, vars(saved), ppo.RESUME_OVERRIDABLE)
+    given = ppo.flags_on_command_line(["--resume", "x.pt", "--total-timesteps=20000"], ppo.Args)
+    assert given == {"resume", "total_timesteps"}
+    merged = ppo.merge_resume_args(cli, vars(saved), ppo.RESUME_OVERRIDABLE, given)
     assert merged.env_id == "Pendulum-v1" and merged.learning_rate == 1e-3  # the checkpoint wins...
     assert merged.total_timesteps == 20_000 and merged.resume == "x.pt"  # ...except total_timesteps and output flags
-    err = capsys.readouterr().err
-    assert "--learning-rate" in err and "--env-id" not in err
+    # a fixed flag typed with the checkpoint's own value is fine; with another value it is refused, naming both
+    same = ppo.merge_resume_args(ppo.Args(learning_rate=1e-3), vars(saved), ppo.RESUME_OVERRIDABLE, {"learning_rate"})
+    assert same.learning_rate == 1e-3
+    with pytest.raises(ppo.UserError, match=r"--learning-rate 0.0005 .*1e-3|--learning-rate 0.0005 .*0.001"):
+        ppo.merge_resume_args(cli, vars(saved), ppo.RESUME_OVERRIDABLE, given | {"learning_rate"})
+    # a boolean turned off with --no-X counts as given
+    assert ppo.flags_on_command_line(["--no-norm-obs", "--seed", "3"], ppo.Args) == {"norm_obs", "seed"}
 
 
 def test_epoch_diagnostics_are_the_mean_over_all_minibatches():

@@ -12,19 +12,22 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(p for p in ROOT.glob("*.py"))
 START = re.compile(r"^# --- shared: (?P<name>[\w-]+) ---$")
 END = re.compile(r"^# --- end shared: (?P<name>[\w-]+) ---$")
-# every script carries these blocks: seeding, checkpoints, logging, error reporting
-REQUIRED = {"errors", "seeding", "checkpoint", "logging"}
+# every script carries these blocks: the plumbing below the banner (errors, flag checks, seeding, checkpoints, the
+# run's bookkeeping, torch's threads)
+REQUIRED = {"errors", "validation", "seeding", "checkpoint", "run", "threads"}
 # the SAC scripts: sac_continuous_ray.py distributes sac_continuous.py's parts, so it must carry them verbatim
 SAC_PARTS = {"sac-env", "sac-networks", "sac-replay-buffer", "sac-parameters", "sac-learner", "sac-rollout",
              "sac-evaluation", "sac-run"}  # fmt: skip
 # ...and each family its own: MuJoCo/classic-control scripts capture simulator state and use same-step autoreset;
-# the Atari scripts share the preprocessing, both backends, the Nature CNN and the run plumbing.
+# the Atari scripts share the preprocessing, both backends, the Nature CNN and the run plumbing; the on-policy
+# scripts share the initialization, explained variance and the schedules.
+ON_POLICY = {"layer-init", "diagnostics-and-schedules"}
 FAMILY = {
-    "ppo_continuous.py": {"env-state", "episode-boundaries", "gae", "ppo-losses"},
+    "ppo_continuous.py": {"env-state", "episode-boundaries", "gae", "ppo-losses", *ON_POLICY},
     "sac_continuous.py": {"env-state", "episode-boundaries", *SAC_PARTS},
     "sac_continuous_ray.py": {"episode-boundaries", *SAC_PARTS},
-    "ppo_atari.py": {"atari-env", "nature-cnn", "next-step-autoreset", "atari-run", "gae", "ppo-losses"},
-    "a2c_atari.py": {"atari-env", "nature-cnn", "next-step-autoreset", "atari-run"},
+    "ppo_atari.py": {"atari-env", "nature-cnn", "next-step-autoreset", "atari-run", "gae", "ppo-losses", *ON_POLICY},
+    "a2c_atari.py": {"atari-env", "nature-cnn", "next-step-autoreset", "atari-run", *ON_POLICY},
 }
 
 
