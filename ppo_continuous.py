@@ -577,7 +577,7 @@ def eval_only(args: Args, device: torch.device) -> None:
     obs_rms = None
     if saved.norm_obs:
         obs_rms = RunningMeanStd(shape=(int(np.prod(obs_shape)),))
-        obs_rms.load_state_dict(ckpt["obs_rms"])
+        load_plain(obs_rms, ckpt["obs_rms"])
     run_dir = Path(args.eval_checkpoint).resolve().parent.parent
     eval_dir = run_dir / "eval" / Path(args.eval_checkpoint).stem
     video_dir = str(eval_dir / "videos") if args.capture_video else None
@@ -675,7 +675,7 @@ def to_plain(obj) -> dict:
     tensors; all are copies. For loop states, and for parts without state_dict() (e.g. running statistics)."""
     plain = {}
     for name, value in vars(obj).items():
-        if isinstance(value, np.ndarray):
+        if isinstance(value, (np.ndarray, np.generic)):  # np.generic: 0-d arithmetic gives numpy scalars
             value = torch.from_numpy(np.array(value))
         elif isinstance(value, torch.Tensor):
             value = value.detach().cpu().clone()
@@ -691,7 +691,7 @@ def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
         if name not in saved or (name in env_fields and not env_exact):
             continue
         value = saved[name]
-        if isinstance(current, np.ndarray):
+        if isinstance(current, (np.ndarray, np.generic)):
             value = value.numpy().astype(current.dtype)
         elif isinstance(current, torch.Tensor):
             value = value.to(current.device)
@@ -730,6 +730,7 @@ class Run:
         self.recent_returns: list = []  # the last 10 episodes' returns, for the progress line
         self.phase_time: dict = {}  # seconds per phase (run.timer) in the current log window
         self.state, self.parts, self.closing, self.stopped = None, {}, None, False
+        self.stop, self.window_step = StopRequest(), 0
 
     def attach(self, state, envs, **parts) -> None:
         """Register what a checkpoint holds (the loop state and the parts) and what to close at the end; on
@@ -747,29 +748,29 @@ class Run:
         set_rng_states(self.ckpt["rng_states"])
 
     def iterations(self, state, num_iterations: int):
-        """The loop's iteration numbers, continuing a resumed run. Between two iterations: the log window's SPS and
-        timings, the progress line, periodic checkpoints (every --checkpoint-interval env steps), and a clean stop
-        after Ctrl-C / SIGTERM."""
-        stop = StopRequest()
-        signal.signal(signal.SIGINT, stop)
-        signal.signal(signal.SIGTERM, stop)
+        """The loop's iteration numbers, continuing a resumed run. After each iteration: at the end of a log window
+        its SPS, phase timings and the progress line; periodic checkpoints (every --checkpoint-interval env steps);
+        a clean stop after Ctrl-C / SIGTERM."""
+        self.stop = StopRequest()
+        signal.signal(signal.SIGINT, self.stop)
+        signal.signal(signal.SIGTERM, self.stop)
         progress = Progress(self.args.progress, self.args.total_timesteps)
         start_time, start_step = time.time(), state.global_step
-        window_step, saved_step, threads_checked = state.global_step, state.global_step, time.monotonic()
+        self.window_step, saved_step, threads_checked = state.global_step, state.global_step, time.monotonic()
         try:
             for iteration in range(state.iteration + 1, num_iterations + 1):
                 state.iteration = iteration
                 yield iteration
-                if self.log_due(state.global_step, window_step):
+                if self.log_due():
                     sps = (state.global_step - start_step) / (time.time() - start_time)
                     self.writer.add_scalar("charts/SPS", sps, state.global_step)
                     for phase, seconds in self.phase_time.items():
-                        us = seconds / (state.global_step - window_step) * 1e6
+                        us = seconds / (state.global_step - self.window_step) * 1e6
                         self.writer.add_scalar(f"charts/{phase}_us_per_step", us, state.global_step)
                     self.phase_time = dict.fromkeys(self.phase_time, 0.0)
                     recent = float(np.mean(self.recent_returns)) if self.recent_returns else None
                     progress.update(state.global_step, sps, recent)
-                    window_step = state.global_step
+                    self.window_step = state.global_step
                 if time.monotonic() - threads_checked > 5.0:
                     share_threads(self.args.torch_threads, RUNS_FOLDER)
                     threads_checked = time.monotonic()
@@ -778,7 +779,7 @@ class Run:
                     self.save("step")
                     prune_checkpoints(self.ckpt_dir, self.args.keep_checkpoints)
                     saved_step = state.global_step
-                if stop.requested:
+                if self.stop.requested:
                     self.stopped = True
                     break
         finally:
@@ -786,9 +787,12 @@ class Run:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             progress.close()
 
-    def log_due(self, step: int, window_step: int) -> bool:
-        """Does a log window end at `step`? (It ends each time global_step passes a multiple of log_every.)"""
-        return step // self.log_every > window_step // self.log_every
+    def log_due(self) -> bool:
+        """Does the current iteration end a log window? Yes when global_step passed a multiple of log_every (every
+        iteration when log_every <= the steps per iteration), at the last iteration, and after Ctrl-C / SIGTERM."""
+        step = self.state.global_step
+        return (step // self.log_every > self.window_step // self.log_every or self.state.iteration == self.args.num_iterations
+                or self.stop.requested)  # fmt: skip
 
     @contextmanager
     def timer(self, phase: str):

@@ -124,6 +124,9 @@ def pendulum_checkpoint(tmp_path_factory) -> Path:
         (["--total-timesteps", "1000"], ["below one batch", "2048"]),
         (["--resume", "does/not/exist.pt"], ["does not exist"]),
         (["--eval-checkpoint", "does/not/exist.pt"], ["does not exist"]),
+        (["--learning-rate", "0"], ["--learning-rate must be > 0, not 0.0"]),
+        (["--gae-lambda", "1.5"], ["--gae-lambda must be in [0, 1], not 1.5"]),
+        (["--keep-checkpoints", "0"], ["--keep-checkpoints must be >= 1, not 0"]),
     ],
 )
 def test_bad_input_gets_a_short_message(tmp_path, flags, needles):
@@ -155,6 +158,15 @@ def test_corrupt_or_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path
     foreign = tmp_path / "run" / "checkpoints" / "foreign.pt"
     torch.save(ckpt, foreign)
     assert_clean_error(run_script(SCRIPT, mode, foreign, "--total-timesteps", "100000", timeout=120), "sac_continuous.py")
+
+
+def test_resume_refuses_a_fixed_flag_with_another_value(tmp_path, pendulum_checkpoint):
+    """--resume keeps the checkpoint's algorithm flags: one typed with a different value is an error naming both."""
+    before = sorted(pendulum_checkpoint.parent.parent.rglob("*"))
+    proc = run_script(SCRIPT, "--resume", pendulum_checkpoint, "--learning-rate", "0.001", "--total-timesteps", "100000",
+                      timeout=120)  # fmt: skip
+    assert_clean_error(proc, "--learning-rate 0.001", "0.0003")
+    assert sorted(pendulum_checkpoint.parent.parent.rglob("*")) == before  # nothing written
 
 
 def test_ctrl_c_saves_the_last_completed_iteration_and_resumes(tmp_path):

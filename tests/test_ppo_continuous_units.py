@@ -92,6 +92,9 @@ def test_running_mean_std_matches_numpy(rng):
     np.testing.assert_array_equal(restored.mean, rms.mean)
     np.testing.assert_array_equal(restored.var, rms.var)
     assert restored.count == rms.count and restored.mean.dtype == np.float64
+    scalar = ppo.RunningMeanStd(shape=())  # a 0-d statistic becomes a numpy scalar after arithmetic: saved all the same
+    scalar.update(np.array([1.0, 3.0]))
+    assert isinstance(ppo.to_plain(scalar)["mean"], torch.Tensor)
 
 
 def test_normalize_obs_clips():

@@ -26,8 +26,9 @@ FAMILY = {
     "ppo_continuous.py": {"env-state", "episode-boundaries", "gae", "ppo-losses", *ON_POLICY},
     "sac_continuous.py": {"env-state", "episode-boundaries", *SAC_PARTS},
     "sac_continuous_ray.py": {"episode-boundaries", *SAC_PARTS},
-    "ppo_atari.py": {"atari-env", "nature-cnn", "next-step-autoreset", "atari-run", "gae", "ppo-losses", *ON_POLICY},
-    "a2c_atari.py": {"atari-env", "nature-cnn", "next-step-autoreset", "atari-run", *ON_POLICY},
+    "ppo_atari.py": {"atari-make-env", "nature-cnn", "next-step-autoreset", "atari-wrappers", "atari-run", "gae",
+                     "ppo-losses", *ON_POLICY},  # fmt: skip
+    "a2c_atari.py": {"atari-make-env", "nature-cnn", "next-step-autoreset", "atari-wrappers", "atari-run", *ON_POLICY},
 }
 
 

@@ -1,0 +1,142 @@
+"""The plumbing every script shares (below its `# === Plumbing` banner): flag rules, resume conflicts, progress
+off a terminal, torch's threads shared among runs, and start-up where Linux-only modules are missing. The shared
+blocks are the same text in every script (test_shared_blocks.py), so they are tested once, through
+ppo_continuous.py; what each script declares itself (its FLAG_RULES) is checked per script."""
+
+import dataclasses
+import importlib
+import os
+import subprocess
+import sys
+import typing
+
+import pytest
+import torch
+
+import ppo_continuous as ppo
+from tests.conftest import BASE_ENV, ROOT
+
+SCRIPTS = ["ppo_continuous", "ppo_atari", "a2c_atari", "sac_continuous", "sac_continuous_ray"]
+NUMBERS = (int, float)
+
+
+def is_number_flag(f: dataclasses.Field) -> bool:
+    """An int / float / Optional[number] field that is a command-line flag (derived fields are Suppress[...])."""
+    if "Suppress" in str(f.type) or f.type is bool:
+        return False
+    args = typing.get_args(f.type)
+    return f.type in NUMBERS or (bool(args) and all(a in NUMBERS or a is type(None) for a in args))
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_numeric_flag_has_a_range_rule(name):
+    module = importlib.import_module(name)
+    fields = {f.name: f for f in dataclasses.fields(module.Args)}
+    numeric = {n for n, f in fields.items() if is_number_flag(f)}
+    assert numeric, "the Args of every script have numeric flags"
+    missing = numeric - module.FLAG_RULES.keys()
+    assert not missing, f"{name}: numeric flags without a rule in FLAG_RULES: {sorted(missing)}"
+    assert module.FLAG_RULES.keys() <= fields.keys(), "a rule names a flag that does not exist"
+    assert set(module.FLAG_RULES.values()) <= module.RULES.keys()
+    module.check_flags(module.Args(), module.FLAG_RULES)  # the defaults pass their own rules
+
+
+def test_check_flags_names_the_flag_and_the_rule():
+    for flag, bad, rule in [("learning_rate", 0.0, "> 0"), ("gamma", 1.5, "in [0, 1]"), ("num_envs", 0, ">= 1"),
+                            ("ent_coef", -0.1, ">= 0"), ("target_kl", -1.0, "> 0")]:  # fmt: skip
+        with pytest.raises(ppo.UserError) as info:
+            ppo.check_flags(ppo.Args(**{flag: bad}), ppo.FLAG_RULES)
+        message = str(info.value)
+        assert f"--{flag.replace('_', '-')} must be {rule}, not {bad}" in message and "\n" not in message
+    ppo.check_flags(ppo.Args(target_kl=None), ppo.FLAG_RULES)  # an unset optional passes
+
+
+def test_progress_off_a_terminal_prints_plain_lines_with_an_eta(capsys, monkeypatch):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    progress = ppo.Progress(True, total=1000, every_s=0.0)
+    progress.update(250, sps=50.0, recent_return=None)
+    progress.update(500, sps=50.0, recent_return=-3.25)
+    progress.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert "\r" not in "".join(lines) and len(lines) == 3
+    assert "250/1,000" in lines[0] and "n/a" in lines[0] and "ETA 00:00:15" in lines[0]  # 750 steps at 50 SPS
+    assert "500/1,000" in lines[1] and "-3.2" in lines[1] and "ETA 00:00:10" in lines[1]
+    assert lines[2] == lines[1]  # the closing line repeats the last state
+    quiet = ppo.Progress(False, total=1000, every_s=0.0)
+    quiet.update(500, 50.0, None)
+    quiet.close()
+    assert capsys.readouterr().out == ""
+
+
+def test_progress_waits_its_interval_off_a_terminal(capsys, monkeypatch):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    progress = ppo.Progress(True, total=1000, every_s=3600.0)
+    for step in range(100, 1001, 100):
+        progress.update(step, 100.0, None)
+    assert capsys.readouterr().out == ""  # within the interval: nothing yet...
+    progress.close()
+    assert "1,000/1,000" in capsys.readouterr().out  # ...and the closing line
+
+
+def test_threads_are_shared_among_live_runs(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for pid in (os.getpid(), os.getppid(), dead.pid):
+        (tmp_path / str(pid)).touch()
+    (tmp_path / "not-a-pid").touch()
+    before = torch.get_num_threads()
+    try:
+        assert ppo.live_runs(tmp_path) == 2  # this process and its parent; the dead one's entry is removed
+        assert not (tmp_path / str(dead.pid)).exists()
+        assert ppo.share_threads(0, tmp_path) == max(1, ppo.usable_cores() // 2) == torch.get_num_threads()
+        assert ppo.share_threads(3, tmp_path) == 3 == torch.get_num_threads()  # --torch-threads N is fixed
+        (tmp_path / str(os.getppid())).unlink()
+        assert ppo.share_threads(0, tmp_path) == ppo.usable_cores()  # alone again: every core
+        assert ppo.live_runs(tmp_path / "missing") == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_register_run_leaves_an_entry_named_by_the_pid(tmp_path):
+    code = ("import os, sys, pathlib; sys.path.insert(0, sys.argv[2]); import ppo_continuous as p; "
+            "f = pathlib.Path(sys.argv[1]); p.register_run(f); print(os.getpid(), sorted(x.name for x in f.iterdir()))")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path), str(ROOT)], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    pid, listing = proc.stdout.strip().split(" ", 1)
+    assert listing == f"['{pid}']"  # while it runs: one entry, its pid
+    assert list(tmp_path.iterdir()) == [], "the entry is removed when the run exits"
+
+
+def test_platform_fallbacks(monkeypatch):
+    """macOS and Windows start: no os.sched_getaffinity there, no `resource` on Windows, ru_maxrss in bytes on macOS."""
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    assert ppo.usable_cores() == (os.cpu_count() or 1)
+    monkeypatch.setitem(sys.modules, "resource", None)  # `import resource` raises ImportError
+    assert ppo.peak_rss_mb() is None
+    monkeypatch.delitem(sys.modules, "resource")
+
+    class Usage:
+        ru_maxrss = 3 * 2**20
+
+    import resource
+
+    monkeypatch.setattr(resource, "getrusage", lambda who: Usage())
+    monkeypatch.setattr(sys, "platform", "darwin")
+    assert ppo.peak_rss_mb() == pytest.approx(3.0)  # bytes on macOS
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert ppo.peak_rss_mb() == pytest.approx(3 * 1024)  # KiB on Linux
+
+
+@pytest.mark.parametrize("name", ["ppo_continuous"])
+def test_a_run_starts_without_the_linux_only_modules(tmp_path, name):
+    """A whole short run with os.sched_getaffinity and `resource` taken away, as on macOS / Windows."""
+    code = ("import os, sys, runpy; del os.sched_getaffinity; sys.modules['resource'] = None; "
+            f"sys.argv = [{name!r}] + sys.argv[1:]; runpy.run_path({str(ROOT / (name + '.py'))!r}, run_name='__main__')")  # fmt: skip
+    flags = ["--env-id", "Pendulum-v1", "--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "1",
+             "--total-timesteps", "256", "--runs-dir", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code, *flags], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, **BASE_ENV})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "peak RSS" not in proc.stdout  # nothing to report without `resource`
+    assert list(tmp_path.glob("*/events.out.tfevents.*"))
