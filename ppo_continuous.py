@@ -327,12 +327,12 @@ class LoopState:
     """What the training loop carries from one iteration to the next; checkpoints save and restore all of it.
     Fields marked "env" describe the envs' running episodes: they are restored only with the envs' exact state."""
 
+    raw_obs: np.ndarray = field(metadata={"env": True})  # unnormalized obs the envs returned last
+    episode_return: np.ndarray = field(metadata={"env": True})  # true (unscaled) return so far
+    episode_length: np.ndarray = field(metadata={"env": True})
+    discounted_return: np.ndarray = field(metadata={"env": True})  # G of reward scaling
     global_step: int = 0
     iteration: int = 0  # the last completed iteration
-    raw_obs: np.ndarray = field(default=None, metadata={"env": True})  # unnormalized obs the envs returned last
-    episode_return: np.ndarray = field(default=None, metadata={"env": True})  # true (unscaled) return so far
-    episode_length: np.ndarray = field(default=None, metadata={"env": True})
-    discounted_return: np.ndarray = field(default=None, metadata={"env": True})  # G of reward scaling
 
 
 def main() -> None:
