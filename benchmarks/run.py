@@ -7,8 +7,9 @@
 Each seed runs as `<python> <script> --env-id ENV --seed S --total-timesteps N --exp-name NAME --runs-dir <out>_runs
 [extra args]`, with its stdout/stderr in `<out>_runs/seed<S>.log`. The script writes TensorBoard events into
 `<out>_runs/{env_id}__{exp_name}__{seed}__{timestamp}/`; the harness reads `charts/episodic_return` (training episodes,
-against global_step) from that folder (not its subfolders) and writes `<out>.json` (results, how they were made, the
-machine) and `<out>.png` (curves). `--summarize-only` re-reads the existing runs and rewrites both files.
+against global_step) from that folder (not its subfolders) and writes `<out>.json` (results, every episode's (step,
+return) of each seed, how they were made, the machine) and `<out>.png` (curves). `--summarize-only` re-reads the
+existing runs and rewrites both files.
 
 Everything runs under main(): importing this module has no side effects.
 """
@@ -356,6 +357,7 @@ def seed_result(run: SeedRun, config: Config) -> tuple[dict[str, Any], tuple[np.
         result["status"] = "no_data"
     if len(curve[1]) > 0:
         result.update(summarize_seed(*curve))
+        result["curve"] = curve_block(*curve)
         _, sps = read_scalars(run.run_dir, SPS_TAG)
         if len(sps) > 0:
             result["sps_median"] = float(np.median(sps))
@@ -364,6 +366,13 @@ def seed_result(run: SeedRun, config: Config) -> tuple[dict[str, Any], tuple[np.
             result["eval_episodic_return_last"] = float(eval_values[-1])
             result["eval_step_last"] = int(eval_steps[-1])
     return result, curve
+
+
+def curve_block(steps: np.ndarray, values: np.ndarray) -> dict[str, list]:
+    """Every training episode's (global_step, return), kept in the JSON so that benchmarks/summary.py can draw the
+    curves without the run folders (which are not committed). Returns are rounded to 2 decimals (TensorBoard stores
+    float32)."""
+    return {"steps": [int(s) for s in steps], "returns": [round(float(v), 2) for v in values]}
 
 
 def reference_block(config: Config) -> Optional[dict[str, Any]]:
@@ -446,7 +455,8 @@ def plot(config: Config, curves: dict[int, tuple[np.ndarray, np.ndarray]], summa
         axes.plot(steps, values, linewidth=0.8, alpha=0.3, label=f"seed {seed}")
     grid, mean = mean_curve(list(drawn.values()), config.smooth)
     if len(grid) > 0:
-        label = f"mean of {len(drawn)} seeds (moving average over {config.smooth} episodes)"
+        what = "one seed" if len(drawn) == 1 else f"mean of {len(drawn)} seeds"
+        label = f"{what} (moving average over {config.smooth} episodes)"
         axes.plot(grid, mean, color="black", linewidth=2.0, label=label)
     if config.reference is not None:
         text = f"{config.reference_label}: {config.reference:g}"
@@ -460,7 +470,10 @@ def plot(config: Config, curves: dict[int, tuple[np.ndarray, np.ndarray]], summa
     title = f"{config.script} on {config.env_id}, {config.total_timesteps:,} steps"
     if summary.get("last100_mean"):
         stats = summary["last100_mean"]
-        title += f"\nlast-100-episode return {stats['mean']:.1f} ± {stats['std']:.1f} over {summary['num_seeds']} seeds"
+        if summary["num_seeds"] == 1:
+            title += f"\nlast-100-episode return {stats['mean']:.1f} (one seed)"
+        else:
+            title += f"\nlast-100-episode return {stats['mean']:.1f} ± {stats['std']:.1f} over {summary['num_seeds']} seeds"
     axes.set_title(title)
     axes.set_xlabel("global step")
     axes.set_ylabel("episodic return (training)")

@@ -240,6 +240,8 @@ def test_fake_training_two_seeds_end_to_end(tmp_path):
         # returns are seed, seed+1, seed+2, seed+3 at steps 250, 500, 750, 1000
         assert entry["status"] == "ok" and entry["returncode"] == 0 and entry["wall_time_s"] > 0
         assert (entry["num_episodes"], entry["final_step"], entry["last100_mean"]) == (4, 1000, seed + 1.5)
+        # every episode's (step, return), so benchmarks/summary.py can draw curves from the JSON alone
+        assert entry["curve"] == {"steps": [250, 500, 750, 1000], "returns": [seed, seed + 1, seed + 2, seed + 3]}
         assert entry["command"].endswith(f"--runs-dir {out.parent / 'fake_runs'} --episodes 4")
         assert (out.parent / entry["run_dir"]).is_dir()
         assert (out.parent / entry["log"]).read_text().strip() == f"fake training seed {seed}"
