@@ -1,7 +1,10 @@
-"""Tests of the benchmark harness benchmarks/run.py on synthetic TensorBoard runs and tiny fake training scripts."""
+"""Tests of the benchmark tools on synthetic data: the harness (run.py, on fake TensorBoard runs and tiny fake training
+scripts), the summary table and figure (summary.py), the monitor converter (sb3_monitor.py), update_ab.py and
+simulator_divergence.py."""
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -331,3 +334,95 @@ def test_simulator_divergence_is_zero_for_the_same_interpreter_and_reports_each_
     spec.loader.exec_module(module)
     np.testing.assert_array_equal(module.divergence(np.array([[0.0, 1.0], [2.0, 3.0]]), np.array([[0.0, 1.5], [2.0, 2.0]])),
                                   [0.5, 1.0])  # fmt: skip
+
+
+# ---- benchmarks/summary.py: the README's results table and summary.png from the committed JSONs ----
+from benchmarks import summary  # noqa: E402
+
+
+def fake_report(script: str, seeds_last100: dict, reference=None, curves: bool = True, parallel: int = 1) -> dict:
+    per_seed = []
+    for seed, value in seeds_last100.items():
+        entry = {"seed": seed, "status": "ok", "wall_time_s": 600.0, "last100_mean": value, "last10_mean": value,
+                 "final_step": 1000}  # fmt: skip
+        if curves:
+            entry["curve"] = {"steps": list(range(100, 1001, 100)), "returns": [value * k / 10 for k in range(1, 11)]}
+        per_seed.append(entry)
+    return {"script": script, "total_timesteps": 1000, "extra_args": ["--bf16"], "per_seed": per_seed,
+            "reference": reference, "machine": {"cpu_model": "AMD EPYC"}, "harness": {"parallel": parallel}}  # fmt: skip
+
+
+def test_summary_pools_seeds_and_reads_comparisons(tmp_path):
+    (tmp_path / "ours_a.json").write_text(json.dumps(fake_report("x.py", {1: 10.0, 2: 20.0})))
+    (tmp_path / "ours_b.json").write_text(json.dumps(fake_report("x.py", {3: 30.0}, curves=False, parallel=2)))
+    (tmp_path / "pub.json").write_text(json.dumps(fake_report("y.py", {1: 5.0}, reference={"value": 12.5, "std": 1.5})))
+    (tmp_path / "ref.json").write_text(json.dumps(fake_report("ref.py", {2: 8.0, 3: 12.0})))
+    rows = [
+        summary.Row("x.py", "Env-v0", "1k steps", "`--bf16`", ["ours_a.json", "ours_b.json"],
+                    summary.Comparison("runs", "the other one, run here", ["ref.json"])),
+        summary.Row("y.py", "Env-v0", "1k steps", "", ["pub.json"], summary.Comparison("published", "a paper", ["pub.json"], 3)),
+        summary.Row("z.py", "Env-v0", "1k steps", "", ["pub.json"], summary.Comparison("runs", "later", ["missing.json"])),
+        summary.Row("w.py", "Env-v0", "1k steps", "", ["missing.json"], None),  # no JSON yet: no row
+    ]  # fmt: skip
+    speed = {"x.py": {"ours_sps": 300.0, "reference_sps": 150.0, "ratio": 2.0, "reps": 3}}
+    cells = summary.table_rows(rows, tmp_path, speed)
+    assert len(cells) == 3
+    x, y, z = cells
+    # ours pooled over both JSONs: mean of 10, 20, 30 and the population std
+    assert (x["seeds"], x["ours"]) == ("1, 2, 3", f"**20.0 ± {np.std([10, 20, 30]):.1f}**")
+    assert x["comparison"] == "10.0 ± 2.0 (the other one, run here, 2 seeds)"
+    assert x["speed"] == "2.00× (3 reps)" and x["wall"] == "10 min, AMD EPYC, 2 seeds at once"
+    assert y["ours"] == "**5.0**" and y["comparison"] == "12.5 ± 1.5 (a paper, 3 seeds)" and y["speed"] == "not measured"
+    assert z["comparison"] == "later: not measured yet"
+    table = summary.markdown_table(cells)
+    assert table.count("\n") == 4 and table.startswith("| script |")
+    readme = f"intro\n{summary.TABLE_START}\nold table\n{summary.TABLE_END}\nrest\n"
+    assert summary.replace_table(readme, table) == f"intro\n{summary.TABLE_START}\n{table}\n{summary.TABLE_END}\nrest\n"
+    # the figure: a panel per row with JSONs, curves where stored, final points where not
+    png = tmp_path / "summary.png"
+    summary.draw_figure(png, rows, tmp_path)
+    assert png.read_bytes().startswith(b"\x89PNG") and png.stat().st_size > 10_000
+
+
+def test_summary_band_is_mean_and_std_of_the_smoothed_curves():
+    entries = [{"curve": {"steps": [1, 2, 3, 4], "returns": [0.0, 0.0, 4.0, 4.0]}},
+               {"curve": {"steps": [1, 2, 3, 4], "returns": [2.0, 2.0, 2.0, 2.0]}}]  # fmt: skip
+    grid, mean, std = summary.smoothed_band(entries, window=1, num_points=4)
+    assert grid.tolist() == [1, 2, 3, 4]
+    assert mean.tolist() == [1.0, 1.0, 3.0, 3.0] and std.tolist() == [1.0, 1.0, 1.0, 1.0]
+    assert summary.smoothed_band([{"curve": None}], window=1) is None  # a JSON without curves: no band
+
+
+def test_summary_rows_name_committed_jsons_with_the_flags_they_ran():
+    for row in summary.ROWS:
+        for name in row.files:
+            report = summary.load(name)
+            assert report is not None, f"{name} (a row of summary.py) is not in benchmarks/results/"
+            for flag in re.findall(r"--[a-z0-9-]+(?: [^-`][^ `]*)?", row.flags):
+                assert " ".join(report["extra_args"]).find(flag) >= 0, f"{name} did not run with {flag}"
+        if row.comparison is not None and row.comparison.kind == "published":
+            assert summary.load(row.comparison.files[0])["reference"]["value"] is not None
+
+
+def test_speed_json_entries_have_the_documented_fields():
+    if not summary.SPEED_JSON.is_file():
+        pytest.skip("benchmarks/results/speed_vs_reference.json not measured yet")
+    fields = {"ours_sps", "reference_sps", "ratio", "reps", "machine", "command", "date"}
+    for script, entry in json.loads(summary.SPEED_JSON.read_text()).items():
+        assert fields <= set(entry), f"{script}: missing {fields - set(entry)}"
+        assert entry["ratio"] == pytest.approx(entry["ours_sps"] / entry["reference_sps"], rel=0.01)
+
+
+# ---- benchmarks/sb3_monitor.py: Stable-Baselines3 monitor CSVs -> a run.py-style JSON ----
+def test_sb3_monitor_orders_games_by_end_time_and_estimates_steps(tmp_path):
+    spec = importlib.util.spec_from_file_location("sb3_monitor_under_test", REPO / "benchmarks" / "sb3_monitor.py")
+    sb3_monitor = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sb3_monitor)
+    # two envs; env 1 started 0.5 s later. Games (score, frames, seconds since that env's start)
+    (tmp_path / "0.monitor.csv").write_text('#{"t_start": 100.0, "env_id": "X"}\nr,l,t\n1.0,400,10.0\n3.0,800,30.0\n')
+    (tmp_path / "1.monitor.csv").write_text('#{"t_start": 100.5, "env_id": "X"}\nr,l,t\n2.0,200,19.0\n')
+    games = sb3_monitor.read_monitors(tmp_path, n_envs=2, frame_skip=4)
+    # end times 110.0, 119.5, 130.0; steps = 2 envs * cumulative frames / 4
+    assert games["returns"].tolist() == [1.0, 2.0, 3.0]
+    assert games["steps"].tolist() == [200, 100, 600]
+    assert games["wall_time_s"] == pytest.approx(30.0)

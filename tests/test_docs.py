@@ -1,0 +1,194 @@
+"""The user docs hold what they promise: no internal references in README.md or docs/, the README's snippet runs
+against a real checkpoint, and TensorBoard serves the tags the README names from a real run."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BASE_ENV, ROOT, only_run_dir, run_script, scalars
+
+README = ROOT / "README.md"
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
+# ---- what users never see: no commit hashes, /tmp paths, internal files, or talk of "the issue" ----
+def is_commit_hash(word: str) -> bool:
+    """A word of 7-12 hex characters with both a digit and a letter (short and long forms of a git commit id)."""
+    return bool(re.fullmatch(r"[0-9a-fA-F]{7,12}", word)) and bool(re.search(r"\d", word)) and bool(re.search(r"[a-fA-F]", word))
+
+
+def internal_references(text: str) -> list:
+    """(line number, what, line) for every commit hash, /tmp path, ../shared, REFERENCE.md or 'the issue'."""
+    found = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for word in re.findall(r"[0-9A-Za-z]+", line):
+            if is_commit_hash(word):
+                found.append((number, f"commit hash {word}", line))
+        for pattern, what in ((r"/tmp\b", "/tmp path"), (r"\.\./shared", "../shared"), (r"REFERENCE\.md", "REFERENCE.md"),
+                              (r"(?i)\bthe issue\b", "'the issue'")):  # fmt: skip
+            if re.search(pattern, line):
+                found.append((number, what, line))
+    return found
+
+
+def test_the_grep_finds_what_it_must_and_nothing_else():
+    bad = "built by 1c1a44c in /tmp/old_wt; see ../shared/REFERENCE.md, as the issue asks (a5baa0a, 2338119e)"
+    whats = [what for _, what, _ in internal_references(bad)]
+    assert whats == ["commit hash 1c1a44c", "commit hash a5baa0a", "commit hash 2338119e", "/tmp path", "../shared",
+                     "REFERENCE.md", "'the issue'"]  # fmt: skip
+    fine = "1M steps, 1,797 ± 23, seed 1234567, deadbeef, HalfCheetah-v4, ppo_atari.py, 1e-5, RMSprop, 100000 steps"
+    assert internal_references(fine) == []
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_user_docs_hold_no_internal_references(path):
+    found = internal_references(path.read_text())
+    assert not found, "\n".join(f"{path.name}:{number}: {what}: {line}" for number, what, line in found)
+
+
+def test_readme_is_short_and_links_only_what_exists():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 300
+    for target in re.findall(r"\]\(([^)#]+)\)", text):  # markdown links and images to files of this repository
+        if "://" in target or target.startswith("docs/"):  # docs/ pages are written separately
+            continue
+        assert (ROOT / target).exists(), f"README links to {target}, which does not exist"
+
+
+def test_readme_results_table_is_the_one_the_jsons_give():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "summary.py"), "--check"], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_readme_commands_are_the_ci_command_and_a_ppo_run():
+    ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    text = README.read_text()
+    quick_start = text.split("## Quick start", 1)[1].split("##", 1)[0]
+    commands = re.findall(r"^python3 -m pip install .*$", quick_start, re.M)
+    assert commands[1] == ci, "the README's test command must be the one CI runs"
+    assert re.search(r"uv run ppo_continuous\.py --env-id HalfCheetah-v4$", commands[0])
+
+
+# ---- a real run, shared by the snippet and TensorBoard tests ----
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict:
+    """A short real ppo_continuous.py run with --save-model: its run folder, final checkpoint and eval return."""
+    runs = tmp_path_factory.mktemp("docs") / "runs"
+    proc = run_script("ppo_continuous.py", "--env-id", "Pendulum-v1", "--num-steps", 128, "--num-minibatches", 4,
+                      "--update-epochs", 1, "--total-timesteps", 256, "--save-model", "--eval-episodes", 1,
+                      "--torch-threads", 1, "--runs-dir", runs, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = only_run_dir(runs)
+    (checkpoint,) = (run_dir / "checkpoints").glob("final_*.pt")
+    (eval_return,) = scalars(run_dir, "eval/episodic_return").values()
+    return {"runs": runs, "run_dir": run_dir, "checkpoint": checkpoint, "eval_return": eval_return}
+
+
+def readme_snippet() -> str:
+    """The python block of the README's 'Use a trained agent in your own code' paragraph."""
+    section = README.read_text().split("**Use a trained agent in your own code.**", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_readme_snippet_plays_the_episode_that_eval_checkpoint_plays(trained, tmp_path):
+    snippet = readme_snippet()
+    assert len(snippet.splitlines()) <= 10, "the README promises a snippet of at most 10 lines"
+    path_literal = re.search(r'"runs/[^"]+\.pt"', snippet)
+    assert path_literal, "the snippet loads a checkpoint under runs/"
+    code = snippet.replace(path_literal.group(0), repr(str(trained["checkpoint"])))
+    # the script's own evaluation episode: seed + 10_000, the mean action clipped to the bounds, obs stats frozen
+    code += """
+import gymnasium as gym
+env = gym.make(ckpt["args"]["env_id"])
+obs, _ = env.reset(seed=ckpt["args"]["seed"] + 10_000)
+total, done = 0.0, False
+while not done:
+    obs, reward, terminated, truncated, _ = env.step(np.clip(act(obs), env.action_space.low, env.action_space.high))
+    total, done = total + float(reward), terminated or truncated
+print("RETURN", repr(total))
+"""
+    env = {**os.environ, **BASE_ENV, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    played = float(re.search(r"^RETURN (.+)$", proc.stdout, re.M).group(1))
+    assert played == pytest.approx(trained["eval_return"], rel=1e-5, abs=1e-3)  # logged as float32
+
+
+# ---- TensorBoard, started for real on the run ----
+README_TAG = re.compile(r"`((?:charts|losses|eval)/[A-Za-z_]+)`")
+# the tags every ppo_continuous.py run writes, as the README names them
+PPO_TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "eval/episodic_return",
+            "charts/learning_rate", "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/grad_norm",
+            "losses/explained_variance", "losses/approx_kl", "losses/clipfrac"]  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str):
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read().decode())
+
+
+def poll(fetch, ready, timeout: float, what: str):
+    """fetch() until ready(result), at most `timeout` seconds; connection errors count as not ready yet."""
+    deadline, last = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        try:
+            last = fetch()
+            if ready(last):
+                return last
+        except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError) as error:
+            last = error
+        time.sleep(0.5)
+    raise AssertionError(f"TensorBoard: {what} not ready after {timeout:.0f} s (last answer: {last!r})")
+
+
+def test_readme_names_the_tags_a_run_writes():
+    section = README.read_text().split("**Watch it in TensorBoard**", 1)[1].split("\n\n", 1)[0]
+    assert set(PPO_TAGS) <= set(README_TAG.findall(section))
+
+
+def test_tensorboard_serves_the_documented_tags_of_a_real_run(trained):
+    section = README.read_text().split("**Watch it in TensorBoard**", 1)[1].split("\n\n", 1)[0]
+    assert "tensorboard --logdir runs" in section
+    port = free_port()
+    tensorboard = Path(sys.executable).with_name("tensorboard")
+    command = [str(tensorboard)] if tensorboard.exists() else [sys.executable, "-m", "tensorboard.main"]
+    server = subprocess.Popen([*command, "--logdir", str(trained["runs"]), "--host", "127.0.0.1", "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        base = f"http://127.0.0.1:{port}/data/plugin/scalars"
+        run = trained["run_dir"].name  # the run folder relative to --logdir
+        tags = poll(lambda: get_json(f"{base}/tags"), lambda t: set(PPO_TAGS) <= set(t.get(run, {})), 120,
+                    f"the tags of run {run}")  # fmt: skip
+        assert set(PPO_TAGS) <= set(tags[run])
+        for tag in PPO_TAGS:
+            query = urllib.parse.urlencode({"run": run, "tag": tag})
+            points = poll(lambda: get_json(f"{base}/scalars?{query}"), lambda p: len(p) > 0, 60, tag)
+            logged = scalars(trained["run_dir"], tag)  # what the event files hold
+            assert {step: value for _, step, value in points} == pytest.approx(logged), tag
+        (point,) = get_json(f"{base}/scalars?{urllib.parse.urlencode({'run': run, 'tag': 'eval/episodic_return'})}")
+        assert point[1] == 256 and point[2] == pytest.approx(trained["eval_return"])
+    finally:
+        os.kill(server.pid, signal.SIGTERM)  # the server this test started, by its pid
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.kill(server.pid, signal.SIGKILL)
+            server.wait(timeout=30)
