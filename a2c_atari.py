@@ -1,12 +1,18 @@
-# Docs: README.md, section "a2c_atari.py" (https://arxiv.org/abs/1602.01783 for the algorithm)
 """Advantage Actor-Critic (A2C, the synchronous A3C) on Atari (pixels, discrete actions), in one file.
 
-Read it top to bottom: Args, the Atari preprocessing (one small wrapper per step) and the two environment backends,
-the Nature CNN, small pure helpers (n-step returns, categorical log-prob, losses), the shared blocks (seeding, checkpoints,
-logging, error reporting), then the training loop. Runs on gymnasium 1.x / ale-py 0.9+ and envpool 1.x.
-`diff ppo_atari.py a2c_atari.py` shows what differs between the two algorithms.
+Map of this file, top to bottom:
+  Args            algorithm flags, then run flags (`python a2c_atari.py --help` lists them)
+  make_env        the Atari preprocessing, one wrapper per step, in order (the wrappers are defined below the banner)
+  Agent           the Nature CNN: a shared trunk, a policy-logit head and a value head
+  helpers         next-step autoreset targets, n-step returns, the A2C losses (one line of math above each)
+  main()          set-up, then the loop: rollout -> returns -> update -> log, then finish
+  # === Plumbing  runs, checkpoints, resume, errors, progress, the wrappers and env backends, speed set-up
+
+Runs on gymnasium 1.x / ale-py 0.9+ and envpool 1.x; `diff ppo_atari.py a2c_atari.py` shows what differs between
+the two algorithms. Docs: README.md, section "a2c_atari.py"; the algorithm: https://arxiv.org/abs/1602.01783
 """
-import copy
+
+import atexit
 import dataclasses
 import importlib
 import importlib.util
@@ -17,8 +23,10 @@ import random
 import re
 import signal
 import sys
+import tempfile
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -29,91 +37,341 @@ import torch
 import torch.nn as nn
 import tyro
 
+SCRIPT_NAME = "a2c_atari"  # written into checkpoints; a checkpoint of another script is refused
+
 
 @dataclass
 class Args:
-    # --- experiment ---
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """the name of this experiment"""
-    seed: int = 1
-    """seed of the experiment"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled, cuda will be used when available"""
-    torch_threads: int = 0
-    """CPU threads for torch; 0 = one per core this process may use (os.sched_getaffinity)"""
+    # --- algorithm ---
+    env_id: str = "BreakoutNoFrameskip-v4"  # GameNoFrameskip-v4 (no sticky actions) or ALE/Game-v5 (sticky actions, p=0.25)
+    total_timesteps: int = 10_000_000  # total timesteps of the experiments (agent steps; each is 4 emulator frames)
+    learning_rate: float = 7e-4  # the learning rate of the RMSprop optimizer
+    rmsprop_alpha: float = 0.99  # RMSprop's smoothing constant (decay of the squared-gradient average)
+    rmsprop_eps: float = 1e-5  # RMSprop's epsilon (added to the root of the squared-gradient average)
+    num_envs: int = 16  # the number of parallel game environments
+    num_steps: int = 5  # the number of steps to run in each environment per update (the n of the n-step returns)
+    anneal_lr: bool = False  # Toggle learning rate annealing (linear decay to 0)
+    gamma: float = 0.99  # the discount factor gamma
+    ent_coef: float = 0.01  # coefficient of the entropy
+    vf_coef: float = 0.5  # coefficient of the value function
+    max_grad_norm: float = 0.5  # the maximum norm for the gradient clipping
+    norm_adv: bool = False  # normalize the advantages over each batch (off in the classic A2C)
+
+    # --- run ---
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # the name of this experiment
+    seed: int = 1  # seed of the experiment
+    torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
+    cuda: bool = True  # if toggled, cuda will be used when available
+    torch_threads: int = 0  # CPU threads for torch; 0 = share this machine's cores among the runs of these scripts on it
+    bf16: bool = False  # opt-in: the CNN's convolutions and hidden layer in bfloat16 (autocast; heads and losses stay float32)
+    env_backend: str = "gymnasium"
+    """`gymnasium` (this file's wrappers on ale-py) or `envpool` (C++ threads, same preprocessing)"""
+    async_envs: bool = False  # gymnasium backend: envs in worker processes (AsyncVectorEnv); off = in-process, measured faster
+    envpool_threads: int = 0  # envpool backend: worker threads (0 = one per core this process may use)
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases (WANDB_MODE=offline works without network)"""
-    wandb_project_name: str = "onefile-rl"
-    """the wandb's project name"""
-    wandb_entity: Optional[str] = None
-    """the entity (team) of wandb's project"""
+    wandb_project_name: str = "onefile-rl"  # the wandb's project name
+    wandb_entity: Optional[str] = None  # the entity (team) of wandb's project
     capture_video: bool = False
-    """whether to capture videos of the agent performances (env 0 of the gymnasium backend; under `runs/<run>/videos`)"""
-    save_model: bool = False
-    """whether to save a final checkpoint at the end of training, then evaluate it"""
-    runs_dir: str = "runs"
-    """folder that holds one sub-folder per run (TensorBoard events, checkpoints, videos)"""
-    checkpoint_interval: int = 10_000
-    """write a checkpoint every N iterations (0 = never; Ctrl-C and --save-model still save)"""
-    log_interval: int = 100
-    """write the losses/ and charts/ scalars every N iterations, averaged over them (an iteration is only 80 steps)"""
-    keep_checkpoints: int = 3
-    """keep the newest K periodic checkpoints (the final one is always kept)"""
-    resume: Optional[str] = None
-    """path of a checkpoint to continue from (appends to that run's folder; the games restart from a reset)"""
-    eval_checkpoint: Optional[str] = None
-    """path of a checkpoint to evaluate (no training)"""
-    eval_episodes: int = 10
-    """number of full games for evaluation (after --save-model, or with --eval-checkpoint)"""
-    progress: bool = True
-    """show a one-line progress display (only when stdout is a terminal)"""
+    """whether to capture videos of the agent performances (gymnasium backend's env 0; `runs/<run>/videos`)"""
+    save_model: bool = False  # whether to save a final checkpoint at the end of training, then evaluate it
+    runs_dir: str = "runs"  # folder that holds one sub-folder per run (TensorBoard events, checkpoints, videos)
+    checkpoint_interval: int = 100_000  # write a checkpoint every N env steps (0 = never; Ctrl-C and --save-model still save)
+    log_interval: int = 100  # log every N iterations (= N * num_envs * num_steps env steps); the losses are averaged over them
+    keep_checkpoints: int = 3  # keep the newest K periodic checkpoints (the final one is always kept)
+    resume: Optional[str] = None  # path of a checkpoint to continue from (appends to that run's folder; the games restart)
+    eval_checkpoint: Optional[str] = None  # path of a checkpoint to evaluate (no training)
+    eval_episodes: int = 10  # number of full games for evaluation (after --save-model, or with --eval-checkpoint)
+    progress: bool = True  # show progress: a one-line display on a terminal, a plain line every 30 s otherwise
 
-    # --- environment ---
-    env_id: str = "BreakoutNoFrameskip-v4"
-    """the id of the environment: GameNoFrameskip-v4 (no sticky actions) or ALE/Game-v5 (sticky actions, 0.25)"""
-    env_backend: str = "gymnasium"
-    """`gymnasium` (ale-py under this file's wrappers, vector env) or `envpool` (C++ thread pool, same preprocessing)"""
-    async_envs: bool = False
-    """gymnasium backend: step the envs in worker processes (AsyncVectorEnv); off = in this process, measured faster"""
-    envpool_threads: int = 0
-    """envpool backend: worker threads (0 = one per core this process may use)"""
+    # --- derived from the flags above (not flags themselves) ---
+    batch_size: tyro.conf.Suppress[int] = 0  # the batch size: num_envs * num_steps
+    num_iterations: tyro.conf.Suppress[int] = 0  # the number of iterations: total_timesteps // batch_size
 
-    # --- algorithm ---
-    total_timesteps: int = 10_000_000
-    """total timesteps of the experiments (agent steps; each is 4 emulator frames)"""
-    learning_rate: float = 7e-4
-    """the learning rate of the RMSprop optimizer"""
-    rmsprop_alpha: float = 0.99
-    """RMSprop's smoothing constant (decay of the squared-gradient average)"""
-    rmsprop_eps: float = 1e-5
-    """RMSprop's epsilon (added to the root of the squared-gradient average)"""
-    num_envs: int = 16
-    """the number of parallel game environments"""
-    num_steps: int = 5
-    """the number of steps to run in each environment per update (the n of the n-step returns)"""
-    anneal_lr: bool = False
-    """Toggle learning rate annealing (linear decay to 0)"""
-    gamma: float = 0.99
-    """the discount factor gamma"""
-    ent_coef: float = 0.01
-    """coefficient of the entropy"""
-    vf_coef: float = 0.5
-    """coefficient of the value function"""
-    max_grad_norm: float = 0.5
-    """the maximum norm for the gradient clipping"""
-    norm_adv: bool = False
-    """normalize the advantages over each batch (off in the classic A2C)"""
-    bf16: bool = False
-    """run the CNN's convolutions and hidden layer in bfloat16 (CPU autocast; the heads and losses stay float32)"""
 
-    # --- derived (filled in at runtime) ---
-    batch_size: int = 0
-    """the batch size (computed in runtime)"""
-    num_iterations: int = 0
-    """the number of iterations (computed in runtime)"""
+# --- shared: atari-make-env ---
+MAX_FRAMES_PER_GAME = 108_000  # 30 minutes of play at 60 fps; ALE truncates the game there
 
+
+def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str, episodic_life: bool = True) -> Callable[[], gym.Env]:
+    """One Atari env under the standard preprocessing (Mnih et al. 2015; Machado et al. 2018), one wrapper per step,
+    innermost first. GameStatistics sits above EpisodicLife and below ClipReward: the logged return is the full
+    game's score. The wrappers are defined below the banner. Video, when asked for, records env 0's full screen."""
+
+    def thunk() -> gym.Env:
+        import ale_py
+
+        gym.register_envs(ale_py)
+        ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
+        _, sticky = parse_atari_id(env_id)
+        render_mode = "rgb_array" if capture_video and idx == 0 else None
+        # frameskip=1: our MaxAndSkip does the skipping; v5's own skip (4, no max-pooling) would be applied twice.
+        env = gym.make(env_id, obs_type="grayscale", frameskip=1, repeat_action_probability=sticky,
+                       max_num_frames_per_episode=MAX_FRAMES_PER_GAME, render_mode=render_mode)  # fmt: skip
+        if render_mode is not None:
+            env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
+        env = NoopReset(env, noop_max=30)  # 1..30 NOOPs after a reset: each game starts in a different state
+        env = MaxAndSkip(env, skip=4)  # each action held for 4 frames; the max of the last two frames
+        if episodic_life:
+            env = EpisodicLife(env)  # a lost life ends the learning episode (terminated), not the game
+        if "FIRE" in env.unwrapped.get_action_meanings():
+            env = FireReset(env)  # press FIRE after every reset (Breakout waits for it)
+        env = GameStatistics(env)  # the whole game's score and length (all lives, unclipped) in info["episode"]
+        env = ClipReward(env)  # learn from sign(r)
+        env = Resize84(env)  # 210x160 -> 84x84 grayscale
+        return FrameStack(env, 4)  # the last 4 frames, oldest first: (4, 84, 84) uint8
+
+    return thunk
+
+
+# --- end shared: atari-make-env ---
+
+
+# --- shared: layer-init ---
+def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    """Orthogonal weights with gain `std`, constant bias: the initialization the PPO implementations share."""
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+# --- end shared: layer-init ---
+
+
+# --- shared: nature-cnn ---
+class Agent(nn.Module):
+    """The Nature CNN (Mnih et al. 2015): three convolutions and a 512-unit layer shared by a policy-logit head and
+    a value head. Input: (batch, 4, 84, 84) uint8 frames, scaled to [0, 1] here."""
+
+    def __init__(self, num_actions: int):
+        super().__init__()
+        self.network = nn.Sequential(
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
+        )
+        self.actor = layer_init(nn.Linear(512, num_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(512, 1), std=1.0)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, V(obs)) of a batch of uint8 observations."""
+        hidden = self.network(obs.float() / 255.0)
+        return self.actor(hidden), self.critic(hidden).squeeze(-1)
+
+    def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, ...]:
+        """(action, log pi(action|obs), entropy, V(obs)); samples a ~ pi(.|obs) when no action is given."""
+        logits, value = self(obs)
+        if action is None:
+            action = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
+        logprob, entropy = categorical_log_prob_entropy(logits, action)
+        return action, logprob, entropy, value
+
+
+def categorical_log_prob_entropy(logits: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """log pi(a|s) of the given actions and the entropy H = -sum_a pi(a|s) log pi(a|s), from unnormalized logits."""
+    log_probs = torch.log_softmax(logits, dim=-1)
+    logprob = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_probs.exp() * log_probs).sum(-1)
+    return logprob, entropy
+
+
+# --- end shared: nature-cnn ---
+
+
+# ---- algorithm helpers: no globals, tensors / arrays in and out (the tests import them) ----
+# --- shared: next-step-autoreset ---
+def next_step_targets(values: np.ndarray, last_value: np.ndarray, reset_steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Under next-step autoreset, over a (num_steps, num_envs) rollout:
+    next_values[t] = V(obs[t+1]), and V(obs after the rollout) for the last step. Where an episode ended at t,
+    obs[t+1] is that episode's final obs (the env resets one step later), so a truncation bootstraps from it.
+    real: the flat indices of the real transitions; a reset step (reset_steps[t]: the step after an episode end,
+    whose action the env ignored and whose obs is the next episode's first) is not one and stays out of training."""
+    next_values = np.concatenate([values[1:], last_value[None]], axis=0)
+    real = np.flatnonzero(~reset_steps.reshape(-1))
+    return next_values, real
+
+
+# --- end shared: next-step-autoreset ---
+
+
+def n_step_returns(
+    rewards: np.ndarray,
+    next_values: np.ndarray,
+    terminations: np.ndarray,
+    truncations: np.ndarray,
+    gamma: float,
+) -> np.ndarray:
+    """Discounted n-step returns over a (num_steps, num_envs) rollout, all arrays "after step t": next_values[t]
+    is V of the obs after step t (the episode's final obs when it ended at t).
+        R_t = r_t + gamma * R_{t+1}                          inside an episode and the window
+        R_t = r_t + gamma * V(s_{t+1})                       at the window's last step, or at a truncation
+        R_t = r_t                                            at a termination (no future)
+    The sum stops at an episode end: R_{t+1} would belong to the next episode. (This is GAE with lambda = 1.)"""
+    returns = np.zeros_like(rewards)
+    not_terminated = 1.0 - terminations.astype(rewards.dtype)
+    episode_ended = np.logical_or(terminations, truncations)
+    future = next_values[-1]
+    for t in reversed(range(rewards.shape[0])):
+        if t < rewards.shape[0] - 1:
+            future = np.where(episode_ended[t], next_values[t], returns[t + 1])
+        returns[t] = rewards[t] + gamma * not_terminated[t] * future
+    return returns
+
+
+def a2c_losses(
+    logprob: torch.Tensor, advantages: torch.Tensor, values: torch.Tensor, returns: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The policy-gradient loss and the value loss of one batch of real transitions."""
+    # L^PG = -E[log pi(a|s) * A],  A = R - V(s) held constant (no gradient into the critic through it)
+    pg_loss = -(logprob * advantages.detach()).mean()
+    # L^V = E[(R - V(s))^2]
+    v_loss = (returns - values).pow(2).mean()
+    return pg_loss, v_loss
+
+
+# --- shared: diagnostics-and-schedules ---
+def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
+    """1 - Var[y - y_pred] / Var[y]: 1 is a perfect value function, 0 no better than a constant, NaN if Var[y]=0."""
+    var_y = np.var(y_true)
+    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
+
+
+def annealed(iteration: int, num_iterations: int, value: float) -> float:
+    """Linear decay from `value` at iteration 1 to value/num_iterations at the last iteration."""
+    return (1.0 - (iteration - 1.0) / num_iterations) * value
+
+
+# --- end shared: diagnostics-and-schedules ---
+
+
+@dataclass
+class LoopState:
+    """What the training loop carries from one iteration to the next; checkpoints save and restore all of it. The
+    games themselves are not in it: ALE states are not saved, so a resumed run restarts its games from a reset."""
+
+    global_step: int = 0
+    iteration: int = 0  # the last completed iteration
+
+
+def main() -> None:
+    args, ckpt, device = parse_command_line(Args, RESUME_OVERRIDABLE, FLAG_RULES, validate_args)
+    if args.eval_checkpoint:
+        return eval_only(args, device)
+    args.batch_size = args.num_envs * args.num_steps
+    args.num_iterations = args.total_timesteps // args.batch_size
+    obs_shape, num_actions = probe_env(args.env_id)
+    run = Run(args, SCRIPT_NAME, ckpt, {"num_actions": num_actions}, args.log_interval * args.batch_size)
+    seed_everything(args.seed, args.torch_deterministic)
+    # A resumed run restarts its games from a reset; a fresh env seed keeps it from replaying the first games.
+    env_seed = args.seed + (0 if ckpt is None else ckpt["iteration"]) * args.num_envs
+
+    # NEXT_STEP autoreset (gymnasium 1.x's default, and envpool's): the step after an episode ends returns the next
+    # episode's first obs, reward 0, and ignores its action. Such a "reset step" is not a transition: it is
+    # recorded in reset_step_buf and left out of training (see the update). The obs returned at the episode's last
+    # step is its true final obs: a truncation is bootstrapped from V(final obs) without any final_obs lookup.
+    envs = make_vector_env(args, str(run.dir / "videos"), env_seed)
+    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.NEXT_STEP, "the loop assumes next-step autoreset"
+
+    agent = Agent(num_actions).to(device)
+    fast_cnn(agent, args.bf16)  # speed (below the banner): channels-last memory, and --bf16; the same math
+    optimizer = torch.optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
+
+    # ---- storage: everything indexed "at step t" of the rollout ----
+    obs_buf = torch.zeros((args.num_steps, args.num_envs, *obs_shape), dtype=torch.uint8)  # frames the policy saw
+    actions_buf = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long)
+    values_buf = torch.zeros((args.num_steps, args.num_envs))
+    rewards_buf = np.zeros((args.num_steps, args.num_envs), np.float32)  # clipped rewards
+    terminations_buf = np.zeros((args.num_steps, args.num_envs), bool)  # episode ended at t by a terminal state (or life)
+    truncations_buf = np.zeros((args.num_steps, args.num_envs), bool)  # episode ended at t by the time limit
+    reset_step_buf = np.zeros((args.num_steps, args.num_envs), bool)  # step t only reset the env: not a transition
+
+    next_obs, _ = envs.reset(seed=env_seed)
+    episode_ended = np.zeros(args.num_envs, bool)  # the last step ended an episode: the next step is a reset step
+    s = LoopState()
+    run.attach(s, envs, model=agent, optimizer=optimizer)
+    metric_sums = torch.zeros(4, device=device)  # policy_loss, value_loss, entropy, grad_norm over the log window
+    ev_pairs: list = []  # (V(s), R) of the window's batches, for explained variance
+
+    for iteration in run.iterations(s, args.num_iterations):  # between iterations: checkpoints, Ctrl-C, progress
+        lr = annealed(iteration, args.num_iterations, args.learning_rate) if args.anneal_lr else args.learning_rate
+        optimizer.param_groups[0]["lr"] = lr
+
+        # ---- rollout: act with the current policy, record transitions ----
+        with run.timer("rollout"):
+            for step in range(args.num_steps):
+                s.global_step += args.num_envs
+                obs_t = torch.from_numpy(next_obs)
+                obs_buf[step] = obs_t
+                reset_step_buf[step] = episode_ended
+                with torch.inference_mode():
+                    action, _, _, value = agent.get_action_and_value(obs_t.to(device))
+                actions_buf[step], values_buf[step] = action.cpu(), value.cpu()
+                next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
+                rewards_buf[step] = reward
+                terminations_buf[step], truncations_buf[step] = terminations, truncations
+                episode_ended = terminations | truncations
+                for _, game_return, game_length in finished_games(infos):  # whole games, not lives
+                    run.episode(game_return, game_length, s.global_step)
+
+        with run.timer("update"):
+            # ---- returns ----
+            with torch.inference_mode():
+                _, last_value = agent(torch.from_numpy(next_obs).to(device))
+            values = values_buf.numpy()
+            next_values, real = next_step_targets(values, last_value.cpu().numpy(), reset_step_buf)
+            returns = n_step_returns(rewards_buf, next_values, terminations_buf, truncations_buf, args.gamma)
+
+            # flatten (num_steps, num_envs) -> batch, keeping only real transitions (not the reset steps)
+            valid = torch.from_numpy(real)
+            b_obs = obs_buf.reshape(-1, *obs_shape)[valid].to(device)
+            b_actions = actions_buf.reshape(-1)[valid].to(device)
+            b_returns = torch.from_numpy(returns.reshape(-1)).to(device)[valid]
+
+            # ---- update: one gradient step on the whole batch ----
+            _, logprob, entropy, new_values = agent.get_action_and_value(b_obs, b_actions)
+            entropy = entropy.mean()
+            advantages = b_returns - new_values
+            if args.norm_adv:
+                advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+            pg_loss, v_loss = a2c_losses(logprob, advantages, new_values, b_returns)
+            # L = L^PG - c_ent * H + c_v * L^V
+            loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+            optimizer.zero_grad()
+            loss.backward()
+            grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)  # norm before clipping
+            optimizer.step()
+            ev_pairs.append((new_values.detach(), b_returns))
+            metric_sums += torch.stack([pg_loss.detach(), v_loss.detach(), entropy.detach(), grad_norm])
+
+        # ---- log: at the end of each window of --log-interval iterations, every metric averaged over its updates ----
+        if run.log_due():
+            metrics = dict(zip(("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/grad_norm"),
+                               (metric_sums / len(ev_pairs)).tolist()))  # fmt: skip
+            predicted, target = (torch.cat(x).cpu().numpy() for x in zip(*ev_pairs))
+            metrics["losses/explained_variance"] = explained_variance(predicted, target)
+            metrics["charts/learning_rate"] = lr
+            run.log(s.global_step, metrics)
+            metric_sums.zero_()
+            ev_pairs = []
+
+    if run.finish():  # after Ctrl-C: saved, exits; with --save-model: the final checkpoint is saved, then evaluated
+        video_dir = str(run.dir / "videos" / "eval") if args.capture_video else None
+        returns_eval = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 10_000, device, video_dir)
+        run.log(s.global_step, {"eval/episodic_return": float(np.mean(returns_eval))})
+        print(f"eval: {np.mean(returns_eval):.2f} +- {np.std(returns_eval):.2f} over {len(returns_eval)} games")
+    run.close()
+
+
+# === Plumbing: runs, checkpoints, errors, speed set-up; not needed to follow the algorithm ===
+# What follows makes the script a dependable research tool: flag checks, resume, evaluation of a checkpoint, the
+# Atari wrappers and env backends, checkpoints, TensorBoard / wandb, progress, Ctrl-C, and the speed set-up. The
+# `shared:` blocks are the same text in every script that has them (tests/test_shared_blocks.py).
 
 # Flags that --resume takes from the command line; every other field comes from the checkpoint.
 RESUME_OVERRIDABLE = (
@@ -121,14 +379,28 @@ RESUME_OVERRIDABLE = (
     "checkpoint_interval", "keep_checkpoints", "resume", "eval_checkpoint", "eval_episodes", "progress", "cuda",
     "torch_threads", "env_backend", "async_envs", "envpool_threads",
 )  # fmt: skip
+# Every numeric flag and the range it must lie in (checked before anything starts; see check_flags)
+FLAG_RULES = {
+    "total_timesteps": ">= 1", "learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gamma": "in [0, 1]",
+    "rmsprop_alpha": "in [0, 1)", "rmsprop_eps": "> 0", "log_interval": ">= 1",
+    "ent_coef": ">= 0", "vf_coef": ">= 0", "max_grad_norm": "> 0",
+    "seed": ">= 0", "torch_threads": ">= 0", "envpool_threads": ">= 0", "checkpoint_interval": ">= 0",
+    "keep_checkpoints": ">= 1", "eval_episodes": ">= 1",
+}  # fmt: skip
 
 
-# --- shared: atari-env ---
-# Standard Atari preprocessing (Mnih et al. 2015; Machado et al. 2018), one wrapper per step, innermost first:
-#   ALE (grayscale screen, frameskip 1) -> NoopReset -> MaxAndSkip -> EpisodicLife -> FireReset -> GameStatistics
-#   -> ClipReward -> Resize84 -> FrameStack
-# GameStatistics sits above EpisodicLife and below ClipReward: the logged return is the full game's score.
-MAX_FRAMES_PER_GAME = 108_000  # 30 minutes of play at 60 fps; ALE truncates the game there
+def validate_args(args: Args) -> None:
+    """What single-flag rules cannot say: sizes that must fit together, and the env backend's options."""
+    check_backend(args)
+    batch_size = args.num_envs * args.num_steps
+    if args.total_timesteps < batch_size:
+        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one batch (num_envs * num_steps = "
+                        f"{batch_size}): no update would run. Raise --total-timesteps or lower --num-steps.")  # fmt: skip
+
+
+# --- shared: atari-wrappers ---
+# The preprocessing that make_env chains, one small wrapper per step, and the envpool backend that does the same in
+# C++; then the vector env of either backend.
 ATARI_ID = re.compile(r"^(?:(?P<v4>[A-Za-z]+)NoFrameskip-v4|ALE/(?P<v5>[A-Za-z]+)-v5)$")
 
 
@@ -300,35 +572,6 @@ class FrameStack(gym.Wrapper):
         return self.frames.copy(), reward, terminated, truncated, info
 
 
-def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str, episodic_life: bool = True) -> Callable[[], gym.Env]:
-    """One preprocessed Atari env (see the chain above). Video, when asked for, records env 0's full screen."""
-
-    def thunk() -> gym.Env:
-        import ale_py
-
-        gym.register_envs(ale_py)
-        ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
-        _, sticky = parse_atari_id(env_id)
-        render_mode = "rgb_array" if capture_video and idx == 0 else None
-        # frameskip=1: our MaxAndSkip does the skipping; v5's own skip (4, no max-pooling) would be applied twice.
-        env = gym.make(env_id, obs_type="grayscale", frameskip=1, repeat_action_probability=sticky,
-                       max_num_frames_per_episode=MAX_FRAMES_PER_GAME, render_mode=render_mode)  # fmt: skip
-        if render_mode is not None:
-            env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
-        env = NoopReset(env, noop_max=30)
-        env = MaxAndSkip(env, skip=4)
-        if episodic_life:
-            env = EpisodicLife(env)
-        if "FIRE" in env.unwrapped.get_action_meanings():
-            env = FireReset(env)
-        env = GameStatistics(env)
-        env = ClipReward(env)
-        env = Resize84(env)
-        return FrameStack(env, 4)
-
-    return thunk
-
-
 class EnvpoolAtari:
     """envpool's C++ Atari pool behind the interface of a gymnasium vector env, with the same preprocessing (noop
     reset 30, skip 4 with max-pooling, episodic life, FIRE reset, sign-clipped rewards, 84x84 gray, 4 frames,
@@ -390,7 +633,7 @@ def ignoring_stop_signals(thunk: Callable[[], gym.Env]) -> Callable[[], gym.Env]
 def make_vector_env(args, video_dir: str, seed: int):
     """The batch of envs for training, either backend; both use next-step autoreset (see the rollout)."""
     if args.env_backend == "envpool":
-        return EnvpoolAtari(args.env_id, args.num_envs, seed, pick_torch_threads(args.envpool_threads))
+        return EnvpoolAtari(args.env_id, args.num_envs, seed, args.envpool_threads or usable_cores())
     thunks = [make_env(args.env_id, i, args.capture_video, video_dir) for i in range(args.num_envs)]
     if args.async_envs:
         thunks = [ignoring_stop_signals(thunk) for thunk in thunks]
@@ -406,124 +649,489 @@ def finished_games(infos: dict) -> list:
     return [(int(i), float(episode["r"][i]), int(episode["l"][i])) for i in np.flatnonzero(infos["_episode"])]
 
 
-# --- end shared: atari-env ---
+# --- end shared: atari-wrappers ---
 
 
-# --- shared: nature-cnn ---
-def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    torch.nn.init.orthogonal_(layer.weight, std)
-    torch.nn.init.constant_(layer.bias, bias_const)
-    return layer
+# --- shared: atari-run ---
+def check_backend(args) -> None:
+    """The env backend's options, checked before anything starts."""
+    if args.env_backend not in ("gymnasium", "envpool"):
+        raise UserError(f"--env-backend must be 'gymnasium' or 'envpool', not '{args.env_backend}'.")
+    if args.env_backend == "envpool" and args.capture_video:
+        raise UserError("--capture-video records env 0 of the gymnasium backend; envpool renders no frames. "
+                        "Use --env-backend gymnasium to record video.")  # fmt: skip
+    if args.env_backend == "envpool" and importlib.util.find_spec("envpool") is None:
+        raise UserError("--env-backend envpool: envpool is not installed (it has wheels for Linux x86-64 with "
+                        "Python >= 3.11 only). Use --env-backend gymnasium.")  # fmt: skip
 
 
-class Agent(nn.Module):
-    """The Nature CNN (Mnih et al. 2015): three convolutions and a 512-unit layer shared by a policy-logit head and
-    a value head. Input: (batch, 4, 84, 84) uint8 frames, scaled to [0, 1] here."""
-
-    def __init__(self, num_actions: int):
-        super().__init__()
-        self.network = nn.Sequential(
-            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
-            nn.ReLU(),
-            nn.Flatten(),
-            layer_init(nn.Linear(64 * 7 * 7, 512)),
-            nn.ReLU(),
-        )
-        self.actor = layer_init(nn.Linear(512, num_actions), std=0.01)
-        self.critic = layer_init(nn.Linear(512, 1), std=1.0)
-
-        # channels-last ("NHWC") memory: CPU convolutions (oneDNN) run about 1.6x faster in float32 than on NCHW, with
-        # the same arithmetic (README, "Speed"). Weights and inputs use it; nothing else changes.
-        self.to(memory_format=torch.channels_last)
-
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(logits, value) of a batch of uint8 observations. Under a bfloat16 autocast (--bf16) the convolutions and
-        the 512-unit layer run in bfloat16; the two heads always run in float32, so the value and the log-probs
-        that the losses compare keep float32 precision."""
-        x = (obs.float() / 255.0).contiguous(memory_format=torch.channels_last)
-        hidden = self.network(x)
-        with torch.autocast(obs.device.type, enabled=False):
-            hidden = hidden.float()
-            return self.actor(hidden), self.critic(hidden).squeeze(-1)
+def probe_env(env_id: str) -> tuple[tuple, int]:
+    """Make one preprocessed env to check the id; return (observation shape, number of actions)."""
+    check_atari_env(env_id)
+    env = make_env(env_id, 0, False, "")()
+    obs_shape, act_space = env.observation_space.shape, env.action_space
+    env.close()
+    if not isinstance(act_space, gym.spaces.Discrete):
+        raise UserError(f"{env_id} has a {type(act_space).__name__} action space; this script needs discrete actions.")
+    return obs_shape, int(act_space.n)
 
 
-def categorical_log_prob_entropy(logits: torch.Tensor, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """log pi(a|s) of the given actions and the entropy H = -sum_a pi(a|s) log pi(a|s), from unnormalized logits."""
-    log_probs = torch.log_softmax(logits, dim=-1)
-    logprob = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-    entropy = -(log_probs.exp() * log_probs).sum(-1)
-    return logprob, entropy
-
-
-def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
-    """1 - Var[y - y_pred] / Var[y]: 1 is a perfect value function, 0 no better than a constant, NaN if Var[y]=0."""
-    var_y = np.var(y_true)
-    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
-
-
-def annealed(iteration: int, num_iterations: int, value: float) -> float:
-    """Linear decay from `value` at iteration 1 to value/num_iterations at the last iteration."""
-    return (1.0 - (iteration - 1.0) / num_iterations) * value
-
-
-# --- end shared: nature-cnn ---
-
-
-# --- shared: next-step-autoreset ---
-def next_step_targets(values: np.ndarray, last_value: np.ndarray, reset_steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Under next-step autoreset, over a (num_steps, num_envs) rollout:
-    next_values[t] = V(obs[t+1]), and V(obs after the rollout) for the last step. Where an episode ended at t,
-    obs[t+1] is that episode's final obs (the env resets one step later), so a truncation bootstraps from it.
-    real: the flat indices of the real transitions; a reset step (reset_steps[t]: the step after an episode end,
-    whose action the env ignored and whose obs is the next episode's first) is not one and stays out of training."""
-    next_values = np.concatenate([values[1:], last_value[None]], axis=0)
-    real = np.flatnonzero(~reset_steps.reshape(-1))
-    return next_values, real
-
-
-# --- end shared: next-step-autoreset ---
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Pure helpers: no globals, tensors/arrays in, tensors/arrays out. The tests import these.
-# ---------------------------------------------------------------------------------------------------------------
-def n_step_returns(
-    rewards: np.ndarray,
-    next_values: np.ndarray,
-    terminations: np.ndarray,
-    truncations: np.ndarray,
-    gamma: float,
-) -> np.ndarray:
-    """Discounted n-step returns over a (num_steps, num_envs) rollout, all arrays "after step t": next_values[t]
-    is V of the obs after step t (the episode's final obs when it ended at t).
-        R_t = r_t + gamma * R_{t+1}                          inside an episode and the window
-        R_t = r_t + gamma * V(s_{t+1})                       at the window's last step, or at a truncation
-        R_t = r_t                                            at a termination (no future)
-    The sum stops at an episode end: R_{t+1} would belong to the next episode. (This is GAE with lambda = 1.)"""
-    returns = np.zeros_like(rewards)
-    not_terminated = 1.0 - terminations.astype(rewards.dtype)
-    episode_ended = np.logical_or(terminations, truncations)
-    future = next_values[-1]
-    for t in reversed(range(rewards.shape[0])):
-        if t < rewards.shape[0] - 1:
-            future = np.where(episode_ended[t], next_values[t], returns[t + 1])
-        returns[t] = rewards[t] + gamma * not_terminated[t] * future
+def evaluate(
+    agent: Agent, env_id: str, episodes: int, seed: int, device: torch.device, video_dir: Optional[str] = None
+) -> list:
+    """Full games with actions sampled from the policy (a greedy Atari policy can stall forever in a loop),
+    under the training preprocessing, in float32; returns each game's unclipped score over all its lives."""
+    fast_cnn(agent, bf16=False)  # a --bf16 run's trunk back to float32: evaluation does not depend on that flag
+    env = make_env(env_id, 0, video_dir is not None, video_dir or "")()
+    returns: list = []
+    obs, _ = env.reset(seed=seed)
+    while len(returns) < episodes:
+        with torch.inference_mode():
+            logits, _ = agent(torch.as_tensor(obs, device=device).unsqueeze(0))
+            action = torch.multinomial(torch.softmax(logits, -1), 1).item()
+        obs, _, terminated, truncated, info = env.step(action)
+        if "episode" in info:  # a game over (GameStatistics), not just a lost life
+            returns.append(float(info["episode"]["r"]))
+        if (terminated or truncated) and len(returns) < episodes:  # a lost life (soft reset) or a game over
+            obs, _ = env.reset()
+    env.close()
     return returns
 
 
-def a2c_losses(
-    logprob: torch.Tensor, advantages: torch.Tensor, values: torch.Tensor, returns: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The policy-gradient loss and the value loss of one batch of real transitions."""
-    # L^PG = -E[log pi(a|s) * A],  A = R - V(s) held constant (no gradient into the critic through it)
-    pg_loss = -(logprob * advantages.detach()).mean()
-    # L^V = E[(R - V(s))^2]
-    v_loss = (returns - values).pow(2).mean()
-    return pg_loss, v_loss
+def eval_only(args, device: torch.device) -> None:
+    """--eval-checkpoint: full games with the saved policy; print and log eval/episodic_return."""
+    ckpt = load_checkpoint(args.eval_checkpoint, device)
+    saved = Args(**{f.name: ckpt["args"][f.name] for f in dataclasses.fields(Args) if f.name in ckpt["args"]})
+    _, num_actions = probe_env(saved.env_id)
+    check_checkpoint_matches(ckpt, args.eval_checkpoint, SCRIPT_NAME, {"num_actions": num_actions})
+    agent = Agent(num_actions).to(device)
+    agent.load_state_dict(ckpt["model"])
+    run_dir = Path(args.eval_checkpoint).resolve().parent.parent
+    eval_dir = run_dir / "eval" / Path(args.eval_checkpoint).stem
+    video_dir = str(eval_dir / "videos") if args.capture_video else None
+    returns = evaluate(agent, saved.env_id, args.eval_episodes, saved.seed + 10_000, device, video_dir)
+    writer = make_writer(eval_dir, saved, purge_step=None)
+    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), ckpt["global_step"])
+    writer.close()
+    print(f"eval {saved.env_id} at step {ckpt['global_step']}: {np.mean(returns):.2f} +- {np.std(returns):.2f} "
+          f"over {len(returns)} games")  # fmt: skip
+
+
+# ---- speed set-up: wraps the network without changing its math ----
+def fast_cnn(agent: Agent, bf16: bool) -> None:
+    """Run the Nature CNN's trunk (convolutions and the 512-unit layer) faster, with the same math; the heads, the
+    log-probs and the values the losses compare stay float32. Call it again to switch bf16 on or off.
+    Why channels-last ("NHWC") memory for the convolutions' weights and input: CPU convolutions (oneDNN) run about
+    1.6x faster in float32 than on NCHW, with the same arithmetic (README, "Speed").
+    Why --bf16 (opt-in): a bfloat16 autocast makes the trunk's matmuls and convolutions about 2x faster on CPUs with
+    AVX512-BF16/AMX; the weights stay float32 and the trunk's output goes back to float32 before the heads."""
+    agent.to(memory_format=torch.channels_last)
+    trunk = agent.network
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous(memory_format=torch.channels_last)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+            return nn.Sequential.forward(trunk, x).float()
+
+    trunk.forward = forward  # an instance attribute: nn.Module.__call__ runs it in place of Sequential.forward
+
+
+# --- end shared: atari-run ---
+
+
+# --- shared: run ---
+class StopRequest:
+    """Ctrl-C / SIGTERM handler: the first signal asks the loop to stop at the end of the current iteration (a
+    consistent state to save); a second one interrupts at once, without saving.
+    Why a flag, not `except KeyboardInterrupt`: the exception lands at an arbitrary point (inside the TensorBoard
+    writer, a checkpoint write, ...); a flag checked between iterations never cuts anything half-way."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __call__(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+class Progress:
+    """On a terminal: one self-overwriting line with an ETA. Otherwise (Slurm, nohup, CI logs): a plain line every
+    `every_s` seconds and one at the end, so a log file shows the run advancing."""
+
+    def __init__(self, enabled: bool, total: int, every_s: float = 30.0):
+        self.enabled, self.tty, self.total, self.every_s = enabled, sys.stdout.isatty(), total, every_s
+        self.last_print, self.line = time.monotonic(), ""
+
+    def update(self, step: int, sps: float, recent_return: Optional[float]) -> None:
+        if not self.enabled:
+            return
+        ret = "   n/a" if recent_return is None else f"{recent_return:9.1f}"
+        eta = (self.total - step) / sps if sps > 0 else math.inf
+        eta_text = "?" if not math.isfinite(eta) else time.strftime("%H:%M:%S", time.gmtime(eta))
+        if eta >= 86_400 and math.isfinite(eta):
+            eta_text = f"{eta / 86_400:.1f} days"
+        self.line = f"step {step:>10,}/{self.total:,} | {sps:6.0f} SPS | return (last 10) {ret} | ETA {eta_text}"
+        if self.tty:
+            print(f"\r{self.line}", end="", flush=True)
+        elif time.monotonic() - self.last_print >= self.every_s:
+            print(self.line, flush=True)
+            self.last_print = time.monotonic()
+
+    def close(self) -> None:
+        if self.enabled and self.line:
+            print() if self.tty else print(self.line, flush=True)
+
+
+def to_plain(obj) -> dict:
+    """An object's attributes (a dataclass's fields) as plain data that loads with weights_only=True: arrays become
+    tensors; all are copies. For loop states, and for parts without state_dict() (e.g. running statistics)."""
+    plain = {}
+    for name, value in vars(obj).items():
+        if isinstance(value, (np.ndarray, np.generic)):  # np.generic: 0-d arithmetic gives numpy scalars
+            value = torch.from_numpy(np.array(value))
+        elif isinstance(value, torch.Tensor):
+            value = value.detach().cpu().clone()
+        plain[name] = value
+    return plain
+
+
+def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
+    """Set an object's attributes from to_plain's dict, in their current types and devices. Dataclass fields marked
+    metadata={"env": True} describe the envs' episodes: kept as they are when the envs restart from a reset."""
+    env_fields = {f.name for f in dataclasses.fields(obj) if f.metadata.get("env")} if dataclasses.is_dataclass(obj) else set()
+    for name, current in vars(obj).items():
+        if name not in saved or (name in env_fields and not env_exact):
+            continue
+        value = saved[name]
+        if isinstance(current, (np.ndarray, np.generic)):
+            value = value.numpy().astype(current.dtype)
+        elif isinstance(current, torch.Tensor):
+            value = value.to(current.device)
+        setattr(obj, name, value)
+
+
+class Run:
+    """A training run's bookkeeping, the same in every script: the run folder (a new
+    `runs/<env>__<exp>__<seed>__<time>`, or the resumed checkpoint's), args.json, TensorBoard, wandb, the progress
+    line, Ctrl-C / SIGTERM, the log window (SPS and phase timings) and checkpoints. A checkpoint holds the loop
+    state (a dataclass with global_step and iteration), every part given to attach() (anything with state_dict /
+    load_state_dict, or plain attributes), the recent returns and the RNG states: plain data, written atomically."""
+
+    def __init__(self, args, script: str, ckpt: Optional[dict], shapes: dict, log_every: int):
+        self.args, self.script, self.ckpt, self.shapes, self.log_every = args, script, ckpt, shapes, log_every
+        if ckpt is not None:
+            check_checkpoint_matches(ckpt, args.resume, script, shapes)
+            if ckpt["iteration"] >= args.num_iterations:
+                raise UserError(f"checkpoint '{args.resume}' is at iteration {ckpt['iteration']} (step "
+                                f"{ckpt['global_step']}) and --total-timesteps {args.total_timesteps} gives "
+                                f"{args.num_iterations} iterations: nothing left to do. Raise --total-timesteps to "
+                                "continue.")  # fmt: skip
+            self.dir, self.name = Path(args.resume).resolve().parent.parent, ckpt["run_name"]
+        else:
+            safe_env_id = args.env_id.replace("/", "-").replace(":", "-")  # "ALE/Pong-v5": no nested folders
+            self.name = f"{safe_env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+            self.dir = Path(args.runs_dir) / self.name
+        self.ckpt_dir = self.dir / "checkpoints"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if args.track:
+            init_tracking(args, self.name, self.dir)
+        self.writer = make_writer(self.dir, args, purge_step=None if ckpt is None else ckpt["global_step"] + 1)
+        if ckpt is None:
+            (self.dir / "args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2))
+        print(f"run: {self.dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
+        self.recent_returns: list = []  # the last 10 episodes' returns, for the progress line
+        self.phase_time: dict = {}  # seconds per phase (run.timer) in the current log window
+        self.state, self.parts, self.closing, self.stopped = None, {}, None, False
+        self.stop, self.window_step = StopRequest(), 0
+
+    def attach(self, state, envs, **parts) -> None:
+        """Register what a checkpoint holds (the loop state and the parts) and what to close at the end; on
+        --resume, load them all from the checkpoint, then the RNG states."""
+        self.state, self.closing, self.parts = state, envs, parts
+        if self.ckpt is None:
+            return
+        for name, part in parts.items():
+            part.load_state_dict(self.ckpt[name]) if hasattr(part, "load_state_dict") else load_plain(part, self.ckpt[name])
+        exact = all(getattr(part, "exact", True) for part in parts.values())
+        if not exact:
+            print(f"warning: {self.args.env_id}'s simulator state cannot be captured; its envs restart from a reset.")
+        load_plain(state, self.ckpt["run_state"], exact)
+        self.recent_returns = list(self.ckpt["run_state"]["recent_returns"])
+        set_rng_states(self.ckpt["rng_states"])
+
+    def iterations(self, state, num_iterations: int):
+        """The loop's iteration numbers, continuing a resumed run. After each iteration: at the end of a log window
+        its SPS, phase timings and the progress line; periodic checkpoints (every --checkpoint-interval env steps);
+        a clean stop after Ctrl-C / SIGTERM."""
+        self.stop = StopRequest()
+        signal.signal(signal.SIGINT, self.stop)
+        signal.signal(signal.SIGTERM, self.stop)
+        progress = Progress(self.args.progress, self.args.total_timesteps)
+        start_time, start_step = time.time(), state.global_step
+        self.window_step, saved_step, threads_checked = state.global_step, state.global_step, time.monotonic()
+        try:
+            for iteration in range(state.iteration + 1, num_iterations + 1):
+                state.iteration = iteration
+                yield iteration
+                if self.log_due():
+                    sps = (state.global_step - start_step) / (time.time() - start_time)
+                    self.writer.add_scalar("charts/SPS", sps, state.global_step)
+                    for phase, seconds in self.phase_time.items():
+                        us = seconds / (state.global_step - self.window_step) * 1e6
+                        self.writer.add_scalar(f"charts/{phase}_us_per_step", us, state.global_step)
+                    self.phase_time = dict.fromkeys(self.phase_time, 0.0)
+                    recent = float(np.mean(self.recent_returns)) if self.recent_returns else None
+                    progress.update(state.global_step, sps, recent)
+                    self.window_step = state.global_step
+                if time.monotonic() - threads_checked > 5.0:
+                    share_threads(self.args.torch_threads, RUNS_FOLDER)
+                    threads_checked = time.monotonic()
+                interval = self.args.checkpoint_interval
+                if interval > 0 and state.global_step // interval > saved_step // interval:
+                    self.save("step")
+                    prune_checkpoints(self.ckpt_dir, self.args.keep_checkpoints)
+                    saved_step = state.global_step
+                if self.stop.requested:
+                    self.stopped = True
+                    break
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            progress.close()
+
+    def log_due(self) -> bool:
+        """Does the current iteration end a log window? Yes when global_step passed a multiple of log_every (every
+        iteration when log_every <= the steps per iteration), at the last iteration, and after Ctrl-C / SIGTERM."""
+        step = self.state.global_step
+        return (step // self.log_every > self.window_step // self.log_every or self.state.iteration == self.args.num_iterations
+                or self.stop.requested)  # fmt: skip
+
+    @contextmanager
+    def timer(self, phase: str):
+        """Time a phase of the loop; logged per env step as charts/<phase>_us_per_step at the end of each window."""
+        start = time.perf_counter()
+        yield
+        self.phase_time[phase] = self.phase_time.get(phase, 0.0) + time.perf_counter() - start
+
+    def log(self, step: int, scalars: dict) -> None:
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, value, step)
+
+    def episode(self, episode_return: float, length: int, step: int) -> None:
+        """A finished episode: its true return and length, against the global step at which it ended."""
+        self.writer.add_scalar("charts/episodic_return", episode_return, step)
+        self.writer.add_scalar("charts/episodic_length", length, step)
+        self.recent_returns = (self.recent_returns + [float(episode_return)])[-10:]
+
+    def save(self, kind: str) -> Path:
+        """Write a checkpoint `<kind>_<global step>.pt`; tensors are saved as they are now (torch.save copies)."""
+        state = {"format": 1, "script": self.script, "run_name": self.name, "args": dataclasses.asdict(self.args),
+                 "global_step": self.state.global_step, "iteration": self.state.iteration, **self.shapes,
+                 **{name: part.state_dict() if hasattr(part, "state_dict") else to_plain(part)
+                    for name, part in self.parts.items()},
+                 "run_state": {**to_plain(self.state), "recent_returns": list(self.recent_returns)},
+                 "rng_states": get_rng_states()}  # fmt: skip
+        path = self.ckpt_dir / checkpoint_name(kind, self.state.global_step)
+        save_checkpoint(state, path)
+        return path
+
+    def finish(self) -> bool:
+        """After the loop. Stopped by Ctrl-C / SIGTERM: save, say how to resume, exit 130. With --save-model: save
+        the final checkpoint and return True (the caller evaluates it)."""
+        if self.stopped:
+            path = self.save("interrupted")
+            print(f"interrupted: saved step {self.state.global_step} (iteration {self.state.iteration}) to {path}\n"
+                  f"resume with: python {self.script}.py --resume {path}", file=sys.stderr)  # fmt: skip
+            self.close()
+            sys.exit(130)
+        if self.args.save_model:
+            print(f"model saved to {self.save('final')}")
+        return self.args.save_model
+
+    def close(self) -> None:
+        rss = peak_rss_mb()
+        if rss is not None:
+            print(f"peak RSS: {rss:.0f} MB")
+        self.writer.close()
+        if self.closing is not None:
+            self.closing.close()
+        if self.args.track:
+            import wandb
+
+            wandb.finish()
+
+
+def wandb_credentials_available() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")
+
+
+def check_tracking(track: bool) -> None:
+    """Never wait at wandb's login prompt: with no credentials and WANDB_MODE not offline/disabled, stop at once,
+    before anything is written."""
+    mode = os.environ.get("WANDB_MODE", "").lower()
+    if track and mode not in ("offline", "disabled", "dryrun") and not wandb_credentials_available():
+        raise UserError("--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
+                        "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`).")  # fmt: skip
+
+
+def init_tracking(args, run_name: str, run_dir: Path) -> None:
+    """wandb mirrors the TensorBoard scalars (sync_tensorboard=True: call before creating the SummaryWriter)."""
+    check_tracking(True)
+    import wandb
+
+    wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
+               name=run_name, dir=str(run_dir), save_code=True)  # fmt: skip
+
+
+def make_writer(run_dir: Path, args, purge_step: Optional[int]):
+    """TensorBoard writer. On resume, purge_step hides events logged after the checkpoint (one continuous curve)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(run_dir), purge_step=purge_step)
+    if purge_step is None:
+        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer
+
+
+# --- end shared: run ---
+
+
+# --- shared: checkpoint ---
+def save_checkpoint(state: dict, path: Path) -> None:
+    """Write atomically: a temporary file in the same folder, fsync, then rename over the target. A crash or
+    Ctrl-C mid-write leaves at worst a stray .tmp file, never a truncated checkpoint under the real name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_checkpoint(path: str, map_location: torch.device) -> dict:
+    """Load with weights_only=True: plain tensors and Python data only, never arbitrary pickled objects."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"checkpoint '{path}' does not exist (or is not a file).")
+    try:
+        state = torch.load(p, map_location=map_location, weights_only=True)
+    except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
+        raise UserError(f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}).") from None  # fmt: skip
+    if not isinstance(state, dict) or "format" not in state or "args" not in state:
+        raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
+    return state
+
+
+def check_checkpoint_matches(ckpt: dict, path: str, script: str, shapes: dict) -> None:
+    """Refuse a checkpoint of another script, or one made for an env of other shapes (`shapes`: name -> value)."""
+    if ckpt.get("script") != script:
+        raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script', 'another script')}.py, not by "
+                        f"{script}.py.")  # fmt: skip
+    saved = {k: ckpt.get(k) for k in shapes}
+    if saved != shapes:
+        describe = lambda d: ", ".join(f"{k} {tuple(v) if isinstance(v, list) else v}" for k, v in d.items())  # noqa: E731
+        raise UserError(f"checkpoint '{path}' was made for {ckpt['args']['env_id']} ({describe(saved)}), which does not "
+                        f"fit this env ({describe(shapes)}).")  # fmt: skip
+
+
+def prune_checkpoints(ckpt_dir: Path, keep: int, prefix: str = "step_") -> None:
+    """Delete all but the newest `keep` periodic checkpoints (names sort by zero-padded global step)."""
+    periodic = sorted(ckpt_dir.glob(f"{prefix}*.pt"))
+    for old in periodic[: max(len(periodic) - keep, 0)]:
+        old.unlink()
+
+
+def checkpoint_name(kind: str, global_step: int) -> str:
+    return f"{kind}_{global_step:010d}.pt"
+
+
+# --- end shared: checkpoint ---
+
+
+# --- shared: validation ---
+RULES = {
+    "> 0": lambda v: v > 0,
+    ">= 0": lambda v: v >= 0,
+    ">= 1": lambda v: v >= 1,
+    "in [0, 1]": lambda v: 0 <= v <= 1,
+    "in (0, 1]": lambda v: 0 < v <= 1,
+    "in [0, 1)": lambda v: 0 <= v < 1,
+}
+
+
+def check_flags(args, rules: dict) -> None:
+    """Every numeric flag against its rule in `rules` (flag name -> a key of RULES); None (an unset optional) passes."""
+    for name, rule in rules.items():
+        value = getattr(args, name)
+        if value is not None and not RULES[rule](value):
+            raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
+
+
+def flags_on_command_line(argv: list, cls) -> set:
+    """Field names of the flags typed on the command line (`--x`, `--x=v`, `--no-x`). Why read argv: tyro cannot
+    tell a flag set to its default from a flag not given."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    given = set()
+    for word in argv:
+        if word.startswith("--"):
+            name = word[2:].split("=", 1)[0].replace("-", "_")
+            given.add(name[3:] if name not in names and name.startswith("no_") else name)
+    return given & names
+
+
+def merge_resume_args(cli, saved: dict, overridable: tuple, given: set):
+    """--resume: the checkpoint's Args, except the flags in `overridable` (taken from the command line). A fixed flag
+    typed on the command line with another value than the checkpoint's is refused, never silently ignored."""
+    cls = type(cli)
+    merged = dict(saved)
+    for f in dataclasses.fields(cls):
+        if f.name in overridable or f.name not in saved:
+            merged[f.name] = getattr(cli, f.name)
+        elif f.name in given and getattr(cli, f.name) != saved[f.name]:
+            raise UserError(f"--{f.name.replace('_', '-')} {getattr(cli, f.name)} conflicts with the checkpoint, which "
+                            f"was trained with {saved[f.name]}: a resumed run keeps it. Drop the flag, or start a new "
+                            "run.")  # fmt: skip
+    return cls(**{f.name: merged[f.name] for f in dataclasses.fields(cls)})
+
+
+def parse_command_line(cls, overridable: tuple, rules: dict, validate: Callable) -> tuple:
+    """(args, the --resume checkpoint or None, device): flags parsed and checked before anything starts, torch's
+    threads set, and on --resume the checkpoint loaded and its Args merged with the command line's."""
+    args = tyro.cli(cls)
+    if args.capture_video and not os.environ.get("DISPLAY"):
+        # headless: MuJoCo renders through EGL (Mesa's software EGL works without a GPU). Set before mujoco loads.
+        os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL") or "egl"
+    quiet_mujoco_warnings()
+    if args.resume and args.eval_checkpoint:
+        raise UserError("--resume and --eval-checkpoint exclude each other: evaluate a checkpoint, or continue it.")
+    check_flags(args, rules)  # a resumed run is checked again once its Args are merged with the checkpoint's
+    if not args.resume:
+        validate(args)
+    check_tracking(args.track)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.torch_threads == 0:
+        register_run(RUNS_FOLDER)
+    share_threads(args.torch_threads, RUNS_FOLDER)
+    ckpt = None
+    if args.resume:
+        ckpt = load_checkpoint(args.resume, device)
+        args = merge_resume_args(args, ckpt["args"], overridable, flags_on_command_line(sys.argv[1:], cls))
+        check_flags(args, rules)
+        validate(args)
+    return args, ckpt, device
+
+
+# --- end shared: validation ---
 
 
 # --- shared: errors ---
@@ -604,460 +1212,68 @@ def set_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def pick_torch_threads(requested: int) -> int:
-    """0 means one thread per core this process may run on (respects taskset/cgroups, unlike os.cpu_count)."""
-    return requested if requested > 0 else len(os.sched_getaffinity(0))
-
-
 # --- end shared: seeding ---
 
 
-# --- shared: checkpoint ---
-def save_checkpoint(state: dict, path: Path) -> None:
-    """Write atomically: a temporary file in the same folder, fsync, then rename over the target. A crash or
-    Ctrl-C mid-write leaves at worst a stray .tmp file, never a truncated checkpoint under the real name."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+# --- shared: threads ---
+def usable_cores() -> int:
+    """Cores this process may run on: os.sched_getaffinity respects taskset / cgroups but exists only on Linux;
+    elsewhere (macOS, Windows) os.cpu_count()."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def peak_rss_mb() -> Optional[float]:
+    """Peak resident memory of this process in MB; None where the `resource` module is missing (Windows)."""
     try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+        import resource
+    except ImportError:
+        return None
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
 
 
-def load_checkpoint(path: str, map_location: torch.device) -> dict:
-    """Load with weights_only=True: plain tensors and Python data only, never arbitrary pickled objects."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"checkpoint '{path}' does not exist (or is not a file).")
+RUNS_FOLDER = Path(tempfile.gettempdir()) / "onefile-rl-runs"  # one file per live run, named by its pid
+
+
+def register_run(folder: Path) -> None:
+    """Leave this process's entry in `folder` for as long as it lives (see share_threads)."""
     try:
-        state = torch.load(p, map_location=map_location, weights_only=True)
-    except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
-        raise UserError(f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''}).") from None  # fmt: skip
-    if not isinstance(state, dict) or "format" not in state or "args" not in state:
-        raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
-    return state
-
-
-def prune_checkpoints(ckpt_dir: Path, keep: int, prefix: str = "step_") -> None:
-    """Delete all but the newest `keep` periodic checkpoints (names sort by zero-padded global step)."""
-    periodic = sorted(ckpt_dir.glob(f"{prefix}*.pt"))
-    for old in periodic[: max(len(periodic) - keep, 0)]:
-        old.unlink()
-
-
-def checkpoint_name(kind: str, global_step: int) -> str:
-    return f"{kind}_{global_step:010d}.pt"
-
-
-def merge_resume_args(cli, saved: dict, overridable: tuple):
-    """The checkpoint's Args win, except the flags in `overridable`; a conflicting flag gets a warning."""
-    cls = type(cli)
-    defaults = cls()
-    merged = dict(saved)
-    for f in dataclasses.fields(cls):
-        if f.name in overridable or f.name not in saved:
-            merged[f.name] = getattr(cli, f.name)
-        elif getattr(cli, f.name) != getattr(defaults, f.name) and getattr(cli, f.name) != saved[f.name]:
-            print(f"warning: --{f.name.replace('_', '-')} {getattr(cli, f.name)} ignored: resuming keeps the checkpoint's "
-                  f"value {saved[f.name]}.", file=sys.stderr)  # fmt: skip
-    return cls(**{f.name: merged[f.name] for f in dataclasses.fields(cls)})
-
-
-# --- end shared: checkpoint ---
-
-
-# --- shared: logging ---
-def wandb_credentials_available() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")
-
-
-def check_tracking(track: bool) -> None:
-    """Never wait at wandb's login prompt: with no credentials and WANDB_MODE not offline/disabled, stop at once,
-    before anything is written."""
-    mode = os.environ.get("WANDB_MODE", "").lower()
-    if track and mode not in ("offline", "disabled", "dryrun") and not wandb_credentials_available():
-        raise UserError("--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
-                        "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`).")  # fmt: skip
-
-
-def init_tracking(args, run_name: str, run_dir: Path) -> None:
-    """wandb mirrors the TensorBoard scalars (sync_tensorboard=True: call before creating the SummaryWriter)."""
-    check_tracking(True)
-    import wandb
-
-    wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
-               name=run_name, dir=str(run_dir), save_code=True)  # fmt: skip
-
-
-def make_writer(run_dir: Path, args, purge_step: Optional[int]):
-    """TensorBoard writer. On resume, purge_step hides events logged after the checkpoint (one continuous curve)."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(str(run_dir), purge_step=purge_step)
-    if purge_step is None:
-        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-    return writer
-
-
-class Progress:
-    """One self-overwriting status line on a terminal; silent when stdout is not a TTY (logs, CI, nohup)."""
-
-    def __init__(self, enabled: bool, total: int):
-        self.enabled = enabled and sys.stdout.isatty()
-        self.total = total
-
-    def update(self, step: int, sps: float, recent_return: Optional[float]) -> None:
-        if self.enabled:
-            ret = "   n/a" if recent_return is None else f"{recent_return:9.1f}"
-            print(f"\rstep {step:>10,}/{self.total:,} | {sps:6.0f} SPS | return (last 10) {ret}", end="", flush=True)
-
-    def close(self) -> None:
-        if self.enabled:
-            print()
-
-
-# --- end shared: logging ---
-
-
-# --- shared: atari-run ---
-def evaluate(
-    agent: Agent, env_id: str, episodes: int, seed: int, device: torch.device, video_dir: Optional[str] = None
-) -> list:
-    """Full games with actions sampled from the policy (a greedy Atari policy can stall forever in a loop),
-    under the training preprocessing; returns each game's unclipped score over all its lives."""
-    env = make_env(env_id, 0, video_dir is not None, video_dir or "")()
-    returns: list = []
-    obs, _ = env.reset(seed=seed)
-    while len(returns) < episodes:
-        with torch.inference_mode():
-            logits, _ = agent(torch.as_tensor(obs, device=device).unsqueeze(0))
-            action = torch.multinomial(torch.softmax(logits, -1), 1).item()
-        obs, _, terminated, truncated, info = env.step(action)
-        if "episode" in info:  # a game over (GameStatistics), not just a lost life
-            returns.append(float(info["episode"]["r"]))
-        if (terminated or truncated) and len(returns) < episodes:  # a lost life (soft reset) or a game over
-            obs, _ = env.reset()
-    env.close()
-    return returns
-
-
-def probe_env(env_id: str) -> tuple[tuple, int]:
-    """Make one preprocessed env to check the id; return (observation shape, number of actions)."""
-    check_atari_env(env_id)
-    env = make_env(env_id, 0, False, "")()
-    obs_shape, act_space = env.observation_space.shape, env.action_space
-    env.close()
-    if not isinstance(act_space, gym.spaces.Discrete):
-        raise UserError(f"{env_id} has a {type(act_space).__name__} action space; this script needs discrete actions.")
-    return obs_shape, int(act_space.n)
-
-
-def check_checkpoint_matches(ckpt: dict, path: str, script: str, num_actions: int) -> None:
-    if ckpt.get("script") != script:
-        raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script')}.py, not {script}.py.")
-    if ckpt["num_actions"] != num_actions:
-        raise UserError(f"checkpoint '{path}' was made for {ckpt['args']['env_id']} ({ckpt['num_actions']} actions), "
-                        f"which does not fit this game ({num_actions} actions).")  # fmt: skip
-
-
-def eval_only(args, device: torch.device, script: str) -> None:
-    """--eval-checkpoint: full games with the saved policy; print and log eval/episodic_return."""
-    ckpt = load_checkpoint(args.eval_checkpoint, device)
-    env_id, seed = ckpt["args"]["env_id"], ckpt["args"]["seed"]
-    _, num_actions = probe_env(env_id)
-    check_checkpoint_matches(ckpt, args.eval_checkpoint, script, num_actions)
-    agent = Agent(num_actions).to(device)
-    agent.load_state_dict(ckpt["model"])
-    run_dir = Path(args.eval_checkpoint).resolve().parent.parent
-    eval_dir = run_dir / "eval" / Path(args.eval_checkpoint).stem
-    video_dir = str(eval_dir / "videos") if args.capture_video else None
-    returns = evaluate(agent, env_id, args.eval_episodes, seed + 10_000, device, video_dir)
-    writer = make_writer(eval_dir, args, purge_step=None)
-    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), ckpt["global_step"])
-    writer.close()
-    print(f"eval {env_id} at step {ckpt['global_step']}: {np.mean(returns):.2f} +- {np.std(returns):.2f} "
-          f"over {len(returns)} games")  # fmt: skip
-
-
-def validate_common_args(args) -> None:
-    if args.num_envs < 1 or args.num_steps < 1:
-        raise UserError("num_envs and num_steps must be at least 1.")
-    if args.total_timesteps < args.num_envs * args.num_steps:
-        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one batch (num_envs * num_steps = "
-                        f"{args.num_envs * args.num_steps}): no update would run. "
-                        "Raise --total-timesteps or lower --num-steps.")  # fmt: skip
-    if args.env_backend not in ("gymnasium", "envpool"):
-        raise UserError(f"--env-backend must be 'gymnasium' or 'envpool', not '{args.env_backend}'.")
-    if args.env_backend == "envpool" and args.capture_video:
-        raise UserError("--capture-video records env 0 of the gymnasium backend; envpool renders no frames. "
-                        "Use --env-backend gymnasium to record video.")  # fmt: skip
-    if args.env_backend == "envpool" and importlib.util.find_spec("envpool") is None:
-        raise UserError("--env-backend envpool: envpool is not installed (it has wheels for Linux x86-64 with "
-                        "Python >= 3.11 only). Use --env-backend gymnasium.")  # fmt: skip
-    if args.checkpoint_interval < 0 or args.keep_checkpoints < 1 or args.eval_episodes < 1:
-        raise UserError("checkpoint_interval must be >= 0, keep_checkpoints >= 1 and eval_episodes >= 1.")
-    check_tracking(args.track)
-
-
-def start_run(args, ckpt: Optional[dict]) -> tuple[Path, str]:
-    """(run folder, run name): a new `runs/<env>__<exp>__<seed>__<time>`, or the resumed checkpoint's own."""
-    if ckpt is not None:
-        return Path(args.resume).resolve().parent.parent, ckpt["run_name"]
-    safe_env_id = args.env_id.replace("/", "-").replace(":", "-")  # "ALE/Pong-v5" must not become nested folders
-    run_name = f"{safe_env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    return Path(args.runs_dir) / run_name, run_name
-
-
-def log_finished_games(writer, infos: dict, global_step: int, recent_returns: list) -> list:
-    """charts/episodic_return and charts/episodic_length of every game that ended; returns the last 10 returns."""
-    for _, game_return, game_length in finished_games(infos):
-        writer.add_scalar("charts/episodic_return", game_return, global_step)
-        writer.add_scalar("charts/episodic_length", game_length, global_step)
-        recent_returns = (recent_returns + [game_return])[-10:]
-    return recent_returns
-
-
-class StopRequest:
-    """Ctrl-C / SIGTERM handler: the first signal asks the loop to stop at the end of the current iteration (a
-    consistent state to save); a second one interrupts at once, without saving."""
-
-    def __init__(self):
-        self.requested = False
-
-    def __call__(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-
-# --- end shared: atari-run ---
-
-
-def validate_args(args: Args) -> None:
-    validate_common_args(args)
-    if args.learning_rate <= 0 or not 0.0 <= args.rmsprop_alpha < 1.0:
-        raise UserError("learning_rate must be > 0 and rmsprop_alpha in [0, 1).")
-
-
-def main() -> None:
-    args = tyro.cli(Args)
-    if args.resume and args.eval_checkpoint:
-        raise UserError("--resume and --eval-checkpoint exclude each other: evaluate a checkpoint, or continue it.")
-    if not args.resume:  # a resumed run is checked once its Args are merged with the checkpoint's
-        validate_args(args)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    torch.set_num_threads(pick_torch_threads(args.torch_threads))
-
-    if args.eval_checkpoint:
-        return eval_only(args, device, "a2c_atari")
-
-    ckpt = None
-    if args.resume:
-        ckpt = load_checkpoint(args.resume, device)
-        args = merge_resume_args(args, ckpt["args"], RESUME_OVERRIDABLE)
-        validate_args(args)
-    args.batch_size = int(args.num_envs * args.num_steps)
-    args.num_iterations = args.total_timesteps // args.batch_size
-    obs_shape, num_actions = probe_env(args.env_id)
-    if ckpt is not None:
-        check_checkpoint_matches(ckpt, args.resume, "a2c_atari", num_actions)
-        if ckpt["iteration"] >= args.num_iterations:
-            raise UserError(f"checkpoint '{args.resume}' is at iteration {ckpt['iteration']} (step {ckpt['global_step']}) "
-                            f"and --total-timesteps {args.total_timesteps} gives {args.num_iterations} iterations: "
-                            "nothing left to do. Raise --total-timesteps to continue.")  # fmt: skip
-    run_dir, run_name = start_run(args, ckpt)
-    ckpt_dir = run_dir / "checkpoints"
-
-    # ---- logging ----
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if args.track:
-        init_tracking(args, run_name, run_dir)
-    writer = make_writer(run_dir, args, purge_step=None if ckpt is None else ckpt["global_step"] + 1)
-    if ckpt is None:
-        (run_dir / "args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2))
-    print(f"run: {run_dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
-
-    # ---- seeding ----
-    seed_everything(args.seed, args.torch_deterministic)
-    start_iteration = 1 if ckpt is None else ckpt["iteration"] + 1
-    # A resumed run restarts its games from a reset; a fresh env seed keeps it from replaying the first games.
-    env_seed = args.seed + (start_iteration - 1) * args.num_envs
-
-    # ---- env setup ----
-    # NEXT_STEP autoreset (gymnasium 1.x's default, and envpool's): the step after an episode ends returns the next
-    # episode's first obs, reward 0, and ignores its action. Such a "reset step" is not a transition: it is
-    # recorded in reset_step_buf and left out of training (see the update). The obs returned at the episode's last
-    # step is its true final obs: a truncation is bootstrapped from V(final obs) without any final_obs lookup.
-    envs = make_vector_env(args, str(run_dir / "videos"), env_seed)
-    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.NEXT_STEP, "the loop assumes next-step autoreset"
-
-    agent = Agent(num_actions).to(device)
-    optimizer = torch.optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
-    # --bf16: bfloat16 matmuls/convolutions (about 2x faster on CPUs with AVX512-BF16/AMX); weights stay float32
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16)
-
-    # ---- storage: everything indexed "at step t" of the rollout ----
-    obs_buf = torch.zeros((args.num_steps, args.num_envs, *obs_shape), dtype=torch.uint8)  # frames the policy saw
-    actions_buf = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long)
-    values_buf = torch.zeros((args.num_steps, args.num_envs))
-    rewards_buf = np.zeros((args.num_steps, args.num_envs), np.float32)  # clipped rewards
-    terminations_buf = np.zeros((args.num_steps, args.num_envs), bool)  # episode ended at t by a terminal state (or life)
-    truncations_buf = np.zeros((args.num_steps, args.num_envs), bool)  # episode ended at t by the time limit
-    reset_step_buf = np.zeros((args.num_steps, args.num_envs), bool)  # step t only reset the env: not a transition
-
-    # ---- start or restore the state that runs across iterations ----
-    next_obs, _ = envs.reset(seed=env_seed)
-    episode_ended = np.zeros(args.num_envs, bool)  # the last step ended an episode: the next step is a reset step
-    recent_returns: list = []
-    global_step = 0
-    if ckpt is not None:
-        agent.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        recent_returns = list(ckpt["run_state"]["recent_returns"])
-        global_step = ckpt["global_step"]
-        set_rng_states(ckpt["rng_states"])
-
-    def training_state(iteration: int) -> dict:
-        """A complete checkpoint as plain data (loads with weights_only=True); tensors are copies."""
-        return {
-            "format": 1,
-            "script": "a2c_atari",
-            "run_name": run_name,
-            "args": dataclasses.asdict(args),
-            "global_step": global_step,
-            "iteration": iteration,
-            "num_actions": num_actions,
-            "model": {k: v.detach().clone().cpu() for k, v in agent.state_dict().items()},
-            "optimizer": copy.deepcopy(optimizer.state_dict()),
-            "run_state": {"recent_returns": list(recent_returns)},
-            "rng_states": get_rng_states(),
-        }
-
-    # Ctrl-C (and SIGTERM, e.g. a cluster preempting the job) stops the loop at the end of the current iteration,
-    # whose state is consistent, and saves it. (The env workers ignore both signals: they stay alive until then.)
-    stop = StopRequest()
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    progress = Progress(args.progress, args.total_timesteps)
-    start_time, start_step = time.time(), global_step
-    iteration = start_iteration - 1
-    metric_sums = torch.zeros(4, device=device)  # policy_loss, value_loss, entropy, grad_norm over the log window
-    ev_pairs: list = []  # (V(s), R) of the window's batches, for explained variance
-    rollout_time = update_time = 0.0  # in the log window
-    window_start_step = global_step
-    for iteration in range(start_iteration, args.num_iterations + 1):
-        lr = annealed(iteration, args.num_iterations, args.learning_rate) if args.anneal_lr else args.learning_rate
-        optimizer.param_groups[0]["lr"] = lr
-
-        # ---- rollout: act with the current policy, record transitions ----
-        t_rollout = time.perf_counter()
-        for step in range(args.num_steps):
-            global_step += args.num_envs
-            obs_t = torch.from_numpy(next_obs)
-            obs_buf[step] = obs_t
-            reset_step_buf[step] = episode_ended
-            with torch.inference_mode(), autocast:
-                logits, value = agent(obs_t.to(device))
-                action = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(-1)
-            actions_buf[step], values_buf[step] = action.cpu(), value.cpu()
-            next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
-            rewards_buf[step] = reward
-            terminations_buf[step], truncations_buf[step] = terminations, truncations
-            episode_ended = terminations | truncations
-            recent_returns = log_finished_games(writer, infos, global_step, recent_returns)
-
-        # ---- returns ----
-        t_update = time.perf_counter()
-        with torch.inference_mode(), autocast:
-            _, last_value = agent(torch.from_numpy(next_obs).to(device))
-        values = values_buf.numpy()
-        next_values, real = next_step_targets(values, last_value.cpu().numpy(), reset_step_buf)
-        returns = n_step_returns(rewards_buf, next_values, terminations_buf, truncations_buf, args.gamma)
-
-        # flatten (num_steps, num_envs) -> batch, keeping only real transitions (not the reset steps)
-        valid = torch.from_numpy(real)
-        b_obs = obs_buf.reshape(-1, *obs_shape)[valid].to(device)
-        b_actions = actions_buf.reshape(-1)[valid].to(device)
-        b_returns = torch.from_numpy(returns.reshape(-1)).to(device)[valid]
-
-        # ---- update: one gradient step on the whole batch ----
-        with autocast:
-            logits, new_values = agent(b_obs)
-        logprob, entropy = categorical_log_prob_entropy(logits, b_actions)
-        entropy = entropy.mean()
-        advantages = b_returns - new_values
-        if args.norm_adv:
-            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-        pg_loss, v_loss = a2c_losses(logprob, advantages, new_values, b_returns)
-        # L = L^PG - c_ent * H + c_v * L^V
-        loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-        optimizer.zero_grad()
-        loss.backward()
-        grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)  # norm before clipping
-        optimizer.step()
-        ev_pairs.append((new_values.detach(), b_returns))
-        metric_sums += torch.stack([pg_loss.detach(), v_loss.detach(), entropy.detach(), grad_norm])
-        rollout_time += t_update - t_rollout
-        update_time += time.perf_counter() - t_update
-
-        # ---- logging: every log_interval iterations, each metric averaged over the window's updates ----
-        if iteration % args.log_interval == 0 or iteration == args.num_iterations or stop.requested:
-            sps = (global_step - start_step) / (time.time() - start_time)
-            window_steps = global_step - window_start_step
-            writer.add_scalar("charts/learning_rate", lr, global_step)
-            means = (metric_sums / len(ev_pairs)).tolist()
-            for name, value in zip(("policy_loss", "value_loss", "entropy", "grad_norm"), means):
-                writer.add_scalar(f"losses/{name}", value, global_step)
-            predicted, target = (torch.cat(x).cpu().numpy() for x in zip(*ev_pairs))
-            writer.add_scalar("losses/explained_variance", explained_variance(predicted, target), global_step)
-            writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("charts/rollout_us_per_step", rollout_time / window_steps * 1e6, global_step)
-            writer.add_scalar("charts/update_us_per_step", update_time / window_steps * 1e6, global_step)
-            progress.update(global_step, sps, float(np.mean(recent_returns)) if recent_returns else None)
-            metric_sums.zero_()
-            ev_pairs, rollout_time, update_time, window_start_step = [], 0.0, 0.0, global_step
-
-        if args.checkpoint_interval > 0 and iteration % args.checkpoint_interval == 0:
-            save_checkpoint(training_state(iteration), ckpt_dir / checkpoint_name("step", global_step))
-            prune_checkpoints(ckpt_dir, args.keep_checkpoints)
-        if stop.requested:
-            break
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    progress.close()
-
-    if stop.requested:
-        path = ckpt_dir / checkpoint_name("interrupted", global_step)
-        save_checkpoint(training_state(iteration), path)
-        print(f"interrupted: saved iteration {iteration} to {path}\nresume with: python {os.path.basename(__file__)} "
-              f"--resume {path}", file=sys.stderr)  # fmt: skip
-        writer.close()
-        envs.close()
-        sys.exit(130)
-
-    if args.save_model:
-        path = ckpt_dir / checkpoint_name("final", global_step)
-        save_checkpoint(training_state(iteration), path)
-        print(f"model saved to {path}")
-        video_dir = str(run_dir / "videos" / "eval") if args.capture_video else None
-        returns_eval = evaluate(agent, args.env_id, args.eval_episodes, args.seed + 10_000, device, video_dir)
-        writer.add_scalar("eval/episodic_return", float(np.mean(returns_eval)), global_step)
-        print(f"eval: {np.mean(returns_eval):.2f} +- {np.std(returns_eval):.2f} over {len(returns_eval)} games")
-    writer.close()
-    envs.close()
-    if args.track:
-        import wandb
-
-        wandb.finish()
+        folder.mkdir(parents=True, exist_ok=True)
+        entry = folder / str(os.getpid())
+        entry.touch()
+        atexit.register(entry.unlink, missing_ok=True)
+    except OSError:  # a read-only temp dir: this run then counts only the others
+        pass
+
+
+def live_runs(folder: Path) -> int:
+    """Runs of these scripts alive on this machine (at least 1: this one); entries of dead processes are removed."""
+    alive = 0
+    for entry in folder.glob("[0-9]*"):
+        try:
+            os.kill(int(entry.name), 0)
+            alive += 1
+        except ProcessLookupError:
+            entry.unlink(missing_ok=True)
+        except (ValueError, OSError):  # PermissionError: another user's live process
+            alive += 1
+    return max(alive, 1)
+
+
+def share_threads(requested: int, folder: Path) -> int:
+    """Set torch's CPU threads: --torch-threads N > 0 fixes N; 0 (the default) shares this machine's cores among
+    the runs of these scripts alive on it (the Run re-checks every few seconds, so a run started alone gives up
+    cores when a second one starts). Why: torch's OpenMP threads spin while they wait, so two runs with a thread
+    per core each ran ~6x slower on 2 cores (3,178 SPS alone; 524 and 549 side by side); split, each keeps a core."""
+    threads = requested if requested > 0 else max(1, usable_cores() // live_runs(folder))
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return threads
+
+
+# --- end shared: threads ---
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """ppo_atari.py and a2c_atari.py run as a user runs them (subprocess): both backends reach an update and write the
-tags and checkpoints; resume restores networks, optimizer, counters, schedules and RNG; bad input gets a short
-message; Ctrl-C saves."""
+tags and checkpoints (every --checkpoint-interval env steps); resume restores networks, optimizer, counters,
+schedules and RNG, and refuses a conflicting flag; bad input gets a short message; Ctrl-C saves."""
 
 import os
 import signal
@@ -15,7 +15,8 @@ from tests.conftest import BASE_ENV, ROOT, assert_clean_error, only_run_dir, run
 
 pytest.importorskip("ale_py")
 GAME = "BreakoutNoFrameskip-v4"
-# Small iterations: PPO 2 envs x 32 steps, 2 minibatches, 1 epoch; A2C 4 envs x 5 steps. One torch thread.
+# Small iterations: PPO 2 envs x 32 steps, 2 minibatches, 1 epoch; A2C 4 envs x 5 steps, logged every 2 iterations
+# (40 env steps). One torch thread.
 PPO_SMALL = ["--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1", "--torch-threads", "1"]
 A2C_SMALL = ["--num-envs", "4", "--num-steps", "5", "--log-interval", "2", "--torch-threads", "1"]
 COMMON_TAGS = ["losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/explained_variance",
@@ -38,10 +39,13 @@ def backends():
 def test_ppo_atari_reaches_the_update_with_both_backends(tmp_path, backend):
     # 1,024 steps: 16 iterations; a random policy's Breakout game lasts about 170 agent steps, so games finish
     proc = run_script("ppo_atari.py", "--env-id", GAME, "--env-backend", backend, *PPO_SMALL, "--total-timesteps", "1024",
-                      "--checkpoint-interval", "8", "--save-model", "--eval-episodes", "1", "--anneal-clip",
+                      "--checkpoint-interval", "512", "--save-model", "--eval-episodes", "1", "--anneal-clip",
                       "--runs-dir", tmp_path, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "A.L.E" not in proc.stderr  # no emulator banner
+    # not a terminal: plain progress lines (no carriage returns), the last one at the end with an ETA
+    plain = [line for line in proc.stdout.splitlines() if "SPS" in line]
+    assert "\r" not in proc.stdout and plain and "1024/1024" in plain[-1].replace(",", "") and "ETA" in plain[-1]
     run_dir = only_run_dir(tmp_path)
     for tag in PPO_TAGS + ["charts/episodic_return", "charts/episodic_length", "eval/episodic_return"]:
         assert scalars(run_dir, tag), f"tag {tag} missing"
@@ -62,7 +66,7 @@ def test_ppo_atari_reaches_the_update_with_both_backends(tmp_path, backend):
 @pytest.mark.parametrize("backend", list(backends()))
 def test_a2c_atari_reaches_the_update_with_both_backends(tmp_path, backend):
     proc = run_script("a2c_atari.py", "--env-id", GAME, "--env-backend", backend, *A2C_SMALL, "--total-timesteps", "1000",
-                      "--checkpoint-interval", "25", "--save-model", "--eval-episodes", "1", "--runs-dir", tmp_path,
+                      "--checkpoint-interval", "500", "--save-model", "--eval-episodes", "1", "--runs-dir", tmp_path,
                       timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     run_dir = only_run_dir(tmp_path)
@@ -83,7 +87,7 @@ def test_resume_restores_network_optimizer_counters_schedule_and_rng(tmp_path):
     """The environments restart from a reset on resume (README); everything else continues. Shown on a2c_atari
     with --anneal-lr: the resumed run logs the same learning-rate schedule at the same steps, its optimizer continues
     the step count, its first update starts from the saved weights, and its RNG streams continue the saved ones."""
-    flags = ["--env-id", GAME, *A2C_SMALL, "--anneal-lr", "--no-async-envs", "--checkpoint-interval", "10"]
+    flags = ["--env-id", GAME, *A2C_SMALL, "--anneal-lr", "--no-async-envs", "--checkpoint-interval", "200"]
     full = run_script("a2c_atari.py", *flags, "--total-timesteps", "800", "--runs-dir", tmp_path / "full", timeout=600)
     assert full.returncode == 0, full.stderr
     full_dir = only_run_dir(tmp_path / "full")
@@ -96,8 +100,13 @@ def test_resume_restores_network_optimizer_counters_schedule_and_rng(tmp_path):
     copy = resumed_root / full_dir.name
     (copy / "checkpoints").mkdir(parents=True)
     (copy / "checkpoints" / ckpt_path.name).write_bytes(ckpt_path.read_bytes())
+    # a flag the checkpoint fixes, typed with another value, is refused (naming both values); nothing is written
+    conflict = run_script("a2c_atari.py", "--resume", copy / "checkpoints" / ckpt_path.name, "--total-timesteps", "800",
+                          "--learning-rate", "1e-3", "--torch-threads", "1")  # fmt: skip
+    assert_clean_error(conflict, "--learning-rate 0.001", "0.0007")
+    assert sorted(p.name for p in copy.rglob("*") if p.is_file()) == [ckpt_path.name]
     resumed = run_script("a2c_atari.py", "--resume", copy / "checkpoints" / ckpt_path.name, "--total-timesteps", "800",
-                         "--checkpoint-interval", "10", "--torch-threads", "1", timeout=600)  # fmt: skip
+                         "--checkpoint-interval", "200", "--torch-threads", "1", timeout=600)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     lr_full, lr_resumed = scalars(full_dir, "charts/learning_rate"), scalars(copy, "charts/learning_rate")
     assert sorted(lr_resumed) == [s for s in sorted(lr_full) if s > 400]  # counters continue
@@ -146,7 +155,7 @@ def test_corrupt_checkpoint_and_other_scripts_checkpoint_are_refused(tmp_path):
     assert_clean_error(run_script("ppo_atari.py", "--eval-checkpoint", bad), "corrupt")
     other = tmp_path / "other.pt"
     torch.save({"format": 1, "args": {"env_id": GAME, "seed": 1}, "script": "a2c_atari", "num_actions": 4}, other)
-    assert_clean_error(run_script("ppo_atari.py", "--eval-checkpoint", other), "a2c_atari.py, not ppo_atari.py")
+    assert_clean_error(run_script("ppo_atari.py", "--eval-checkpoint", other), "a2c_atari.py, not by ppo_atari.py")
     assert bad.read_bytes() == b"not a checkpoint"
 
 

@@ -1,5 +1,6 @@
 """The pure helpers of ppo_atari.py and a2c_atari.py: n-step returns, GAE, next-step autoreset targets, the
-categorical log-prob and entropy, the A2C losses, and the network's shapes and bfloat16 heads."""
+categorical log-prob and entropy, the A2C losses, the network's shapes and entry point, and its speed set-up
+(channels-last memory, the --bf16 trunk) against the plain network."""
 
 import numpy as np
 import pytest
@@ -99,17 +100,53 @@ def test_ppo_clip_bounds_the_ratio():
     assert pg_loss.item() == pytest.approx(-(0.5 + 1.0 + 1.05 + 1.1) / 4)
 
 
-def test_nature_cnn_shapes_and_float32_heads_under_bf16():
+def test_nature_cnn_shapes_and_entry_point():
+    torch.manual_seed(0)
     agent = P.Agent(num_actions=4)
     obs = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
     logits, value = agent(obs)
     assert logits.shape == (3, 4) and value.shape == (3,)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        logits16, value16 = agent(obs)
-    assert logits16.dtype == torch.float32 and value16.dtype == torch.float32  # heads stay float32
-    torch.testing.assert_close(logits16, logits, atol=0.05, rtol=0.05)
     convs = (4 * 32 * 8 * 8 + 32) + (32 * 64 * 4 * 4 + 64) + (64 * 64 * 3 * 3 + 64)
     assert sum(p.numel() for p in agent.parameters()) == convs + (3136 * 512 + 512) + (512 * 4 + 4) + (512 + 1)
+    # get_action_and_value: the log-prob and entropy of the given actions, the value; a sampled action when none given
+    actions = torch.tensor([0, 3, 1])
+    same, logprob, entropy, value2 = agent.get_action_and_value(obs, actions)
+    dist = torch.distributions.Categorical(logits=logits)
+    assert torch.equal(same, actions) and torch.equal(value2, value)
+    torch.testing.assert_close(logprob, dist.log_prob(actions))
+    torch.testing.assert_close(entropy, dist.entropy())
+    sampled, *_ = agent.get_action_and_value(obs)
+    assert sampled.shape == (3,) and sampled.dtype == torch.long and ((0 <= sampled) & (sampled < 4)).all()
+
+
+@pytest.mark.parametrize("module", [P, A])
+def test_fast_cnn_computes_what_the_plain_network_computes(module):
+    """The speed set-up (below the banner) changes the memory layout and, with --bf16, the trunk's precision; not the
+    function: in float32 it equals the plain network, in bfloat16 it stays close, and the heads stay float32."""
+    torch.manual_seed(0)
+    plain, fast = module.Agent(num_actions=4), module.Agent(num_actions=4)
+    fast.load_state_dict(plain.state_dict())
+    obs = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
+    with torch.no_grad():
+        logits, value = plain(obs)
+        module.fast_cnn(fast, bf16=False)
+        assert fast.network[0].weight.is_contiguous(memory_format=torch.channels_last)
+        logits32, value32 = fast(obs)
+        torch.testing.assert_close(logits32, logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(value32, value, atol=1e-5, rtol=1e-5)
+        module.fast_cnn(fast, bf16=True)
+        logits16, value16 = fast(obs)
+        assert logits16.dtype == torch.float32 and value16.dtype == torch.float32  # heads stay float32
+        torch.testing.assert_close(logits16, logits, atol=0.05, rtol=0.05)
+        torch.testing.assert_close(value16, value, atol=0.05, rtol=0.05)
+        assert not torch.equal(logits16, logits32)  # bf16 really is on...
+        module.fast_cnn(fast, bf16=False)
+        assert torch.equal(fast(obs)[0], logits32)  # ...and off again (evaluation runs in float32)
+    # gradients reach every weight through the wrapped trunk, in float32
+    _, logprob, _, value = fast.get_action_and_value(obs, torch.zeros(5, dtype=torch.long))
+    (logprob.sum() + value.sum()).backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in fast.parameters())
+    assert fast.state_dict().keys() == plain.state_dict().keys()  # checkpoints do not see the speed set-up
 
 
 def test_scripts_share_the_network_and_preprocessing():

@@ -1,5 +1,6 @@
 """The Atari preprocessing on the real ALE (Breakout), one wrapper at a time, and the two backends side by side.
-The wrappers are the shared block `atari-env`, identical in ppo_atari.py and a2c_atari.py: testing one tests both."""
+make_env (shared block `atari-make-env`) and the wrappers (shared block `atari-wrappers`, below the banner) are
+identical in ppo_atari.py and a2c_atari.py: testing one tests both."""
 
 import gymnasium as gym
 import numpy as np
