@@ -255,19 +255,6 @@ def true_next_obs(raw_obs: np.ndarray, episode_ended: np.ndarray, infos: dict) -
 # --- end shared: episode-boundaries ---
 
 
-LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
-
-
-def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-    """log N(a; mu, sigma) summed over action dimensions: -((a-mu)/sigma)^2/2 - log(sigma) - log(sqrt(2 pi))."""
-    return (-0.5 * ((action - mean) * torch.exp(-log_std)) ** 2 - log_std - LOG_SQRT_2PI).sum(-1)
-
-
-def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
-    """H[N(mu, sigma)] summed over action dimensions: 1/2 + log(sqrt(2 pi)) + log(sigma) per dimension."""
-    return (0.5 + LOG_SQRT_2PI + log_std).sum(-1)
-
-
 # --- shared: ppo-losses ---
 def ppo_losses(
     new_logprob: torch.Tensor,
@@ -952,6 +939,7 @@ RULES = {
     ">= 1": lambda v: v >= 1,
     "in [0, 1]": lambda v: 0 <= v <= 1,
     "in (0, 1]": lambda v: 0 < v <= 1,
+    "in [0, 1)": lambda v: 0 <= v < 1,
 }
 
 
