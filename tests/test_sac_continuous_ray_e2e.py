@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import BASE_ENV, ROOT, assert_clean_error, only_run_dir, run_script, scalars
+from tests.conftest import BASE_ENV, ROOT, assert_clean_error, only_run_dir, scalars
 
 pytest.importorskip("ray")
+psutil = pytest.importorskip("psutil")  # Ray vendors it: ray/thirdparty_files is on sys.path once ray is imported
 
 SCRIPT = "sac_continuous_ray.py"
 # Short runs that reach the update: a small batch, an early learning_starts, one learner thread.
@@ -29,6 +30,38 @@ CHART_TAGS = [
 DONE = re.compile(r"done: (\d+) env steps \((\d+) worker restarts\), (\d+) transitions in the buffer, (\d+) gradient updates")
 
 
+def session_pids(sid: int) -> list:
+    """The processes in the session a run was started in (its own: start_new_session). Ray's worker processes sit in
+    process groups of their own, but stay in that session."""
+    return [int(pid) for pid in subprocess.run(["pgrep", "-s", str(sid)], capture_output=True, text=True).stdout.split()]
+
+
+def stop_session(sid: int) -> None:
+    """SIGKILL whatever is left of a run this test started in a session of its own, and nothing else."""
+    for pid in session_pids(sid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def start_ray_run(*args, script: str = SCRIPT) -> subprocess.Popen:
+    """The script in a session of its own (so that everything Ray starts for it can be found, and stopped, by id)."""
+    cmd = [sys.executable, str(ROOT / script), *map(str, args)]
+    return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **BASE_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)  # fmt: skip
+
+
+def run_ray(*args, timeout: float = 300, script: str = SCRIPT) -> subprocess.CompletedProcess:
+    """run_script for runs that start Ray: a timed-out or crashed run leaves no Ray process behind."""
+    proc = start_ray_run(*args, script=script)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        stop_session(proc.pid)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 def done_line(stdout: str) -> tuple:
     match = DONE.search(stdout)
     assert match, stdout
@@ -36,12 +69,14 @@ def done_line(stdout: str) -> tuple:
 
 
 def test_two_workers_reach_the_update_hold_the_utd_ratio_and_log_every_tag(tmp_path):
-    proc = run_script(SCRIPT, "--env-id", "Pendulum-v1", *SMALL, "--num-rollout-workers", "2", "--total-timesteps", "1000",
-                      "--checkpoint-interval", "500", "--eval-interval", "500", "--eval-episodes", "1", "--save-model",
-                      "--runs-dir", tmp_path)  # fmt: skip
+    proc = run_ray("--env-id", "Pendulum-v1", *SMALL, "--num-rollout-workers", "2", "--total-timesteps", "1000",
+                   "--checkpoint-interval", "500", "--eval-interval", "500", "--eval-episodes", "1", "--save-model",
+                   "--runs-dir", tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "ray: 2 rollout workers x 1 envs" in proc.stdout and "36.0 MB" in proc.stdout
     assert "leaked" not in proc.stderr, "objects frozen out of the collector must be handed back at exit"
+    progress = [line for line in proc.stdout.splitlines() if "ETA" in line]  # off a terminal: plain lines
+    assert progress and "1,000/1,000" in progress[-1], proc.stdout
     # every env step counted once and stored once; utd 1: one update per step from learning_starts (100) on
     assert done_line(proc.stdout) == (1000, 0, 1000, 901)
     run_dir = only_run_dir(tmp_path)
@@ -58,18 +93,20 @@ def test_two_workers_reach_the_update_hold_the_utd_ratio_and_log_every_tag(tmp_p
                                                           "step_0000001000.pt"]  # fmt: skip
     ckpt = torch.load(ckpt_dir / "final_0000001000.pt", weights_only=True, map_location="cpu")
     assert ckpt["script"] == "sac_continuous_ray" and ckpt["global_step"] == 1000
-    assert {"actor", "qf", "qf_target", "actor_optimizer", "q_optimizer", "log_alpha", "alpha_optimizer", "run_state",
-            "rng_states", "args", "replay_buffers"} <= ckpt.keys()  # fmt: skip
+    assert {"learner", "run_state", "rng_states", "args", "replay_buffers"} <= ckpt.keys()
+    assert {"actor", "qf", "qf_target", "actor_optimizer", "q_optimizer", "log_alpha", "alpha_optimizer"} <= ckpt[
+        "learner"].keys()  # fmt: skip
     assert ckpt["run_state"]["grad_steps"] == 901 and ckpt["replay_buffers"] is None
-    assert ckpt["log_alpha"].item() < 0 and not torch.equal(ckpt["qf"]["w1"], ckpt["qf_target"]["w1"])
+    learner = ckpt["learner"]
+    assert learner["log_alpha"].item() < 0 and not torch.equal(learner["qf"]["w1"], learner["qf_target"]["w1"])
 
 
 def test_halfcheetah_with_sharded_buffer_and_two_envs_per_worker(tmp_path):
     """MuJoCo (float64 obs, 6-d actions), 2 shards, 2 envs per worker, utd 0.5, the default batch of 256."""
-    proc = run_script(SCRIPT, "--env-id", "HalfCheetah-v4", "--learning-starts", "300", "--torch-threads", "1",
-                      "--total-timesteps", "600", "--buffer-size", "2000", "--num-buffer-shards", "2",
-                      "--envs-per-worker", "2", "--utd-ratio", "0.5", "--worker-batch-steps", "25", "--save-model",
-                      "--save-buffer", "--eval-episodes", "1", "--runs-dir", tmp_path)  # fmt: skip
+    proc = run_ray("--env-id", "HalfCheetah-v4", "--learning-starts", "300", "--torch-threads", "1",
+                   "--total-timesteps", "600", "--buffer-size", "2000", "--num-buffer-shards", "2",
+                   "--envs-per-worker", "2", "--utd-ratio", "0.5", "--worker-batch-steps", "25", "--save-model",
+                   "--save-buffer", "--eval-episodes", "1", "--runs-dir", tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "settotalmass" not in proc.stderr + proc.stdout
     assert done_line(proc.stdout) == (600, 0, 600, 150)  # floor(0.5 * 301)
@@ -81,8 +118,8 @@ def test_halfcheetah_with_sharded_buffer_and_two_envs_per_worker(tmp_path):
 
 
 def test_pause_learner_only_collects(tmp_path):
-    proc = run_script(SCRIPT, "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "800", "--pause-learner",
-                      "--runs-dir", tmp_path)  # fmt: skip
+    proc = run_ray("--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "800", "--pause-learner",
+                   "--runs-dir", tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert done_line(proc.stdout) == (800, 0, 800, 0)
     assert not scalars(only_run_dir(tmp_path), "losses/qf1_loss")
@@ -91,10 +128,8 @@ def test_pause_learner_only_collects(tmp_path):
 def test_a_killed_rollout_worker_is_restarted_and_no_step_is_counted_twice(tmp_path):
     """SIGKILL one worker's process mid-run: Ray restarts it, its batch in flight is dropped and collected again, the
     step count only rises, and the run ends with exactly total_timesteps steps, all in the buffer once."""
-    cmd = [sys.executable, str(ROOT / SCRIPT), "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "3000",
-           "--checkpoint-interval", "0", "--runs-dir", str(tmp_path)]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **BASE_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+    proc = start_ray_run("--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "3000", "--checkpoint-interval", "0",
+                         "--runs-dir", tmp_path)  # fmt: skip
     try:
         for line in proc.stdout:
             if line.startswith("ray:"):
@@ -102,6 +137,8 @@ def test_a_killed_rollout_worker_is_restarted_and_no_step_is_counted_twice(tmp_p
                 break
         else:
             pytest.fail(f"no worker pids printed: {proc.stderr.read()}")
+        listening = {c.laddr.ip for c in psutil.Process(pid).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+        assert listening <= {"127.0.0.1", "::ffff:127.0.0.1"}, f"the embedded Ray listens on 127.0.0.1 only: {listening}"
         deadline = time.time() + 120
         while time.time() < deadline:  # kill once the learner has started
             events = list(tmp_path.glob("*/events.out.tfevents.*"))
@@ -111,7 +148,7 @@ def test_a_killed_rollout_worker_is_restarted_and_no_step_is_counted_twice(tmp_p
         os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=300)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+        stop_session(proc.pid)
     assert proc.returncode == 0, err
     steps, restarts, stored, updates = done_line(out)
     assert (steps, restarts, stored, updates) == (3000, 1, 3000, 2901)
@@ -127,8 +164,8 @@ def test_a_killed_rollout_worker_is_restarted_and_no_step_is_counted_twice(tmp_p
 def saved_run(tmp_path_factory):
     """A 600-step run with its buffer in the checkpoints (step 300 and final)."""
     runs = tmp_path_factory.mktemp("runs")
-    proc = run_script(SCRIPT, "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "600", "--checkpoint-interval",
-                      "300", "--save-buffer", "--save-model", "--eval-episodes", "1", "--runs-dir", runs)  # fmt: skip
+    proc = run_ray("--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "600", "--checkpoint-interval",
+                   "300", "--save-buffer", "--save-model", "--eval-episodes", "1", "--runs-dir", runs)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return only_run_dir(runs)
 
@@ -138,8 +175,8 @@ def test_resume_with_buffer_continues_the_counters_and_the_curve(tmp_path, saved
     shutil.copytree(saved_run, run_dir)
     ckpt_path = run_dir / "checkpoints" / "step_0000000300.pt"
     saved = torch.load(ckpt_path, weights_only=True)
-    proc = run_script(SCRIPT, "--resume", ckpt_path, "--total-timesteps", "900", "--num-rollout-workers", "1",
-                      "--save-model", "--eval-episodes", "1")  # fmt: skip
+    proc = run_ray("--resume", ckpt_path, "--total-timesteps", "900", "--num-rollout-workers", "1",
+                   "--save-model", "--eval-episodes", "1")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "resumed from" in proc.stdout and "buffer starts empty" not in proc.stderr
     assert "ray: 1 rollout workers" in proc.stdout  # the cluster layout may change on resume
@@ -153,6 +190,9 @@ def test_resume_with_buffer_continues_the_counters_and_the_curve(tmp_path, saved
     assert len(events) == 2
     new_steps = sorted(scalars(events[-1], "losses/qf1_loss"))
     assert new_steps[0] > 300 and new_steps[-1] == 900  # appended to the same curve, after the checkpoint
+    # the first window after the resume averages its own updates (not all since the run began): alpha near the saved one
+    first_alpha = min(scalars(events[-1], "losses/alpha").items())[1]
+    assert first_alpha == pytest.approx(saved["learner"]["log_alpha"].exp().item(), rel=0.3)
     assert min(scalars(run_dir, "losses/qf1_loss")) < 300  # the earlier part is kept
 
 
@@ -163,16 +203,22 @@ def test_resume_without_buffer_warns_and_refills_before_updating(tmp_path, saved
     ckpt = torch.load(ckpt_path, weights_only=True)
     ckpt["replay_buffers"] = None  # as saved without --save-buffer
     torch.save(ckpt, ckpt_path)
-    proc = run_script(SCRIPT, "--resume", ckpt_path, "--total-timesteps", "600")
+    proc = run_ray("--resume", ckpt_path, "--total-timesteps", "600")
     assert proc.returncode == 0, proc.stderr
     assert "buffer starts empty" in proc.stderr and "step 400" in proc.stderr
     # 300 new transitions in the buffer; updates resume at step 400 (learning_starts 100 after the checkpoint)
     assert done_line(proc.stdout)[2:] == (300, ckpt["run_state"]["grad_steps"] + 201)
 
 
+def test_resume_refuses_a_fixed_flag_set_to_another_value(saved_run):
+    ckpt = saved_run / "checkpoints" / "step_0000000300.pt"
+    proc = run_ray("--resume", ckpt, "--total-timesteps", "900", "--batch-size", "64", timeout=120)
+    assert_clean_error(proc, "--batch-size 64 conflicts with the checkpoint", "trained with 32")
+
+
 def test_eval_checkpoint_is_deterministic_and_logged(saved_run):
     ckpt = saved_run / "checkpoints" / "final_0000000600.pt"
-    outs = [run_script(SCRIPT, "--eval-checkpoint", ckpt, "--eval-episodes", "2", "--torch-threads", "1") for _ in range(2)]
+    outs = [run_ray("--eval-checkpoint", ckpt, "--eval-episodes", "2", "--torch-threads", "1") for _ in range(2)]
     for out in outs:
         assert out.returncode == 0, out.stderr
         assert "over 2 episodes" in out.stdout
@@ -186,16 +232,18 @@ def test_eval_checkpoint_is_deterministic_and_logged(saved_run):
         (["--env-id", "tests.fake_envs:DiscreteCounting-v0"], ["Discrete(2)", "continuous"]),
         (["--env-id", "NoSuchEnv-v0"], ["unknown environment id", "NoSuchEnv-v0"]),
         (["--total-timesteps", "1000", "--learning-starts", "2000"], ["learning_starts (2000)", "total_timesteps (1000)"]),
-        (["--squash-eps", "-0.1"], ["squash_eps must be in [0, 1)", "-0.1"]),
+        (["--squash-eps", "-0.1"], ["--squash-eps must be in [0, 1), not -0.1"]),
+        (["--squash-eps", "1"], ["--squash-eps must be in [0, 1), not 1.0"]),  # it floors tanh's slope, at most 1
         (["--batch-size", "512", "--buffer-size", "100"], ["batch_size (512)", "buffer_size 100"]),
         (["--num-buffer-shards", "3", "--num-rollout-workers", "2"], ["num_buffer_shards (3)"]),
-        (["--num-rollout-workers", "0"], ["num_rollout_workers"]),
-        (["--utd-ratio", "-1"], ["utd_ratio (-1.0)"]),
+        (["--num-rollout-workers", "0"], ["--num-rollout-workers must be >= 1, not 0"]),
+        (["--utd-ratio", "-1"], ["--utd-ratio must be >= 0, not -1.0"]),
+        (["--utd-ratio", "inf"], ["--utd-ratio must be finite"]),
         (["--resume", "does/not/exist.pt"], ["does not exist"]),
     ],
 )
 def test_bad_input_gets_a_short_message(tmp_path, flags, needles):
-    proc = run_script(SCRIPT, *flags, "--runs-dir", tmp_path, timeout=120)
+    proc = run_ray(*flags, "--runs-dir", tmp_path, timeout=120)
     assert_clean_error(proc, *needles)
     assert not any(tmp_path.iterdir()), "nothing is written for a rejected run"
 
@@ -206,12 +254,12 @@ def test_a_checkpoint_of_another_script_is_refused(tmp_path, saved_run):
     other = tmp_path / "run" / "checkpoints" / "sac.pt"
     other.parent.mkdir(parents=True)
     torch.save(ckpt, other)
-    assert_clean_error(run_script(SCRIPT, "--resume", other, "--total-timesteps", "1000", timeout=120), "sac_continuous.py")
+    assert_clean_error(run_ray("--resume", other, "--total-timesteps", "1000", timeout=120), "sac_continuous.py")
 
 
 def test_unreachable_ray_address_fails_within_30_seconds(tmp_path):
     start = time.time()
-    proc = run_script(SCRIPT, "--env-id", "Pendulum-v1", "--ray-address", "127.0.0.1:1", "--runs-dir", tmp_path, timeout=60)
+    proc = run_ray("--env-id", "Pendulum-v1", "--ray-address", "127.0.0.1:1", "--runs-dir", tmp_path, timeout=60)
     assert_clean_error(proc, "--ray-address 127.0.0.1:1", "cannot connect")
     assert time.time() - start < 30
     assert not any(tmp_path.iterdir()), "nothing is written for a run that could not start"
@@ -220,10 +268,8 @@ def test_unreachable_ray_address_fails_within_30_seconds(tmp_path):
 def test_ctrl_c_saves_shuts_ray_down_and_resumes(tmp_path):
     """SIGINT to the whole process group, as a terminal's Ctrl-C: the driver saves and exits 130, no Ray process is
     left behind, and the checkpoint resumes."""
-    cmd = [sys.executable, str(ROOT / SCRIPT), "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "10000000",
-           "--checkpoint-interval", "0", "--save-buffer", "--runs-dir", str(tmp_path)]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **BASE_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+    proc = start_ray_run("--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "10000000", "--checkpoint-interval", "0",
+                         "--save-buffer", "--runs-dir", tmp_path)  # fmt: skip
     try:
         deadline = time.time() + 120
         while time.time() < deadline:  # wait until a few updates have been logged
@@ -233,19 +279,18 @@ def test_ctrl_c_saves_shuts_ray_down_and_resumes(tmp_path):
             time.sleep(0.3)
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=90)
-    finally:  # a run that ignored the signal must not outlive the test
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        time.sleep(1)
+        leftovers = session_pids(proc.pid)  # Ray's workers included: they sit in process groups of their own
+    finally:  # a run that ignored the signal, or left processes behind, must not outlive the test
+        stop_session(proc.pid)
     assert proc.returncode == 130, err
-    time.sleep(1)
-    leftovers = subprocess.run(["pgrep", "-g", str(proc.pid)], capture_output=True, text=True).stdout.split()
-    assert not leftovers, f"processes left in the run's group: {leftovers}"
+    assert not leftovers, f"processes left in the run's session: {leftovers}"
     ckpts = list((only_run_dir(tmp_path) / "checkpoints").glob("interrupted_*.pt"))
     assert len(ckpts) == 1, err
     state = torch.load(ckpts[0], weights_only=True)
     step = state["global_step"]
     assert step >= 200 and sum(b["size"] for b in state["replay_buffers"]) == step  # every counted step is stored
     assert state["run_state"]["grad_steps"] <= step - 100 + 1
-    resumed = run_script(SCRIPT, "--resume", ckpts[0], "--total-timesteps", step + 200)
+    resumed = run_ray("--resume", ckpts[0], "--total-timesteps", step + 200)
     assert resumed.returncode == 0, resumed.stderr
     assert done_line(resumed.stdout)[:3] == (step + 200, 0, step + 200)

@@ -1,6 +1,8 @@
-"""sac_continuous_ray.py's own parts, in-process (no Ray): the utd schedule and back-pressure, batch plans, shard
-sampling, and the actor classes (rollout worker, parameter server, buffer shard) called directly."""
+"""sac_continuous_ray.py's own parts, in-process (no Ray): the utd schedule, the updates owed and back-pressure, batch
+plans, shard sampling, the actor classes (rollout worker, parameter server, buffer shard) called directly, the shards'
+checkpoint part, and a driver loop ended by `run.last`."""
 
+import sys
 import time
 
 import numpy as np
@@ -122,3 +124,52 @@ def test_unreachable_ray_address_fails_fast_and_clearly():
     with pytest.raises(sr.UserError, match="cannot connect"):
         sr.connect_ray("ray://localhost:notaport", 2)
     assert time.time() - start < 30
+
+
+def test_updates_owed_follow_the_schedule_and_async_owes_one_at_a_time():
+    s = sr.LoopState(global_step=600, updates_start=100, grad_steps=450)
+    assert sr.updates_owed(s, 1.0, total=1000) == 501 - 450
+    s.grad_steps = 600
+    assert sr.updates_owed(s, 1.0, total=1000) == 0  # ahead of the schedule: nothing owed (never negative)
+    s.updates_base = 200  # a resume without a buffer: a new schedule on top of the updates already made
+    assert sr.updates_owed(s, 1.0, total=1000) == 200 + 501 - 600
+    # utd 0 (asynchronous): one at a time, from updates_start on and while env steps are still being collected
+    assert [sr.updates_owed(sr.LoopState(global_step=g, updates_start=100), 0.0, 1000) for g in (99, 100, 999, 1000)] == [
+        0, 1, 1, 0]  # fmt: skip
+
+
+def test_shard_states_save_every_shard_only_with_save_buffer():
+    import tests.fake_envs  # noqa: F401
+
+    worker, _, _ = worker_for("Counting-v0")
+    shards = [sr.BufferShard(16, 2, 1, seed=i) for i in range(2)]
+    shards[0].add(worker.collect(5, 5)[0])
+    shards[1].add(worker.collect(3, 3)[0])
+    assert sr.ShardStates(shards, save=False).state_dict() is None  # the checkpoint then holds no buffer
+    states = sr.ShardStates(shards, save=True).state_dict()
+    assert [state["size"] for state in states] == [5, 3]
+    restored = [sr.BufferShard(16, 2, 1, seed=i) for i in range(2)]
+    sr.ShardStates(restored, save=True).load_state_dict(states)
+    assert [shard.size() for shard in restored] == [5, 3]
+    assert torch.equal(restored[1].state_dict()["obs"], states[1]["obs"])
+    sr.ShardStates(restored, save=True).load_state_dict(None)  # a checkpoint saved without the buffer: nothing to load
+    assert [shard.size() for shard in restored] == [5, 3]
+
+
+def test_run_ends_the_loop_after_the_pass_marked_last(tmp_path):
+    """The driver loop has no fixed number of passes: it sets run.last on its final pass, which then ends a log window
+    (the last updates are logged) and is the last the loop yields."""
+    args = sr.Args(env_id="Pendulum-v1", runs_dir=str(tmp_path), progress=False, checkpoint_interval=0)
+    args.num_iterations = sys.maxsize
+    run = sr.Run(args, sr.SCRIPT_NAME, None, {"obs_shape": [3], "act_shape": [1]}, log_every=100)
+    s = sr.LoopState()
+    run.attach(s, None)
+    logged = []
+    for _ in run.iterations(s, args.num_iterations):
+        s.global_step += 30
+        run.last = s.global_step >= 150
+        if run.log_due():
+            logged.append(s.global_step)
+    run.close()
+    assert s.iteration == 5 and s.global_step == 150 and not run.stopped
+    assert logged == [120, 150]  # the window that crossed 100, then the final one
