@@ -911,6 +911,7 @@ class Run:
         self.phase_time: dict = {}  # seconds per phase (run.timer) in the current log window
         self.state, self.parts, self.closing, self.stopped = None, {}, None, False
         self.stop, self.window_step = StopRequest(), 0
+        self.last = False  # set by a loop whose length is not known ahead: the current iteration is the last
 
     def attach(self, state, envs, **parts) -> None:
         """Register what a checkpoint holds (the loop state and the parts) and what to close at the end; on
@@ -930,7 +931,8 @@ class Run:
     def iterations(self, state, num_iterations: int):
         """The loop's iteration numbers, continuing a resumed run. After each iteration: at the end of a log window
         its SPS, phase timings and the progress line; periodic checkpoints (every --checkpoint-interval env steps);
-        a clean stop after Ctrl-C / SIGTERM."""
+        a clean stop after Ctrl-C / SIGTERM. A loop whose length is not known ahead sets `run.last = True` in the
+        iteration that is to be its last."""
         self.stop = StopRequest()
         signal.signal(signal.SIGINT, self.stop)
         signal.signal(signal.SIGTERM, self.stop)
@@ -962,6 +964,8 @@ class Run:
                 if self.stop.requested:
                     self.stopped = True
                     break
+                if self.last:
+                    break
         finally:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -972,7 +976,7 @@ class Run:
         iteration when log_every <= the steps per iteration), at the last iteration, and after Ctrl-C / SIGTERM."""
         step = self.state.global_step
         return (step // self.log_every > self.window_step // self.log_every or self.state.iteration == self.args.num_iterations
-                or self.stop.requested)  # fmt: skip
+                or self.last or self.stop.requested)  # fmt: skip
 
     @contextmanager
     def timer(self, phase: str):
