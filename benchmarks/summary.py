@@ -61,22 +61,32 @@ class Row:
 SAC_REFERENCE_150K = Comparison(
     "runs",
     "CleanRL `sac_continuous_action.py`, run here",
-    ["reference_sac_continuous_action_HalfCheetah-v4_150k.json", "reference_sac_continuous_action_HalfCheetah-v4_150k_mujoco4.json"],
+    [
+        "reference_sac_continuous_action_HalfCheetah-v4_150k.json",
+        "reference_sac_continuous_action_HalfCheetah-v4_150k_mujoco4.json",
+    ],
 )
+PPO_HC = "ppo_continuous_HalfCheetah-v4_1M.json"
+SAC_1M = "sac_continuous_HalfCheetah-v4_1M_xeon_f32.json"
 ROWS = [
-    Row("ppo_continuous.py", "HalfCheetah-v4", "1M steps", "", ["ppo_continuous_HalfCheetah-v4_1M.json"],
-        Comparison("published", "CleanRL `ppo_continuous_action.py`, published", ["ppo_continuous_HalfCheetah-v4_1M.json"], 3)),
-    Row("ppo_continuous.py", "Pendulum-v1", "1M steps", "(Pendulum recipe)", ["ppo_continuous_Pendulum-v1_1M_recipe.json"], None),
-    Row("sac_continuous.py", "HalfCheetah-v4", "150k steps", "", ["sac_continuous_HalfCheetah-v4_150k_zen3_f32_1c1a44c.json",
-        "sac_continuous_HalfCheetah-v4_150k_xeon_f32_seeds34.json"], SAC_REFERENCE_150K, smooth=10),
-    Row("sac_continuous.py", "HalfCheetah-v4", "1M steps", "", ["sac_continuous_HalfCheetah-v4_1M_xeon_f32.json"],
-        Comparison("published", "CleanRL `sac_continuous_action.py`, published", ["sac_continuous_HalfCheetah-v4_1M_xeon_f32.json"], 3)),
+    Row("ppo_continuous.py", "HalfCheetah-v4", "1M steps", "", [PPO_HC],
+        Comparison("published", "CleanRL `ppo_continuous_action.py`, published", [PPO_HC], seeds=3)),
+    Row("ppo_continuous.py", "Pendulum-v1", "1M steps", "(Pendulum recipe)", ["ppo_continuous_Pendulum-v1_1M_recipe.json"],
+        None),
+    Row("sac_continuous.py", "HalfCheetah-v4", "150k steps", "",
+        ["sac_continuous_HalfCheetah-v4_150k_zen3_f32_1c1a44c.json",
+         "sac_continuous_HalfCheetah-v4_150k_xeon_f32_seeds34.json"],
+        SAC_REFERENCE_150K, smooth=10),
+    Row("sac_continuous.py", "HalfCheetah-v4", "1M steps", "", [SAC_1M],
+        Comparison("published", "CleanRL `sac_continuous_action.py`, published", [SAC_1M], seeds=3)),
     Row("sac_continuous_ray.py", "HalfCheetah-v4", "150k steps", "`--num-rollout-workers 2`",
         ["sac_continuous_ray_HalfCheetah-v4_150k.json", "sac_continuous_ray_HalfCheetah-v4_150k_seed2.json"],
         SAC_REFERENCE_150K, smooth=10),
-    Row("ppo_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "`--env-backend envpool`", ["ppo_atari_Breakout_1M_fp32.json"],
-        Comparison("published", "CleanRL `ppo_atari.py`, run here", ["ppo_atari_Breakout_1M_fp32.json"], 1)),
-    Row("a2c_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "`--env-backend envpool --bf16`", ["a2c_atari_Breakout_1M_bf16.json"],
+    Row("ppo_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "`--env-backend envpool`",
+        ["ppo_atari_Breakout_1M_fp32.json"],
+        Comparison("published", "CleanRL `ppo_atari.py`, run here", ["ppo_atari_Breakout_1M_fp32.json"], seeds=1)),
+    Row("a2c_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "`--env-backend envpool --bf16`",
+        ["a2c_atari_Breakout_1M_bf16.json"],
         Comparison("runs", "Stable-Baselines3 `A2C`, run here", ["sb3_a2c_BreakoutNoFrameskip-v4_1M.json"])),
 ]  # fmt: skip
 
@@ -171,7 +181,9 @@ def table_rows(rows: list = ROWS, results: Path = RESULTS, speed: Optional[dict]
         walls = [entry["wall_time_s"] for entry in entries if entry.get("wall_time_s")]
         at_once = max(report.get("harness", {}).get("parallel", 1) for report in reports)
         cpus = sorted({short_cpu(report) for report in reports})
-        wall = f"{minutes(float(np.median(walls)))}, {' / '.join(cpus)}" + (f", {at_once} seeds at once" if at_once > 1 else "")
+        wall = f"{minutes(float(np.median(walls)))}, {' / '.join(cpus)}" + (
+            f", {at_once} seeds at once" if at_once > 1 else ""
+        )
         cells.append({
             "script": f"`{row.script}`" + (f" {row.flags}" if row.flags else ""),
             "env": row.env_id,
@@ -229,6 +241,14 @@ def budget_steps(reports: list) -> int:
     return max(int(report.get("total_timesteps", 0)) for report in reports)
 
 
+def comparison_legend(comp: dict) -> str:
+    """'CleanRL, published (3 seeds): 1,443 ± 46': the figure's short form of the comparison cell."""
+    who = comp["label"].replace("`", "").split(" ", 1)[0] if "CleanRL" in comp["label"] else comp["label"].replace("`", "")
+    who = who if "CleanRL" not in comp["label"] else f"CleanRL, {'published' if 'published' in comp['label'] else 'run here'}"
+    runs = f" ({count(comp['n'], runs_word(comp['entries']))})" if comp["n"] else ""
+    return f"{who}{runs}: {plus_minus(comp['mean'], comp['std'], comp['n'])}"
+
+
 def draw_panel(axes, row: Row, results: Path) -> None:
     from matplotlib.ticker import FuncFormatter
 
@@ -236,34 +256,41 @@ def draw_panel(axes, row: Row, results: Path) -> None:
     entries = seeds_of(reports)
     budget = budget_steps(reports)
     mean, std, n = pooled(entries)
-    ours = f"ours, {count(n)}: {plus_minus(mean, std, n)}"
+    ours = f"ours ({count(n)}): {plus_minus(mean, std, n)}"
+    values = [entry["last100_mean"] for entry in entries]
     band = smoothed_band(entries, row.smooth)
     if band is not None:
         grid, m, s = band
         axes.plot(grid, m, color="tab:blue", linewidth=1.8, label=ours)
         if n > 1:
             axes.fill_between(grid, m - s, m + s, color="tab:blue", alpha=0.25, linewidth=0)
-    else:  # no curves in these JSONs: each seed's last-100 figure at the budget, and their mean ± std
+        values += [float((m - s).min()), float((m + s).max())]
+    else:  # no curve stored in these JSONs: each seed's final figure (small), their mean ± std at the budget
         finals = [entry.get("final_step", budget) for entry in entries]
-        axes.scatter(finals, [entry["last100_mean"] for entry in entries], color="tab:blue", s=14, alpha=0.6, zorder=3)
+        axes.scatter(finals, [entry["last100_mean"] for entry in entries], color="tab:blue", s=10, alpha=0.5, zorder=3)
         axes.errorbar([budget], [mean], yerr=[std] if n > 1 else None, fmt="o", color="tab:blue", capsize=4, zorder=4,
-                      label=ours + " (final; no curve stored)")  # fmt: skip
+                      label=ours + ", final only")  # fmt: skip
     comp = comparison_figure(row.comparison, results)
     if comp is not None:
-        text = comp["label"].replace("`", "") + (f", {count(comp['n'], runs_word(comp['entries']))}" if comp["n"] else "")
-        text += f": {plus_minus(comp['mean'], comp['std'], comp['n'])}"
+        text = comparison_legend(comp)
         comp_band = smoothed_band(comp["entries"], row.smooth) if comp["entries"] else None
         if comp_band is not None:
             grid, m, s = comp_band
             axes.plot(grid, m, color="tab:red", linewidth=1.5, linestyle="--", label=text)
             if comp["n"] and comp["n"] > 1:
                 axes.fill_between(grid, m - s, m + s, color="tab:red", alpha=0.18, linewidth=0)
-        else:  # a final figure only: a horizontal band (± its std) across the panel
-            axes.axhline(comp["mean"], color="tab:red", linestyle="--", linewidth=1.3, label=text + " (final)")
+            values += [float((m - s).min()), float((m + s).max())]
+        else:  # a final figure only: a horizontal line, and its ± std band across the panel
+            axes.axhline(comp["mean"], color="tab:red", linestyle="--", linewidth=1.3, label=text + ", final only")
             if comp["std"] and comp["n"] != 1:
                 axes.axhspan(comp["mean"] - comp["std"], comp["mean"] + comp["std"], color="tab:red", alpha=0.12)
+            values += [comp["mean"] + (comp["std"] or 0), comp["mean"] - (comp["std"] or 0)]
     elif row.comparison is not None:
         axes.plot([], [], color="tab:red", linestyle="--", label=f"{row.comparison.label.replace('`', '')}: not measured yet")
+    # an honest scale: from 0 for positive returns (to 0 for negative ones), so a final point is not magnified
+    low, high = min(values + [0.0]), max(values + [0.0])
+    pad = 0.06 * (high - low or 1.0)
+    axes.set_ylim(low - (pad if low < 0 else 0), high + (pad if high > 0 else 0))
     title = f"{row.script} · {row.env_id}" + (f"\n{row.flags.replace('`', '')}" if row.flags else "\ndefault args")
     axes.set_title(title, fontsize=9)
     axes.set_xlim(0, budget * 1.03)
@@ -272,7 +299,22 @@ def draw_panel(axes, row: Row, results: Path) -> None:
     axes.set_ylabel("training return", fontsize=8)
     axes.tick_params(labelsize=7)
     axes.grid(alpha=0.3)
-    axes.legend(loc="lower right", fontsize=6.5)
+    axes.legend(loc="lower right" if mean > 0 else "lower left" if band is None else "center right", fontsize=6.5)
+
+
+HOW_TO_READ = """How to read a panel
+
+Blue line and band: our mean over seeds of each seed's
+training-return curve (moving average over episodes),
+± std over seeds.
+Blue dot at the budget: a result whose JSON holds no curve
+(made before curves were stored): the mean over seeds of the
+last-100-episode return, ± std; small dots are the seeds.
+Red dashed line and band: the comparison. A curve where the
+runs were made here; a horizontal line and ± std band where
+only a final figure exists (a published one, say).
+Legends give the last-100-episode return, mean ± std over
+seeds, as in the README's table."""
 
 
 def draw_figure(path: Path, rows: list = ROWS, results: Path = RESULTS) -> None:
@@ -281,13 +323,15 @@ def draw_figure(path: Path, rows: list = ROWS, results: Path = RESULTS) -> None:
 
     present = [row for row in rows if any((results / name).is_file() for name in row.files)]
     columns = 4
-    lines = -(-len(present) // columns)
+    lines = -(-(len(present) + 1) // columns)
     figure = Figure(figsize=(4.2 * columns, 3.5 * lines))
     FigureCanvasAgg(figure)
     for i, row in enumerate(present):
         draw_panel(figure.add_subplot(lines, columns, i + 1), row, results)
-    figure.suptitle("Training return (mean of the last 100 episodes per seed; bands: ± std over seeds) against steps",
-                    fontsize=10)  # fmt: skip
+    notes = figure.add_subplot(lines, columns, len(present) + 1)
+    notes.axis("off")
+    notes.text(0.0, 1.0, HOW_TO_READ, va="top", ha="left", fontsize=7.5, transform=notes.transAxes, wrap=True)
+    figure.suptitle("Training return against steps, one panel per script and environment", fontsize=11)
     figure.tight_layout()
     figure.savefig(path, dpi=90)
 

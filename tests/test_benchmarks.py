@@ -360,7 +360,8 @@ def test_summary_pools_seeds_and_reads_comparisons(tmp_path):
     rows = [
         summary.Row("x.py", "Env-v0", "1k steps", "`--bf16`", ["ours_a.json", "ours_b.json"],
                     summary.Comparison("runs", "the other one, run here", ["ref.json"])),
-        summary.Row("y.py", "Env-v0", "1k steps", "", ["pub.json"], summary.Comparison("published", "a paper", ["pub.json"], 3)),
+        summary.Row("y.py", "Env-v0", "1k steps", "", ["pub.json"],
+                    summary.Comparison("published", "a paper", ["pub.json"], seeds=3)),
         summary.Row("z.py", "Env-v0", "1k steps", "", ["pub.json"], summary.Comparison("runs", "later", ["missing.json"])),
         summary.Row("w.py", "Env-v0", "1k steps", "", ["missing.json"], None),  # no JSON yet: no row
     ]  # fmt: skip

@@ -25,7 +25,9 @@ DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 # ---- what users never see: no commit hashes, /tmp paths, internal files, or talk of "the issue" ----
 def is_commit_hash(word: str) -> bool:
     """A word of 7-12 hex characters with both a digit and a letter (short and long forms of a git commit id)."""
-    return bool(re.fullmatch(r"[0-9a-fA-F]{7,12}", word)) and bool(re.search(r"\d", word)) and bool(re.search(r"[a-fA-F]", word))
+    return (
+        bool(re.fullmatch(r"[0-9a-fA-F]{7,12}", word)) and bool(re.search(r"\d", word)) and bool(re.search(r"[a-fA-F]", word))
+    )
 
 
 def internal_references(text: str) -> list:
@@ -44,8 +46,8 @@ def internal_references(text: str) -> list:
 
 def test_the_grep_finds_what_it_must_and_nothing_else():
     bad = "built by 1c1a44c in /tmp/old_wt; see ../shared/REFERENCE.md, as the issue asks (a5baa0a, 2338119e)"
-    whats = [what for _, what, _ in internal_references(bad)]
-    assert whats == ["commit hash 1c1a44c", "commit hash a5baa0a", "commit hash 2338119e", "/tmp path", "../shared",
+    kinds = [what for _, what, _ in internal_references(bad)]
+    assert kinds == ["commit hash 1c1a44c", "commit hash a5baa0a", "commit hash 2338119e", "/tmp path", "../shared",
                      "REFERENCE.md", "'the issue'"]  # fmt: skip
     fine = "1M steps, 1,797 ± 23, seed 1234567, deadbeef, HalfCheetah-v4, ppo_atari.py, 1e-5, RMSprop, 100000 steps"
     assert internal_references(fine) == []
@@ -156,7 +158,8 @@ def poll(fetch, ready, timeout: float, what: str):
         except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError) as error:
             last = error
         time.sleep(0.5)
-    raise AssertionError(f"TensorBoard: {what} not ready after {timeout:.0f} s (last answer: {last!r})")
+    raise AssertionError(f"TensorBoard: {what} not ready after {timeout:.0f} s (last answer: {last!r}); its log is "
+                         "tensorboard.log in the test's tmp_path")  # fmt: skip
 
 
 def test_readme_names_the_tags_a_run_writes():
@@ -164,14 +167,15 @@ def test_readme_names_the_tags_a_run_writes():
     assert set(PPO_TAGS) <= set(README_TAG.findall(section))
 
 
-def test_tensorboard_serves_the_documented_tags_of_a_real_run(trained):
+def test_tensorboard_serves_the_documented_tags_of_a_real_run(trained, tmp_path):
     section = README.read_text().split("**Watch it in TensorBoard**", 1)[1].split("\n\n", 1)[0]
     assert "tensorboard --logdir runs" in section
     port = free_port()
     tensorboard = Path(sys.executable).with_name("tensorboard")
     command = [str(tensorboard)] if tensorboard.exists() else [sys.executable, "-m", "tensorboard.main"]
+    log = open(tmp_path / "tensorboard.log", "w")  # a file, not a pipe: an unread pipe could fill and stall the server
     server = subprocess.Popen([*command, "--logdir", str(trained["runs"]), "--host", "127.0.0.1", "--port", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                              stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     try:
         base = f"http://127.0.0.1:{port}/data/plugin/scalars"
         run = trained["run_dir"].name  # the run folder relative to --logdir
@@ -192,3 +196,4 @@ def test_tensorboard_serves_the_documented_tags_of_a_real_run(trained):
         except subprocess.TimeoutExpired:
             os.kill(server.pid, signal.SIGKILL)
             server.wait(timeout=30)
+        log.close()
