@@ -1,12 +1,18 @@
-# Docs: README.md, section "sac_continuous.py" (https://arxiv.org/abs/1812.05905 for the algorithm)
-"""Soft Actor-Critic for continuous actions (MuJoCo, classic control), in one file.
+"""Soft Actor-Critic (SAC) for continuous actions (MuJoCo, classic control), in one file.
 
-Read it top to bottom: Args, the env factory, then the five parts a distributed version maps onto one-to-one,
-each a marked block that `sac_continuous_ray.py` reuses verbatim: networks, replay buffer, parameter holder,
-learner update, rollout, evaluation. Then the shared blocks (errors, seeding, env-state capture, checkpoints,
-logging) and the training loop. Runs on gymnasium 1.x: at an auto-reset the true final observation is stored, and
-only a termination (never a time-limit truncation) stops bootstrapping.
+Map of this file, top to bottom:
+  Args            algorithm flags, then run flags (`python sac_continuous.py --help` lists them)
+  make_env        one gymnasium env; episode statistics are kept in the loop, visibly
+  Actor, TwinQ    the tanh-squashed Gaussian policy and the two soft Q-networks; its log-density; the soft-Q target
+  ReplayBuffer    transitions (s, a, r, s', terminated); Learner: critic, actor and temperature updates, Polyak
+  rollout         act, step the envs, keep the true final observation at an auto-reset
+  main()          set-up, then the loop: act -> store -> sample a batch -> update -> log, then finish
+  # === Plumbing  runs, checkpoints, errors, progress, evaluation, the bfloat16 probe, the speed set-up
+The `shared: sac-*` blocks are the parts sac_continuous_ray.py distributes; it carries them verbatim. Runs on
+gymnasium 1.x: at an auto-reset the true final observation is stored, and only a termination (never a time-limit
+truncation) stops bootstrapping. Docs: README.md, "sac_continuous.py"; the algorithm: https://arxiv.org/abs/1812.05905
 """
+
 import atexit
 import copy
 import ctypes
@@ -17,12 +23,13 @@ import json
 import math
 import os
 import random
-import resource
 import signal
 import sys
+import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -32,98 +39,56 @@ import torch
 import torch.nn as nn
 import tyro
 
+SCRIPT_NAME = "sac_continuous"  # written into checkpoints; a checkpoint of another script is refused
+
 
 @dataclass
 class Args:
-    # --- experiment ---
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
-    """the name of this experiment"""
-    seed: int = 1
-    """seed of the experiment"""
-    torch_deterministic: bool = True
-    """if toggled, `torch.backends.cudnn.deterministic=True`"""
-    cuda: bool = True
-    """if toggled, cuda will be used when available"""
-    torch_threads: int = 0
-    """CPU threads for torch; 0 = one per core this process may use (os.sched_getaffinity)"""
+    # --- algorithm ---
+    env_id: str = "HalfCheetah-v4"  # the id of the environment
+    total_timesteps: int = 1_000_000  # total timesteps of the experiments
+    num_envs: int = 1  # the number of parallel game environments (one gradient step per vector step)
+    buffer_size: int = 1_000_000  # the replay memory buffer size
+    gamma: float = 0.99  # the discount factor gamma
+    tau: float = 0.005  # target smoothing coefficient
+    batch_size: int = 256  # the batch size of sample from the replay memory
+    learning_starts: int = 5_000  # timestep to start learning (uniform random actions before it)
+    policy_lr: float = 3e-4  # the learning rate of the policy network optimizer
+    q_lr: float = 1e-3  # the learning rate of the Q network optimizer (and of the entropy temperature's)
+    policy_frequency: int = 2  # the frequency of training policy (delayed); each time it runs policy_frequency actor updates
+    target_network_frequency: int = 1  # the frequency of updates for the target networks (in gradient steps)
+    alpha: float = 0.2  # entropy regularization coefficient (the initial value is 1.0 with --autotune)
+    autotune: bool = True  # automatic tuning of the entropy coefficient (target entropy -|A|)
+    squash_eps: float = 0.0  # floor on tanh's slope in log pi: log(1 - tanh(u)^2 + eps); 0 = exact, 1e-6 = the reference's
+
+    # --- run ---
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # the name of this experiment
+    seed: int = 1  # seed of the experiment
+    torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
+    cuda: bool = True  # if toggled, cuda will be used when available
+    torch_threads: int = 0  # CPU threads for torch; 0 = share this machine's cores among the runs of these scripts on it
+    bf16: bool = True
+    """bfloat16 matmuls (weights, Adam, losses stay float32) where the CPU has native bfloat16 instructions (AVX512_BF16,
+    AMX) and a start-up probe finds them >= 1.3x faster than float32 (same returns, README); else, and --no-bf16: float32"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases (WANDB_MODE=offline works without network)"""
-    wandb_project_name: str = "onefile-rl"
-    """the wandb's project name"""
-    wandb_entity: Optional[str] = None
-    """the entity (team) of wandb's project"""
-    capture_video: bool = False
-    """whether to capture videos of the agent performances (env 0; under `runs/<run>/videos`)"""
-    save_model: bool = False
-    """whether to save a final checkpoint at the end of training, then evaluate it"""
-    runs_dir: str = "runs"
-    """folder that holds one sub-folder per run (TensorBoard events, checkpoints, videos)"""
-    checkpoint_interval: int = 100_000
-    """write a checkpoint every N env steps (0 = never; Ctrl-C and --save-model still save)"""
-    keep_checkpoints: int = 3
-    """keep the newest K periodic checkpoints (the final one is always kept)"""
-    save_buffer: bool = False
-    """also store the replay buffer in checkpoints (large: up to buffer_size transitions), so --resume is exact"""
-    resume: Optional[str] = None
-    """path of a checkpoint to continue from (appends to that run's folder)"""
-    eval_checkpoint: Optional[str] = None
-    """path of a checkpoint to evaluate (no training)"""
-    eval_episodes: int = 10
-    """number of episodes for evaluation (every --eval-interval, after --save-model, or with --eval-checkpoint)"""
-    eval_interval: int = 0
-    """run --eval-episodes deterministic episodes on a separate env every N env steps (0 = never)"""
-    log_interval: int = 100
-    """log losses (averaged over the window's gradient steps) and speed every N env steps"""
-    progress: bool = True
-    """show a one-line progress display (only when stdout is a terminal)"""
+    wandb_project_name: str = "onefile-rl"  # the wandb's project name
+    wandb_entity: Optional[str] = None  # the entity (team) of wandb's project
+    capture_video: bool = False  # whether to capture videos of the agent performances (env 0; under `runs/<run>/videos`)
+    save_model: bool = False  # whether to save a final checkpoint at the end of training, then evaluate it
+    runs_dir: str = "runs"  # folder that holds one sub-folder per run (TensorBoard events, checkpoints, videos)
+    checkpoint_interval: int = 100_000  # write a checkpoint every N env steps (0 = never; Ctrl-C and --save-model still save)
+    keep_checkpoints: int = 3  # keep the newest K periodic checkpoints (the final one is always kept)
+    save_buffer: bool = False  # also store the replay buffer in checkpoints (large: buffer_size transitions): exact --resume
+    resume: Optional[str] = None  # path of a checkpoint to continue from (appends to that run's folder)
+    eval_checkpoint: Optional[str] = None  # path of a checkpoint to evaluate (no training)
+    eval_episodes: int = 10  # episodes per evaluation (every --eval-interval, after --save-model, with --eval-checkpoint)
+    eval_interval: int = 0  # run --eval-episodes deterministic episodes on a separate env every N env steps (0 = never)
+    log_interval: int = 100  # log losses (averaged over the window's gradient steps) and speed every N env steps
+    progress: bool = True  # show progress: a one-line display on a terminal, a plain line every 30 s otherwise
 
-    # --- algorithm ---
-    env_id: str = "HalfCheetah-v4"
-    """the id of the environment"""
-    total_timesteps: int = 1_000_000
-    """total timesteps of the experiments"""
-    num_envs: int = 1
-    """the number of parallel game environments (one gradient step per vector step)"""
-    buffer_size: int = 1_000_000
-    """the replay memory buffer size"""
-    gamma: float = 0.99
-    """the discount factor gamma"""
-    tau: float = 0.005
-    """target smoothing coefficient"""
-    batch_size: int = 256
-    """the batch size of sample from the replay memory"""
-    learning_starts: int = 5_000
-    """timestep to start learning (uniform random actions before it)"""
-    policy_lr: float = 3e-4
-    """the learning rate of the policy network optimizer"""
-    q_lr: float = 1e-3
-    """the learning rate of the Q network optimizer (and of the entropy temperature's)"""
-    policy_frequency: int = 2
-    """the frequency of training policy (delayed); each time it runs policy_frequency actor updates"""
-    target_network_frequency: int = 1
-    """the frequency of updates for the target networks (in gradient steps)"""
-    alpha: float = 0.2
-    """entropy regularization coefficient (the initial value is 1.0 with --autotune)"""
-    autotune: bool = True
-    """automatic tuning of the entropy coefficient (target entropy -|A|)"""
-    squash_eps: float = 0.0
-    """floor on tanh's slope in the log-prob, log(1 - tanh(u)^2 + eps); 0 = the exact density, 1e-6 = the reference SAC's"""
-    bf16: bool = True
-    """bfloat16 matmuls (weights, Adam and losses stay float32) where the CPU has native bfloat16 instructions
-    (AVX512_BF16, AMX) and a start-up probe finds them >= 1.3x faster than float32 (same returns, README); float32
-    elsewhere, and with --no-bf16"""
-
-    # --- derived (filled in at runtime) ---
-    num_iterations: int = 0
-    """the number of vector steps (computed in runtime: total_timesteps // num_envs)"""
-
-
-# Flags that --resume takes from the command line; every other field comes from the checkpoint.
-RESUME_OVERRIDABLE = (
-    "total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "runs_dir",
-    "checkpoint_interval", "keep_checkpoints", "save_buffer", "resume", "eval_checkpoint", "eval_episodes",
-    "eval_interval", "log_interval", "progress", "cuda", "torch_threads",
-)  # fmt: skip
+    # --- derived from the flags above (not flags themselves) ---
+    num_iterations: tyro.conf.Suppress[int] = 0  # the number of vector steps: total_timesteps // num_envs
 
 
 # --- shared: sac-env ---
@@ -150,14 +115,6 @@ HIDDEN = 256
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
 
-def linear_init_(weight: torch.Tensor, bias: torch.Tensor, fan_in: int) -> None:
-    """nn.Linear's default initialization, U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases alike."""
-    bound = 1.0 / math.sqrt(fan_in)
-    with torch.no_grad():
-        weight.uniform_(-bound, bound)
-        bias.uniform_(-bound, bound)
-
-
 class Actor(nn.Module):
     """obs -> 256 -> 256 -> (mean, raw log-std) of a Gaussian over the pre-tanh action u, ReLU MLP."""
 
@@ -182,8 +139,9 @@ class TwinQ(nn.Module):
         super().__init__()
         sizes = [obs_dim + act_dim, HIDDEN, HIDDEN, 1]
         for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:]), 1):
-            w, b = torch.empty(2, fan_in, fan_out), torch.empty(2, 1, fan_out)  # x @ w + b, per critic
-            linear_init_(w, b, fan_in)
+            bound = 1.0 / math.sqrt(fan_in)  # nn.Linear's default initialization: U(-bound, bound), weights and biases
+            w = nn.init.uniform_(torch.empty(2, fan_in, fan_out), -bound, bound)  # x @ w + b, per critic
+            b = nn.init.uniform_(torch.empty(2, 1, fan_out), -bound, bound)
             self.register_parameter(f"w{i}", nn.Parameter(w))
             self.register_parameter(f"b{i}", nn.Parameter(b))
 
@@ -195,11 +153,10 @@ class TwinQ(nn.Module):
         # ReLU in place: baddbmm's backward needs its inputs, not its output, so no new (2, batch, 256) tensor is due
         h = torch.baddbmm(b1, x.expand(2, *x.shape), w1).relu_()
         h = torch.baddbmm(b2, h, w2).relu_()
-        # Output layer in float32, into a float32 Q, even with --bf16 (.float() is a no-op in float32). Why: Q grows to
-        # the hundreds, where a bfloat16 result (8 significant bits) is off by up to 0.4% (+-1 at Q = 400), and the RMS
-        # TD error the critics learn from is ~3 there (HalfCheetah, 150k steps). One matmul with one output column, not
-        # a multiply and a sum: two passes fewer over h forward and one backward (with in-place ReLUs, -2% per
-        # gradient step, benchmarks/update_ab.py, 30 rounds).
+        # Output layer in float32, even with --bf16 (.float() is a no-op in float32). Why: Q grows to the hundreds, where
+        # a bfloat16 result (8 significant bits) is off by up to 0.4% (+-1 at Q = 400), and the RMS TD error the critics
+        # learn from is ~3 there (HalfCheetah, 150k steps). One matmul with one output column, not a multiply and a sum:
+        # two passes fewer over h (with in-place ReLUs, -2% per gradient step, benchmarks/update_ab.py, 30 rounds).
         return torch.baddbmm(b3.float(), h.float(), w3.float()).squeeze(-1)
 
 
@@ -212,14 +169,8 @@ LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 LOG_2 = math.log(2.0)
 
 
-def squashed_gaussian(
-    mean: torch.Tensor,
-    log_std: torch.Tensor,
-    noise: torch.Tensor,
-    action_scale: torch.Tensor,
-    action_bias: torch.Tensor,
-    squash_eps: float = 0.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def squashed_gaussian(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor, action_scale: torch.Tensor,
+                      action_bias: torch.Tensor, squash_eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Reparameterized sample a = tanh(u) * scale + bias, u = mean + std * noise, and its log-density, summed over
     action dimensions. Change of variables (SAC paper, appendix C), with tanh's slope floored at eps:
         log pi(a|s) = log N(u; mean, std) - sum_i [log scale_i + log(1 - tanh(u_i)^2 + eps)]
@@ -240,37 +191,13 @@ def squashed_gaussian(
     return torch.addcmul(action_bias, torch.tanh(u), action_scale), through_net.sum(-1) - constant
 
 
-def soft_q_target(
-    rewards: torch.Tensor,
-    terminated: torch.Tensor,
-    next_q: torch.Tensor,
-    next_log_prob: torch.Tensor,
-    alpha: torch.Tensor,
-    gamma: float,
-) -> torch.Tensor:
+def soft_q_target(rewards: torch.Tensor, terminated: torch.Tensor, next_q: torch.Tensor, next_log_prob: torch.Tensor,
+                  alpha: torch.Tensor, gamma: float) -> torch.Tensor:  # fmt: skip
     """y = r + gamma * (1 - terminated) * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s')),  a' ~ pi(.|s').
     `next_q` is the target critics' (2, batch) output. Only a termination stops bootstrapping: at a time-limit
     truncation s' is the true final observation and the value beyond it is real."""
     soft_value = next_q.min(0).values - alpha * next_log_prob
     return rewards + gamma * (1.0 - terminated) * soft_value
-
-
-def flatten_parameters(module: nn.Module) -> nn.Parameter:
-    """Make all of `module`'s parameters views into one flat parameter, and their .grad views into one flat grad.
-    Why: Adam is then one fused call, and Polyak averaging of a target network one lerp_. Zero the gradient with
-    `flat.grad.zero_()`, never `optimizer.zero_grad()`: set_to_none would cut the views loose."""
-    params = list(module.parameters())
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    flat_grad = torch.zeros_like(flat)
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.data = flat[offset : offset + n].view_as(p)
-        p.grad = flat_grad[offset : offset + n].view_as(p)
-        offset += n
-    flat_param = nn.Parameter(flat)
-    flat_param.grad = flat_grad
-    return flat_param
 
 
 # --- end shared: sac-networks ---
@@ -334,36 +261,18 @@ class ReplayBuffer:
 # --- end shared: sac-replay-buffer ---
 
 
-# --- shared: sac-parameters ---
-class ParameterHolder:
-    """The weights the actors act with (numpy copies of the actor's parameters) and their version: the number of
-    actor updates they include. The learner publishes, the rollout and the evaluation read. In a distributed
-    version this object lives in one place and actors fetch `weights` when `version` has moved on."""
-
-    def __init__(self):
-        self.weights: list = []
-        self.version = 0
-
-    def publish(self, actor: Actor, version: int) -> None:
-        self.weights = [p.detach().cpu().numpy().copy() for p in actor.parameters()]
-        self.version = version
-
-
-# --- end shared: sac-parameters ---
-
-
 # --- shared: sac-learner ---
 @dataclass
 class Learner:
-    """Everything the update changes: the networks, their flat parameters, the optimizers and the temperature."""
+    """Everything the update changes: the networks, their optimizers and the entropy temperature."""
 
     actor: Actor
-    actor_flat: nn.Parameter
+    qf: TwinQ  # the two critics
+    qf_target: TwinQ  # their slowly following copies, for the target y (soft_update)
+    actor_params: list  # the weights each optimizer (and soft_update) moves: the networks' parameters, as
+    qf_params: list  # [one flat tensor] of views (fast_parameters, below the banner)
+    qf_target_params: list
     actor_optimizer: torch.optim.Optimizer
-    qf: TwinQ
-    qf_flat: nn.Parameter
-    qf_target: TwinQ
-    qf_target_flat: nn.Parameter
     q_optimizer: torch.optim.Optimizer
     log_alpha: torch.Tensor  # log of the entropy temperature; trained only with autotune
     alpha_optimizer: Optional[torch.optim.Optimizer]
@@ -371,203 +280,102 @@ class Learner:
     squash_eps: float  # floor on tanh's slope in the log-prob (squashed_gaussian)
     action_scale: torch.Tensor  # (high - low) / 2
     action_bias: torch.Tensor  # (high + low) / 2
-    # The copies the forward and backward passes run through: the float32 networks themselves by default; with
-    # --bf16, bfloat16 copies, overwritten from the float32 weights whenever those change. Mixed precision:
-    # the weights, Adam's state, the losses and the squashed-Gaussian math stay float32; only the matmuls and the
-    # hidden activations are bfloat16.
-    actor_run: Actor
-    actor_run_flat: nn.Parameter
-    qf_run: TwinQ
-    qf_run_flat: nn.Parameter
-    qf_target_run: TwinQ
-    qf_target_run_flat: nn.Parameter
-    qf_run_frozen: list  # detached views of qf_run's weights: the actor's loss reads the critics through them
+    # The networks as the forward and backward passes run them: the three above, or with --bf16 bfloat16 copies of
+    # them (bf16_copies, below the banner; the optimizers then step the float32 weights from the copies' gradients).
+    actor_run: Callable
+    qf_run: Callable
+    qf_target_run: Callable
+    qf_frozen: list  # detached views of qf_run's weights: the actor's loss reads the critics through them
 
     def alpha(self) -> torch.Tensor:
         return self.log_alpha.detach().exp()
 
-    @property
-    def dtype(self) -> torch.dtype:
-        """The networks' compute dtype: float32, or bfloat16 with --bf16."""
-        return self.actor_run_flat.dtype
+    def state_dict(self) -> dict:  # a checkpoint part (Run.attach): learner_state, below the banner
+        return learner_state(self)
 
-
-def run_copy(module: nn.Module, flat: nn.Parameter, dtype: torch.dtype) -> tuple[nn.Module, nn.Parameter]:
-    """The module to compute with in `dtype`, and its flat parameter: the module itself in float32, else a copy.
-    Why explicit copies, not torch.autocast: autocast casts every weight at every call (and back in the backward
-    pass); one cast of a flat tensor per update costs microseconds, and measured ~13% less time per gradient step."""
-    if dtype == flat.dtype:
-        return module, flat
-    low = copy.deepcopy(module).to(dtype)
-    low_flat = flatten_parameters(low)
-    low_flat.requires_grad_(flat.requires_grad)
-    return low, low_flat
-
-
-def refresh_run_copy(run_flat: torch.Tensor, flat: torch.Tensor) -> None:
-    """Overwrite a low-precision copy with the float32 weights (nothing to do when they are the same tensor)."""
-    if run_flat is not flat:
-        with torch.no_grad():
-            run_flat.copy_(flat)
-
-
-def take_run_grad(flat: nn.Parameter, run_flat: nn.Parameter) -> None:
-    """Bring a low-precision copy's gradient to the float32 weights, for the float32 Adam step."""
-    if run_flat is not flat:
-        flat.grad.copy_(run_flat.grad)
+    def load_state_dict(self, state: dict) -> None:
+        load_learner_state(self, state)
 
 
 def make_learner(obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, args, device: torch.device) -> Learner:
+    """The networks (the target critics start equal to the critics), an Adam optimizer for each, the temperature."""
     actor = Actor(obs_dim, act_dim).to(device)
-    qf = TwinQ(obs_dim, act_dim).to(device)
-    qf_target = TwinQ(obs_dim, act_dim).to(device)
-    actor_flat, qf_flat, qf_target_flat = flatten_parameters(actor), flatten_parameters(qf), flatten_parameters(qf_target)
-    qf_target_flat.requires_grad_(False)
-    qf_target_flat.data.copy_(qf_flat.data)  # the targets start equal to the critics
-    use_fused = device.type in ("cpu", "cuda")
-    autotune = args.autotune
-    log_alpha = torch.zeros(1, device=device, requires_grad=autotune)  # alpha = 1 at the start with autotune
-    if not autotune:
-        log_alpha.data.fill_(math.log(args.alpha))
-    dtype = torch.bfloat16 if args.bf16 else torch.float32
-    actor_run, actor_run_flat = run_copy(actor, actor_flat, dtype)
-    qf_run, qf_run_flat = run_copy(qf, qf_flat, dtype)
-    qf_target_run, qf_target_run_flat = run_copy(qf_target, qf_target_flat, dtype)
-    return Learner(
-        actor=actor,
-        actor_flat=actor_flat,
-        actor_optimizer=torch.optim.Adam([actor_flat], lr=args.policy_lr, fused=use_fused),
-        qf=qf,
-        qf_flat=qf_flat,
-        qf_target=qf_target,
-        qf_target_flat=qf_target_flat,
-        q_optimizer=torch.optim.Adam([qf_flat], lr=args.q_lr, fused=use_fused),
+    qf, qf_target = TwinQ(obs_dim, act_dim).to(device), TwinQ(obs_dim, act_dim).to(device)
+    qf_target.load_state_dict(qf.state_dict())
+    # speed (below the banner): each network's weights as views of one flat tensor; the same math
+    actor_params, qf_params, qf_target_params = fast_parameters(actor), fast_parameters(qf), fast_parameters(qf_target)
+    fused = device.type in ("cpu", "cuda")  # Adam's fused kernel (one op per step) exists there
+    # alpha = 1 at the start with autotune, else args.alpha throughout (0: no entropy term)
+    log_alpha_0 = 0.0 if args.autotune else (math.log(args.alpha) if args.alpha > 0 else -math.inf)
+    log_alpha = torch.full((1,), log_alpha_0, device=device, requires_grad=args.autotune)
+    learner = Learner(
+        actor=actor, qf=qf, qf_target=qf_target, actor_params=actor_params, qf_params=qf_params,
+        qf_target_params=qf_target_params,
+        actor_optimizer=torch.optim.Adam(actor_params, lr=args.policy_lr, fused=fused),
+        q_optimizer=torch.optim.Adam(qf_params, lr=args.q_lr, fused=fused),
         log_alpha=log_alpha,
-        alpha_optimizer=torch.optim.Adam([log_alpha], lr=args.q_lr, fused=use_fused) if autotune else None,
-        target_entropy=-float(act_dim),
-        squash_eps=args.squash_eps,
+        alpha_optimizer=torch.optim.Adam([log_alpha], lr=args.q_lr, fused=fused) if args.autotune else None,
+        target_entropy=-float(act_dim), squash_eps=args.squash_eps,
         action_scale=torch.tensor((high - low) / 2.0, dtype=torch.float32, device=device),
         action_bias=torch.tensor((high + low) / 2.0, dtype=torch.float32, device=device),
-        actor_run=actor_run,
-        actor_run_flat=actor_run_flat,
-        qf_run=qf_run,
-        qf_run_flat=qf_run_flat,
-        qf_target_run=qf_target_run,
-        qf_target_run_flat=qf_target_run_flat,
-        qf_run_frozen=[p.detach() for p in qf_run.parameters()],  # views: they follow every update of the copy
-    )
-
-
-def adam_step(optimizer: torch.optim.Adam) -> None:
-    """optimizer.step() for an Adam over one parameter (a flat one, see flatten_parameters): the same fused kernel
-    torch.optim.Adam(fused=True) runs, on the optimizer's own state, so the arithmetic, state_dict() and checkpoints
-    are unchanged (tests/ compare it with step() bit for bit).
-    Why: around a ~50 us kernel, torch.optim's step() spends its time on bookkeeping (grouping tensors by device and
-    dtype, hooks, a profiler record, a separate op for the step count); with three calls per gradient step that was
-    8% of the update (benchmarks/update_ab.py, 30 rounds: B/A 0.919). The first call goes through step(), which
-    creates the state; an optimizer without fused=True (a device with no fused kernel) always does."""
-    group = optimizer.param_groups[0]
-    (param,) = group["params"]
-    state = optimizer.state[param]
-    # Only plain fused Adam is reproduced here; anything else (AMSGrad, maximize, AdamW's decoupled decay) steps as usual
-    if not state or not group["fused"] or group["amsgrad"] or group["maximize"] or group.get("decoupled_weight_decay"):
-        optimizer.step()
-        return
-    beta1, beta2 = group["betas"]
-    state["step"] += 1  # as step() does: count first, then the kernel's bias corrections use the new count
-    torch._fused_adam_(
-        [param], [param.grad], [state["exp_avg"]], [state["exp_avg_sq"]], [], [state["step"]],
-        lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"], eps=group["eps"],
-        amsgrad=False, maximize=False,
+        actor_run=actor, qf_run=qf, qf_target_run=qf_target,
+        qf_frozen=[p.detach() for p in qf.parameters()],  # views: they follow every update of the critics
     )  # fmt: skip
+    if args.bf16:
+        bf16_copies(learner)  # speed (below the banner): the passes run through bfloat16 copies of the networks
+    return learner
+
+
+def sample_action(learner: Learner, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """a ~ pi(.|s) (reparameterized: differentiable in the actor's weights) and log pi(a|s)."""
+    mean, log_std = learner.actor_run(obs)
+    noise = torch.randn_like(mean)
+    return squashed_gaussian(mean, log_std, noise, learner.action_scale, learner.action_bias, learner.squash_eps)
 
 
 def critic_update(learner: Learner, batch: dict, gamma: float) -> torch.Tensor:
     """One gradient step on both critics: L_i = E[(Q_i(s, a) - y)^2], y from soft_q_target (the target critics and
-    a fresh a' ~ pi(.|s')). Returns [mean Q1, mean Q2, L1, L2] as a detached tensor (no sync).
-    With --bf16, each low-precision copy is refreshed once per change of its float32 weights: the critics' and the
-    actor's right after their optimizer steps, the targets' here (soft_update moves them between updates)."""
-    refresh_run_copy(learner.qf_target_run_flat, learner.qf_target_flat)
-    obs, next_obs, actions = (batch[k].to(learner.dtype) for k in ("obs", "next_obs", "actions"))
+    a fresh a' ~ pi(.|s')). Returns [mean Q1, mean Q2, L1, L2] as a detached tensor (no sync)."""
     with torch.no_grad():
-        mean, log_std = learner.actor_run(next_obs)
-        noise = torch.randn_like(mean)
-        next_actions, next_log_prob = squashed_gaussian(
-            mean, log_std, noise, learner.action_scale, learner.action_bias, learner.squash_eps
-        )
-        next_q = learner.qf_target_run(next_obs, next_actions.to(learner.dtype))
+        next_actions, next_log_prob = sample_action(learner, batch["next_obs"])
+        next_q = learner.qf_target_run(batch["next_obs"], next_actions)
         y = soft_q_target(batch["rewards"], batch["terminated"], next_q, next_log_prob, learner.alpha(), gamma)
-    q = learner.qf_run(obs, actions)
+    q = learner.qf_run(batch["obs"], batch["actions"])
     losses = (q - y).pow(2).mean(1)  # (2,): one MSE per critic
-    learner.qf_run_flat.grad.zero_()
+    learner.q_optimizer.zero_grad(set_to_none=False)  # in place: the flat weights' views keep their gradients
     losses.sum().backward()
-    take_run_grad(learner.qf_flat, learner.qf_run_flat)
-    adam_step(learner.q_optimizer)
-    refresh_run_copy(learner.qf_run_flat, learner.qf_flat)
+    learner.q_optimizer.step()
     return torch.cat([q.detach().mean(1), losses.detach()])
 
 
 def actor_update(learner: Learner, obs: torch.Tensor, autotune: bool) -> torch.Tensor:
     """One gradient step on the actor, then (autotune) on the temperature. Returns [actor loss, alpha, alpha loss].
-        L_pi    = E_s[ alpha * log pi(a|s) - min(Q1, Q2)(s, a) ],  a = tanh-squashed reparameterized sample
-        L_alpha = E_s[ -alpha * (log pi(a|s) + target_entropy) ]   (log pi detached: only alpha moves)"""
+    L_pi    = E_s[ alpha * log pi(a|s) - min(Q1, Q2)(s, a) ],  a = tanh-squashed reparameterized sample
+    L_alpha = E_s[ -alpha * (log pi(a|s) + target_entropy) ]   (log pi detached: only alpha moves)"""
     alpha = learner.alpha()
-    obs_run = obs.to(learner.dtype)
-    mean, log_std = learner.actor_run(obs_run)
-    noise = torch.randn_like(mean)
-    scale, bias = learner.action_scale, learner.action_bias
-    actions, log_prob = squashed_gaussian(mean, log_std, noise, scale, bias, learner.squash_eps)
+    actions, log_prob = sample_action(learner, obs)
     # Frozen critics (detached weights): the gradient reaches the action, and through it the actor, not the critics
-    q = learner.qf_run(obs_run, actions.to(learner.dtype), params=learner.qf_run_frozen).min(0).values
+    q = learner.qf_run(obs, actions, params=learner.qf_frozen).min(0).values
     actor_loss = (alpha * log_prob - q).mean()
+    learner.actor_optimizer.zero_grad(set_to_none=False)
     if autotune:
         alpha_loss = (-learner.log_alpha.exp() * (log_prob.detach() + learner.target_entropy)).mean()
-        learner.log_alpha.grad = None  # what alpha_optimizer.zero_grad() does, minus its overhead
+        learner.alpha_optimizer.zero_grad()
     else:
         alpha_loss = torch.zeros((), device=obs.device)
-    learner.actor_run_flat.grad.zero_()
     # One backward pass for both losses: they share no parameter (alpha and log pi enter each other's detached)
     (actor_loss + alpha_loss).backward()
-    take_run_grad(learner.actor_flat, learner.actor_run_flat)
-    adam_step(learner.actor_optimizer)
-    refresh_run_copy(learner.actor_run_flat, learner.actor_flat)
+    learner.actor_optimizer.step()
     if autotune:
-        adam_step(learner.alpha_optimizer)
+        learner.alpha_optimizer.step()
     return torch.stack([actor_loss.detach(), alpha.reshape(()), alpha_loss.detach()])
 
 
-def soft_update(target_flat: torch.Tensor, flat: torch.Tensor, tau: float) -> None:
-    """Polyak averaging, in place: theta' <- tau * theta + (1 - tau) * theta' (one lerp_ over the flat weights)."""
+def soft_update(target_params: list, params: list, tau: float) -> None:
+    """Polyak averaging, in place: theta' <- tau * theta + (1 - tau) * theta'."""
     with torch.no_grad():
-        target_flat.lerp_(flat, tau)
-
-
-def learner_state(learner: Learner) -> dict:
-    """The learner's part of a checkpoint as plain data (copies): networks, optimizers and the temperature."""
-    return {
-        "actor": {k: v.detach().clone().cpu() for k, v in learner.actor.state_dict().items()},
-        "qf": {k: v.detach().clone().cpu() for k, v in learner.qf.state_dict().items()},
-        "qf_target": {k: v.detach().clone().cpu() for k, v in learner.qf_target.state_dict().items()},
-        "actor_optimizer": copy.deepcopy(learner.actor_optimizer.state_dict()),
-        "q_optimizer": copy.deepcopy(learner.q_optimizer.state_dict()),
-        "log_alpha": learner.log_alpha.detach().clone().cpu(),
-        "alpha_optimizer": None if learner.alpha_optimizer is None else copy.deepcopy(learner.alpha_optimizer.state_dict()),
-    }
-
-
-def load_learner_state(learner: Learner, state: dict) -> None:
-    """Restore what learner_state saved (in place: the flat parameters and their optimizers stay the same objects)."""
-    learner.actor.load_state_dict(state["actor"])
-    learner.qf.load_state_dict(state["qf"])
-    learner.qf_target.load_state_dict(state["qf_target"])
-    learner.actor_optimizer.load_state_dict(state["actor_optimizer"])
-    learner.q_optimizer.load_state_dict(state["q_optimizer"])
-    learner.log_alpha.data.copy_(state["log_alpha"])
-    if learner.alpha_optimizer is not None:
-        learner.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
-    for run_flat, flat in ((learner.actor_run_flat, learner.actor_flat), (learner.qf_run_flat, learner.qf_flat),
-                           (learner.qf_target_run_flat, learner.qf_target_flat)):  # fmt: skip
-        refresh_run_copy(run_flat, flat)
+        for target, param in zip(target_params, params):
+            target.lerp_(param, tau)
 
 
 # --- end shared: sac-learner ---
@@ -591,19 +399,9 @@ def true_next_obs(raw_obs: np.ndarray, episode_ended: np.ndarray, infos: dict) -
 
 
 # --- shared: sac-rollout ---
-def actor_numpy(obs: np.ndarray, weights: list) -> tuple[np.ndarray, np.ndarray]:
-    """The actor MLP in numpy, for acting on one step's observations: (mean, bounded log-std).
-    Why: torch spends ~5 us of dispatch per op on a single observation, numpy ~1 us. Training stays in torch;
-    the tests check both give the same numbers."""
-    w1, b1, w2, b2, w3, b3 = weights
-    h = np.maximum(obs @ w1.T + b1, 0.0)
-    h = np.maximum(h @ w2.T + b2, 0.0)
-    mean, raw = np.split(h @ w3.T + b3, 2, axis=-1)
-    return mean, LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (np.tanh(raw) + 1)
-
-
 def policy_actions(obs: np.ndarray, weights: list, noise: Optional[np.ndarray], scale: np.ndarray, bias: np.ndarray):
-    """a = tanh(mean + std * noise) * scale + bias; noise=None gives the deterministic action tanh(mean)."""
+    """a = tanh(mean + std * noise) * scale + bias, for one step's observations (the actor on the published weights,
+    as a numpy function: actor_numpy, below the banner); noise=None gives the deterministic action tanh(mean)."""
     mean, log_std = actor_numpy(obs, weights)
     u = mean if noise is None else mean + np.exp(log_std) * noise
     return (np.tanh(u) * scale + bias).astype(np.float32)
@@ -622,6 +420,227 @@ def env_step(envs: gym.vector.VectorEnv, actions: np.ndarray, episode_return: np
 
 
 # --- end shared: sac-rollout ---
+
+
+@dataclass
+class LoopState:
+    """What the training loop carries from one vector step to the next; checkpoints save and restore all of it.
+    Fields marked "env" describe the envs' running episodes: they are restored only with the envs' exact state."""
+
+    global_step: int = 0
+    iteration: int = 0  # the last completed vector step
+    raw_obs: np.ndarray = field(default=None, metadata={"env": True})  # what the envs returned last: acted on next
+    episode_return: np.ndarray = field(default=None, metadata={"env": True})
+    episode_length: np.ndarray = field(default=None, metadata={"env": True})
+    updates_start: int = 0  # the first gradient step comes once global_step reaches it
+    grad_steps: int = 0
+    actor_updates: int = 0  # also the version of the weights the rollout acts with
+    loss_sums: Optional[torch.Tensor] = None  # critic_update's [Q1, Q2, L1, L2] summed over the log window's steps
+    actor_sums: Optional[torch.Tensor] = None  # actor_update's [actor loss, alpha, alpha loss], over its actor updates
+    window_grad_steps: int = 0
+    window_actor_updates: int = 0
+
+
+def main() -> None:
+    args, ckpt, device = parse_command_line(Args, RESUME_OVERRIDABLE, FLAG_RULES, validate_args)
+    speed_setup()  # speed (below the banner): before torch's first parallel op
+    if args.eval_checkpoint:
+        return eval_only(args, device)
+    # bfloat16 only where the CPU runs it natively and faster; what actually runs is what the run records
+    args.bf16, compute_note = resolve_bf16(args.bf16, device, cpu_has_native_bf16(), resumed=ckpt is not None)
+    args.num_iterations = args.total_timesteps // args.num_envs
+    obs_shape, act_shape = probe_env(args.env_id)
+    run = Run(args, SCRIPT_NAME, ckpt, {"obs_shape": list(obs_shape), "act_shape": list(act_shape)}, args.log_interval)
+    print(compute_note)
+    seed_everything(args.seed, args.torch_deterministic)
+
+    # SAME_STEP autoreset: step() returns the next episode's first obs, the finished one's last is in infos["final_obs"]
+    # and is stored as next obs. (NEXT_STEP, gymnasium 1.x's default, adds a step per episode whose action is ignored.)
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id, i, args.capture_video, str(run.dir / "videos")) for i in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
+    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "the loop assumes same-step autoreset"
+    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_shape))
+    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+    action_scale, action_bias = (action_high - action_low) / 2.0, (action_high + action_low) / 2.0
+
+    learner = make_learner(obs_dim, act_dim, action_low, action_high, args, device)
+    holder = ParameterHolder()  # the actor's weights the rollout acts with, and their version (below the banner)
+    buffer = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
+    print(f"replay buffer: {args.buffer_size:,} transitions, {buffer.nbytes / 1e6:.1f} MB of arrays "
+          f"({buffer.nbytes // args.buffer_size} bytes per transition)")  # fmt: skip
+
+    s = LoopState(raw_obs=envs.reset(seed=args.seed)[0], episode_return=np.zeros(args.num_envs),
+                  episode_length=np.zeros(args.num_envs, np.int64), updates_start=args.learning_starts,
+                  loss_sums=torch.zeros(4, device=device), actor_sums=torch.zeros(3, device=device))  # fmt: skip
+    stored = BufferPart(buffer, args.save_buffer)  # in checkpoints only with --save-buffer (it is large)
+    run.attach(s, envs, learner=learner, env_states=EnvStates(envs), replay_buffer=stored)
+    if ckpt is not None and not stored.loaded:  # resumed without a buffer: updates pause until it refills
+        s.updates_start = refill_before_updating(s.global_step, args.learning_starts)
+    holder.publish(learner.actor, s.actor_updates)
+    freeze_startup_objects()  # speed (below the banner): everything set up so far lives to the end of the run
+
+    for iteration in run.iterations(s, args.num_iterations):  # between steps: checkpoints, Ctrl-C, progress
+        # ---- rollout: act (uniform random before learning_starts), step the envs, store the transitions ----
+        with run.timer("rollout"):
+            if s.global_step < args.learning_starts:
+                # torch's RNG rather than action_space.sample(): one checkpointed generator for everything
+                uniform = torch.rand((args.num_envs, act_dim)).numpy()
+                actions = (uniform * (action_high - action_low) + action_low).astype(np.float32)
+            else:
+                noise = torch.randn((args.num_envs, act_dim)).numpy()
+                actions = policy_actions(s.raw_obs.astype(np.float32), holder.weights, noise, action_scale, action_bias)
+            obs = s.raw_obs
+            s.raw_obs, real_next_obs, rewards, terminations, s.episode_return, s.episode_length, finished = env_step(
+                envs, actions, s.episode_return, s.episode_length
+            )
+            s.global_step += args.num_envs
+            # store terminations, not truncations: a time limit is not a terminal state (next obs = true final obs)
+            buffer.add(obs, real_next_obs, actions, rewards, terminations)
+            for episode_return, length in finished:
+                run.episode(episode_return, length, s.global_step)
+
+        # ---- update: one gradient step per vector step, metrics summed as tensors (no sync) ----
+        with run.timer("update"):
+            if s.global_step >= max(s.updates_start, 1):
+                s.grad_steps += 1
+                batch = buffer.sample(args.batch_size, device)
+                s.loss_sums += critic_update(learner, batch, args.gamma)
+                s.window_grad_steps += 1
+                # delayed policy updates: every policy_frequency gradient steps, policy_frequency actor updates
+                if s.grad_steps % args.policy_frequency == 0:
+                    for _ in range(args.policy_frequency):
+                        s.actor_sums += actor_update(learner, batch["obs"], args.autotune)
+                    s.actor_updates += args.policy_frequency
+                    s.window_actor_updates += args.policy_frequency
+                    holder.publish(learner.actor, s.actor_updates)  # the rollout acts with the new weights
+                if s.grad_steps % args.target_network_frequency == 0:
+                    soft_update(learner.qf_target_params, learner.qf_params, args.tau)
+
+        # ---- log: at the end of each log window (--log-interval env steps), means over its updates; one sync ----
+        if run.log_due():
+            if s.window_grad_steps > 0:
+                q1, q2, loss1, loss2 = (s.loss_sums / s.window_grad_steps).tolist()
+                run.log(s.global_step, {"losses/qf1_values": q1, "losses/qf2_values": q2, "losses/qf1_loss": loss1,
+                                        "losses/qf2_loss": loss2, "losses/qf_loss": (loss1 + loss2) / 2.0})  # fmt: skip
+            if s.window_actor_updates > 0:
+                actor_loss, alpha, alpha_loss = (s.actor_sums / s.window_actor_updates).tolist()
+                run.log(s.global_step, {"losses/actor_loss": actor_loss, "losses/alpha": alpha})
+                if args.autotune:
+                    run.log(s.global_step, {"losses/alpha_loss": alpha_loss})
+            s.loss_sums.zero_()
+            s.actor_sums.zero_()
+            s.window_grad_steps = s.window_actor_updates = 0
+        if crossed(s.global_step, args.num_envs, args.eval_interval):
+            returns_eval = evaluate(holder.weights, args.env_id, args.eval_episodes, args.seed + 10_000)
+            run.log(s.global_step, {"eval/episodic_return": float(np.mean(returns_eval))})
+
+    if run.finish():  # after Ctrl-C: saved, exits; with --save-model: the final checkpoint is saved, then evaluated
+        video_dir = str(run.dir / "videos" / "eval") if args.capture_video else None
+        returns_eval = evaluate(holder.weights, args.env_id, args.eval_episodes, args.seed + 10_000, video_dir)
+        run.log(s.global_step, {"eval/episodic_return": float(np.mean(returns_eval))})
+        print(f"eval: {np.mean(returns_eval):.2f} +- {np.std(returns_eval):.2f} over {len(returns_eval)} episodes")
+    run.close()
+
+
+# === Plumbing: runs, checkpoints, errors, speed set-up; not needed to follow the algorithm ===
+# What follows makes the script a dependable research tool: flag checks, resume, evaluation, env state capture,
+# checkpoints, TensorBoard / wandb, progress, Ctrl-C, the bfloat16 probe and the speed set-up. The `shared:` blocks
+# are the same text in every script that carries them (tests/test_shared_blocks.py).
+
+# Flags that --resume takes from the command line; every other field comes from the checkpoint.
+RESUME_OVERRIDABLE = (
+    "total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "runs_dir",
+    "checkpoint_interval", "keep_checkpoints", "save_buffer", "resume", "eval_checkpoint", "eval_episodes",
+    "eval_interval", "log_interval", "progress", "cuda", "torch_threads",
+)  # fmt: skip
+# Every numeric flag and the range it must lie in (checked before anything starts; see check_flags)
+FLAG_RULES = {
+    "total_timesteps": ">= 1", "num_envs": ">= 1", "buffer_size": ">= 1", "gamma": "in [0, 1]", "tau": "in (0, 1]",
+    "batch_size": ">= 1", "learning_starts": ">= 0", "policy_lr": "> 0", "q_lr": "> 0", "policy_frequency": ">= 1",
+    "target_network_frequency": ">= 1", "alpha": ">= 0", "squash_eps": "in [0, 1)", "seed": ">= 0",
+    "torch_threads": ">= 0", "checkpoint_interval": ">= 0", "keep_checkpoints": ">= 1", "eval_episodes": ">= 1",
+    "eval_interval": ">= 0", "log_interval": ">= 1",
+}  # fmt: skip
+
+
+def validate_args(args: Args) -> None:
+    """What single-flag rules cannot say: sizes that must fit together."""
+    if args.total_timesteps < args.num_envs:
+        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one vector step (num_envs = {args.num_envs}).")
+    if args.learning_starts > args.total_timesteps:
+        raise UserError(f"learning_starts ({args.learning_starts}) is above total_timesteps ({args.total_timesteps}): "
+                        "no update would run. Lower --learning-starts or raise --total-timesteps.")  # fmt: skip
+    if args.batch_size > args.buffer_size:
+        raise UserError(f"batch_size ({args.batch_size}) is larger than buffer_size ({args.buffer_size}). "
+                        "Lower --batch-size or raise --buffer-size.")  # fmt: skip
+
+
+def refill_before_updating(global_step: int, learning_starts: int) -> int:
+    """A run resumed from a checkpoint without a replay buffer: the step from which updates go on (the buffer starts
+    empty and must hold learning_starts new transitions first), said in a warning."""
+    start = global_step + learning_starts
+    print(f"warning: the checkpoint holds no replay buffer (saved without --save-buffer): the buffer starts empty, and "
+          f"updates pause until {learning_starts} new transitions are in it (step {start}). Acting continues with the "
+          "trained policy.", file=sys.stderr)  # fmt: skip
+    return start
+
+
+class BufferPart:
+    """The replay buffer as a checkpoint part: saved only with --save-buffer (up to buffer_size transitions, large),
+    else as None. `loaded` says whether a resumed run found one; without it the buffer starts empty."""
+
+    def __init__(self, buffer: ReplayBuffer, save: bool):
+        self.buffer, self.save, self.loaded = buffer, save, False
+
+    def state_dict(self) -> Optional[dict]:
+        return self.buffer.state_dict() if self.save else None
+
+    def load_state_dict(self, state: Optional[dict]) -> None:
+        if state is not None:
+            self.buffer.load_state_dict(state)
+        self.loaded = state is not None
+
+
+def eval_only(args: Args, device: torch.device) -> None:
+    """--eval-checkpoint: deterministic episodes; print and log eval/episodic_return."""
+    ckpt = load_checkpoint(args.eval_checkpoint, device)
+    saved = Args(**{f.name: ckpt["args"][f.name] for f in dataclasses.fields(Args) if f.name in ckpt["args"]})
+    obs_shape, act_shape = probe_env(saved.env_id)
+    check_checkpoint_matches(ckpt, args.eval_checkpoint, SCRIPT_NAME, {"obs_shape": list(obs_shape),
+                                                                       "act_shape": list(act_shape)})  # fmt: skip
+    actor = Actor(int(np.prod(obs_shape)), int(np.prod(act_shape)))
+    actor.load_state_dict(ckpt["learner"]["actor"])
+    holder = ParameterHolder()
+    holder.publish(actor, ckpt["run_state"]["actor_updates"])
+    run_dir = Path(args.eval_checkpoint).resolve().parent.parent
+    eval_dir = run_dir / "eval" / Path(args.eval_checkpoint).stem
+    video_dir = str(eval_dir / "videos") if args.capture_video else None
+    returns = evaluate(holder.weights, saved.env_id, args.eval_episodes, saved.seed + 10_000, video_dir)
+    writer = make_writer(eval_dir, saved, purge_step=None)
+    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), ckpt["global_step"])
+    writer.close()
+    print(f"eval {saved.env_id} at step {ckpt['global_step']}: {np.mean(returns):.2f} +- {np.std(returns):.2f} "
+          f"over {len(returns)} episodes")  # fmt: skip
+
+
+# --- shared: sac-parameters ---
+class ParameterHolder:
+    """The weights the actors act with (numpy copies of the actor's parameters) and their version: the number of
+    actor updates they include. The learner publishes, the rollout and the evaluation read. In a distributed
+    version this object lives in one place and actors fetch `weights` when `version` has moved on."""
+
+    def __init__(self):
+        self.weights: list = []
+        self.version = 0
+
+    def publish(self, actor: Actor, version: int) -> None:
+        self.weights = [p.detach().cpu().numpy().copy() for p in actor.parameters()]
+        self.version = version
+
+
+# --- end shared: sac-parameters ---
 
 
 # --- shared: sac-evaluation ---
@@ -646,6 +665,690 @@ def evaluate(weights: list, env_id: str, episodes: int, seed: int, video_dir: Op
 
 
 # --- end shared: sac-evaluation ---
+
+
+# --- shared: sac-run ---
+def crossed(step: int, advance: int, interval: int) -> bool:
+    """Did global_step pass a multiple of `interval` in its last advance (num_envs steps)? (interval 0: never)"""
+    return interval > 0 and step // interval > (step - advance) // interval
+
+
+def probe_env(env_id: str) -> tuple[tuple, tuple]:
+    """Make the env once to check it exists and has a bounded continuous (Box) action space; return the shapes."""
+    check_env_id(env_id)
+    try:
+        env = gym.wrappers.FlattenObservation(gym.make(env_id))
+    except gym.error.Error as e:
+        raise UserError(f"environment '{env_id}' could not be created: {e}") from None
+    obs_space, act_space = env.observation_space, env.action_space
+    env.close()
+    if not isinstance(act_space, gym.spaces.Box):
+        raise UserError(f"{env_id} has a {type(act_space).__name__} action space ({act_space}); this SAC needs a "
+                        f"continuous Box action space. For discrete actions use a discrete-action algorithm.")  # fmt: skip
+    if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
+        raise UserError(f"{env_id}'s action space {act_space} is unbounded; SAC squashes actions into its bounds.")
+    return obs_space.shape, act_space.shape
+
+
+def learner_state(learner: Learner) -> dict:
+    """The learner's part of a checkpoint as plain data (copies): the float32 networks, the optimizers and the
+    temperature (the bfloat16 copies of --bf16 are not saved: they are rebuilt from the float32 weights)."""
+    return {
+        "actor": {k: v.detach().clone().cpu() for k, v in learner.actor.state_dict().items()},
+        "qf": {k: v.detach().clone().cpu() for k, v in learner.qf.state_dict().items()},
+        "qf_target": {k: v.detach().clone().cpu() for k, v in learner.qf_target.state_dict().items()},
+        "actor_optimizer": copy.deepcopy(learner.actor_optimizer.state_dict()),
+        "q_optimizer": copy.deepcopy(learner.q_optimizer.state_dict()),
+        "log_alpha": learner.log_alpha.detach().clone().cpu(),
+        "alpha_optimizer": None if learner.alpha_optimizer is None else copy.deepcopy(learner.alpha_optimizer.state_dict()),
+    }
+
+
+def load_learner_state(learner: Learner, state: dict) -> None:
+    """Restore what learner_state saved (in place: the flat parameters and their optimizers stay the same objects),
+    then refresh the bfloat16 copies of --bf16 from the loaded weights."""
+    learner.actor.load_state_dict(state["actor"])
+    learner.qf.load_state_dict(state["qf"])
+    learner.qf_target.load_state_dict(state["qf_target"])
+    learner.actor_optimizer.load_state_dict(state["actor_optimizer"])
+    learner.q_optimizer.load_state_dict(state["q_optimizer"])
+    learner.log_alpha.data.copy_(state["log_alpha"])
+    if learner.alpha_optimizer is not None:
+        learner.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
+    for network in (learner.actor_run, learner.qf_run, learner.qf_target_run):
+        if isinstance(network, ComputeCopy):
+            network.refresh()
+
+
+# ---- bfloat16: only where a start-up probe finds it native and faster ----
+def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Does this CPU have bfloat16 dot-product instructions (AVX512_BF16 or AMX-BF16)? Read from the CPU flags that
+    Linux lists in /proc/cpuinfo; False where that file is missing (other systems)."""
+    try:
+        with open(cpuinfo) as f:
+            lines = f.readlines()
+    except OSError:
+        return False
+    flags = {word for line in lines if line.startswith("flags") for word in line.split()}
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def bf16_matmul_speedup(rounds: int = 5, calls: int = 10) -> float:
+    """How much faster bfloat16 runs the critics' hidden layer than float32 on this machine, now: float32 time over
+    bfloat16 time of a (2, 256, 256) x (2, 256, 256) batched matmul, with the threads torch uses (best of `rounds`
+    bursts of `calls`, ~40 ms in all). Why measure, not trust the CPU flags: native bfloat16 instructions are not
+    faster everywhere. On the 2-core AMD EPYC (Zen 4) this product ran ~2x faster in bfloat16, and the whole update
+    ~1.5x; on an Intel Xeon (family 6, model 207) with AVX512_BF16 but no AMX, oneDNN's bfloat16 kernel ran at 145
+    GFLOP/s against float32's 282 (one port issues the bfloat16 dot product, two the float32 FMA), and the update
+    took 8.8 ms per gradient step against 5.4 ms in float32."""
+    x32, w32 = torch.randn(2, HIDDEN, HIDDEN), torch.randn(2, HIDDEN, HIDDEN)
+    pairs = {torch.float32: (x32, w32), torch.bfloat16: (x32.bfloat16(), w32.bfloat16())}
+    best = {}
+    for dtype, (x, w) in pairs.items():
+        torch.bmm(x, w)  # the first call builds oneDNN's kernel: not timed
+        best[dtype] = math.inf
+    for _ in range(rounds):
+        for dtype, (x, w) in pairs.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                torch.bmm(x, w)
+            best[dtype] = min(best[dtype], time.perf_counter() - start)
+    return best[torch.float32] / best[torch.bfloat16]
+
+
+BF16_MIN_SPEEDUP = 1.3  # below this the casts around the bfloat16 matmuls eat the gain
+
+
+def resolve_bf16(
+    requested: bool,
+    device: torch.device,
+    native_bf16: bool,
+    resumed: bool = False,
+    speedup: Callable[[], float] = bf16_matmul_speedup,
+) -> tuple[bool, str]:
+    """Whether the networks compute in bfloat16, and a line saying what runs and why. bfloat16 only where it was
+    measured faster with the same returns: a CPU with native bfloat16 instructions on which `speedup()` (called
+    only then) finds the bfloat16 matmul at least BF16_MIN_SPEEDUP times faster. Why not everywhere: without those
+    instructions bfloat16 is emulated in software; with them it can still be slower (bf16_matmul_speedup); GPUs
+    were not measured. `resumed`: `requested` is what the checkpoint recorded (the dtype its run used), and a
+    resumed run keeps it wherever the instructions exist, without measuring: resuming must not change the numerics."""
+    if not requested:
+        return False, "compute: float32 (" + ("as the checkpoint's run computed" if resumed else "--no-bf16") + ")"
+    if device.type != "cpu":
+        return False, f"compute: float32 (--bf16 applies to CPUs with native bfloat16 instructions, not to {device.type})"
+    if not native_bf16:
+        return False, ("compute: float32 (--bf16 applies where the CPU has native bfloat16 instructions, "
+                       "AVX512_BF16 or AMX; this one has neither)")  # fmt: skip
+    on_note = "compute: bfloat16 matmuls, float32 weights, Adam and losses (--no-bf16 for float32 throughout"
+    if resumed:
+        return True, on_note + "; as the checkpoint's run computed)"
+    ratio = speedup()
+    if ratio < BF16_MIN_SPEEDUP:
+        return False, (f"compute: float32 (this CPU has bfloat16 instructions, but a bfloat16 matmul ran {ratio:.2f}x "
+                       f"as fast as float32 here, below the {BF16_MIN_SPEEDUP}x that --bf16 needs)")  # fmt: skip
+    return True, on_note + f"; the bfloat16 matmul ran {ratio:.2f}x as fast as float32 here)"
+
+
+# ---- speed set-up: each wraps one step of the algorithm above without changing its math ----
+def fast_parameters(module: nn.Module) -> list:
+    """The parameter list an optimizer (or soft_update) gets: [one flat tensor] whose slices are all of `module`'s
+    parameters (and whose .grad's slices are their .grad). Why: these MLPs are small, so an update costs per-tensor
+    overhead, not arithmetic; with one tensor, Adam is one fused call, Polyak averaging one lerp_ and a bfloat16
+    copy's refresh one copy_. Zero the gradient in place (`optimizer.zero_grad(set_to_none=False)`): set_to_none
+    would cut the views loose."""
+    params = list(module.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    flat_grad = torch.zeros_like(flat)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.data = flat[offset : offset + n].view_as(p)
+        p.grad = flat_grad[offset : offset + n].view_as(p)
+        offset += n
+    flat_param = nn.Parameter(flat)
+    flat_param.grad = flat_grad
+    return [flat_param]
+
+
+def actor_numpy(obs: np.ndarray, weights: list) -> tuple[np.ndarray, np.ndarray]:
+    """The actor MLP in numpy, on ParameterHolder's weights, for acting on one step's observations: (mean, bounded
+    log-std). Why: torch spends ~5 us of dispatch per op on a single observation, numpy ~1 us. Training stays in
+    torch; the tests check both give the same numbers."""
+    w1, b1, w2, b2, w3, b3 = weights
+    h = np.maximum(obs @ w1.T + b1, 0.0)
+    h = np.maximum(h @ w2.T + b2, 0.0)
+    mean, raw = np.split(h @ w3.T + b3, 2, axis=-1)
+    return mean, LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (np.tanh(raw) + 1)
+
+
+class ComputeCopy:
+    """A network as the passes run it in `dtype`: a copy of `module` (flat weights of its own), overwritten from the
+    float32 weights `params` by refresh() (before every call with refresh_at_call). Called like the network, with
+    its inputs cast to `dtype`; Actor and TwinQ return float32 all the same."""
+
+    def __init__(self, module: nn.Module, params: list, dtype: torch.dtype, refresh_at_call: bool = False):
+        self.module = copy.deepcopy(module).to(dtype)
+        self.params, self.copy_params = params, fast_parameters(self.module)
+        self.dtype, self.refresh_at_call = dtype, refresh_at_call
+
+    def refresh(self) -> None:
+        with torch.no_grad():
+            for low, high in zip(self.copy_params, self.params):
+                low.copy_(high)
+
+    def __call__(self, *inputs: torch.Tensor, **kwargs):
+        if self.refresh_at_call:
+            self.refresh()
+        return self.module(*(x.to(self.dtype) for x in inputs), **kwargs)
+
+
+class MasterWeightsOptimizer:
+    """The optimizer of float32 weights whose passes ran through a ComputeCopy: zero_grad() zeroes the copy's
+    gradient, step() brings it to the float32 weights, steps them and refreshes the copy. Its state_dict() is the
+    float32 optimizer's: checkpoints are the same with and without --bf16."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, compute: ComputeCopy):
+        self.optimizer, self.compute = optimizer, compute
+
+    @property
+    def param_groups(self) -> list:  # a property: load_state_dict replaces the optimizer's lists
+        return self.optimizer.param_groups
+
+    @property
+    def state(self) -> dict:
+        return self.optimizer.state
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        for low in self.compute.copy_params:
+            if low.grad is not None:
+                low.grad.zero_()  # in place, whatever set_to_none says: a flat copy's views keep their gradients
+
+    def step(self) -> None:
+        for high, low in zip(self.compute.params, self.compute.copy_params):
+            if high.grad is None:
+                high.grad = torch.zeros_like(high)
+            high.grad.copy_(low.grad)
+        self.optimizer.step()
+        self.compute.refresh()
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state)
+
+
+def bf16_copies(learner: Learner) -> None:
+    """--bf16: the forward and backward passes run through bfloat16 copies of the three networks; the weights,
+    Adam's state, the losses and the squashed-Gaussian math stay float32 (only the matmuls and the hidden
+    activations are bfloat16). Each copy is refreshed once per change of its float32 weights: the critics' and the
+    actor's right after their optimizer steps, the targets' at each use (soft_update moves them between uses), all
+    after a checkpoint load (load_learner_state).
+    Why explicit copies, not torch.autocast: autocast casts every weight at every call (and back in the backward
+    pass); one cast of a flat tensor per update costs microseconds, and measured ~13% less time per gradient step."""
+    learner.actor_run = ComputeCopy(learner.actor, learner.actor_params, torch.bfloat16)
+    learner.qf_run = ComputeCopy(learner.qf, learner.qf_params, torch.bfloat16)
+    learner.qf_target_run = ComputeCopy(learner.qf_target, learner.qf_target_params, torch.bfloat16, refresh_at_call=True)
+    learner.qf_frozen = [p.detach() for p in learner.qf_run.module.parameters()]
+    learner.actor_optimizer = MasterWeightsOptimizer(learner.actor_optimizer, learner.actor_run)
+    learner.q_optimizer = MasterWeightsOptimizer(learner.q_optimizer, learner.qf_run)
+
+
+def speed_setup() -> None:
+    """The process-wide speed settings (flush_denormals, keep_freed_memory), made before torch's first parallel op:
+    its OpenMP threads copy the denormal flag when they start."""
+    flush_denormals()
+    keep_freed_memory()
+
+
+def flush_denormals() -> bool:
+    """Make float32 arithmetic treat and produce denormal numbers (|x| < 1.2e-38) as zero: in this thread, and in
+    the OpenMP threads torch starts later (a thread copies the flag when it starts, so call this before torch's
+    first parallel op). Returns whether it holds in every thread.
+    Why: Adam's first moment of a weight whose gradient stays exactly zero (a weight into or out of a ReLU unit that
+    is dead on every sample) shrinks by beta1 = 0.9 a step, through the denormal range, where each arithmetic op
+    takes a microcode assist tens of times slower. Measured in HalfCheetah training on a 2-core Xeon: from ~1,000
+    gradient steps on, a third of the critics' 144k first moments were denormal at any time; the critics' fused Adam
+    step took 1.69 ms with them and 0.16 ms flushed, and the float32 update in the loop 6.6-7.1 ms per gradient step
+    against 5.7 / 5.7 / 7.1 ms (3 alternating pairs). Flushing changes only values below 1.2e-38 (a moment reaches 0 ~150 steps
+    sooner), and in float64, e.g. MuJoCo's and numpy's in this thread, only those below 2.2e-308."""
+    if not torch.set_flush_denormal(True):
+        return False  # a CPU without the flush-to-zero / denormals-are-zero modes
+    # The smallest denormal, 1.4e-45, written as its bit pattern: converting a Python float would already flush it
+    probe = torch.ones(1 << 16, dtype=torch.int32).view(torch.float32)  # 2 chunks of 32k: both threads (2 cores)
+    return bool(((probe * 1.0).view(torch.int32) == 0).all())  # bits: a comparison would read denormals as 0
+
+
+def keep_freed_memory() -> None:
+    """Let glibc's malloc reuse freed memory instead of handing it back to the OS.
+    Why: by default glibc maps every block over its mmap threshold (128 KiB to start) fresh from the OS and unmaps
+    it when freed, so each large activation or gradient of an update faults its pages in again. Measured on the
+    2-core test machine: ~420 page faults per gradient step, up to ~20% of the float32 update time, and most of the
+    run-to-run spread. Raising both thresholds (at most 32 MiB for mmap: buffers, e.g. the replay buffer's arrays,
+    are still mapped) removes them. Linux with glibc only; a no-op elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return  # another C library (e.g. musl): leave its allocator alone
+    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
+    libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)
+    libc.mallopt(m_trim_threshold, 512 * 1024 * 1024)
+
+
+def freeze_startup_objects() -> None:
+    """Move every object alive now (modules, envs, the networks) out of the garbage collector's reach.
+    Why: the imports alone leave ~200,000 tracked objects, and each full collection walks them all (~90 ms
+    measured here); the update's many short-lived objects trigger one every few hundred gradient steps. Freezing
+    them took ~10% off the update (3 alternating HalfCheetah runs). Objects created later are collected as usual.
+    At exit they are handed back: extension modules built with nanobind (triton, which torch imports) otherwise
+    print hundreds of "leaked" lines when the interpreter shuts down."""
+    gc.collect()
+    gc.freeze()
+    atexit.register(gc.unfreeze)
+
+
+# --- end shared: sac-run ---
+
+
+# --- shared: run ---
+class StopRequest:
+    """Ctrl-C / SIGTERM handler: the first signal asks the loop to stop at the end of the current iteration (a
+    consistent state to save); a second one interrupts at once, without saving.
+    Why a flag, not `except KeyboardInterrupt`: the exception lands at an arbitrary point (inside the TensorBoard
+    writer, a checkpoint write, ...); a flag checked between iterations never cuts anything half-way."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __call__(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+class Progress:
+    """On a terminal: one self-overwriting line with an ETA. Otherwise (Slurm, nohup, CI logs): a plain line every
+    `every_s` seconds and one at the end, so a log file shows the run advancing."""
+
+    def __init__(self, enabled: bool, total: int, every_s: float = 30.0):
+        self.enabled, self.tty, self.total, self.every_s = enabled, sys.stdout.isatty(), total, every_s
+        self.last_print, self.line = time.monotonic(), ""
+
+    def update(self, step: int, sps: float, recent_return: Optional[float]) -> None:
+        if not self.enabled:
+            return
+        ret = "   n/a" if recent_return is None else f"{recent_return:9.1f}"
+        eta = (self.total - step) / sps if sps > 0 else math.inf
+        eta_text = "?" if not math.isfinite(eta) else time.strftime("%H:%M:%S", time.gmtime(eta))
+        if eta >= 86_400 and math.isfinite(eta):
+            eta_text = f"{eta / 86_400:.1f} days"
+        self.line = f"step {step:>10,}/{self.total:,} | {sps:6.0f} SPS | return (last 10) {ret} | ETA {eta_text}"
+        if self.tty:
+            print(f"\r{self.line}", end="", flush=True)
+        elif time.monotonic() - self.last_print >= self.every_s:
+            print(self.line, flush=True)
+            self.last_print = time.monotonic()
+
+    def close(self) -> None:
+        if self.enabled and self.line:
+            print() if self.tty else print(self.line, flush=True)
+
+
+def to_plain(obj) -> dict:
+    """An object's attributes (a dataclass's fields) as plain data that loads with weights_only=True: arrays become
+    tensors; all are copies. For loop states, and for parts without state_dict() (e.g. running statistics)."""
+    plain = {}
+    for name, value in vars(obj).items():
+        if isinstance(value, (np.ndarray, np.generic)):  # np.generic: 0-d arithmetic gives numpy scalars
+            value = torch.from_numpy(np.array(value))
+        elif isinstance(value, torch.Tensor):
+            value = value.detach().cpu().clone()
+        plain[name] = value
+    return plain
+
+
+def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
+    """Set an object's attributes from to_plain's dict, in their current types and devices. Dataclass fields marked
+    metadata={"env": True} describe the envs' episodes: kept as they are when the envs restart from a reset."""
+    env_fields = {f.name for f in dataclasses.fields(obj) if f.metadata.get("env")} if dataclasses.is_dataclass(obj) else set()
+    for name, current in vars(obj).items():
+        if name not in saved or (name in env_fields and not env_exact):
+            continue
+        value = saved[name]
+        if isinstance(current, (np.ndarray, np.generic)):
+            value = value.numpy().astype(current.dtype)
+        elif isinstance(current, torch.Tensor):
+            value = value.to(current.device)
+        setattr(obj, name, value)
+
+
+class Run:
+    """A training run's bookkeeping, the same in every script: the run folder (a new
+    `runs/<env>__<exp>__<seed>__<time>`, or the resumed checkpoint's), args.json, TensorBoard, wandb, the progress
+    line, Ctrl-C / SIGTERM, the log window (SPS and phase timings) and checkpoints. A checkpoint holds the loop
+    state (a dataclass with global_step and iteration), every part given to attach() (anything with state_dict /
+    load_state_dict, or plain attributes), the recent returns and the RNG states: plain data, written atomically."""
+
+    def __init__(self, args, script: str, ckpt: Optional[dict], shapes: dict, log_every: int):
+        self.args, self.script, self.ckpt, self.shapes, self.log_every = args, script, ckpt, shapes, log_every
+        if ckpt is not None:
+            check_checkpoint_matches(ckpt, args.resume, script, shapes)
+            if ckpt["iteration"] >= args.num_iterations:
+                raise UserError(f"checkpoint '{args.resume}' is at iteration {ckpt['iteration']} (step "
+                                f"{ckpt['global_step']}) and --total-timesteps {args.total_timesteps} gives "
+                                f"{args.num_iterations} iterations: nothing left to do. Raise --total-timesteps to "
+                                "continue.")  # fmt: skip
+            self.dir, self.name = Path(args.resume).resolve().parent.parent, ckpt["run_name"]
+        else:
+            safe_env_id = args.env_id.replace("/", "-").replace(":", "-")  # "ALE/Pong-v5": no nested folders
+            self.name = f"{safe_env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+            self.dir = Path(args.runs_dir) / self.name
+        self.ckpt_dir = self.dir / "checkpoints"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if args.track:
+            init_tracking(args, self.name, self.dir)
+        self.writer = make_writer(self.dir, args, purge_step=None if ckpt is None else ckpt["global_step"] + 1)
+        if ckpt is None:
+            (self.dir / "args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2))
+        print(f"run: {self.dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
+        self.recent_returns: list = []  # the last 10 episodes' returns, for the progress line
+        self.phase_time: dict = {}  # seconds per phase (run.timer) in the current log window
+        self.state, self.parts, self.closing, self.stopped = None, {}, None, False
+        self.stop, self.window_step = StopRequest(), 0
+        self.last = False  # set by a loop whose length is not known ahead: the current iteration is the last
+
+    def attach(self, state, envs, **parts) -> None:
+        """Register what a checkpoint holds (the loop state and the parts) and what to close at the end; on
+        --resume, load them all from the checkpoint, then the RNG states."""
+        self.state, self.closing, self.parts = state, envs, parts
+        if self.ckpt is None:
+            return
+        for name, part in parts.items():
+            part.load_state_dict(self.ckpt[name]) if hasattr(part, "load_state_dict") else load_plain(part, self.ckpt[name])
+        exact = all(getattr(part, "exact", True) for part in parts.values())
+        if not exact:
+            print(f"warning: {self.args.env_id}'s simulator state cannot be captured; its envs restart from a reset.")
+        load_plain(state, self.ckpt["run_state"], exact)
+        self.recent_returns = list(self.ckpt["run_state"]["recent_returns"])
+        set_rng_states(self.ckpt["rng_states"])
+
+    def iterations(self, state, num_iterations: int):
+        """The loop's iteration numbers, continuing a resumed run. After each iteration: at the end of a log window
+        its SPS, phase timings and the progress line; periodic checkpoints (every --checkpoint-interval env steps);
+        a clean stop after Ctrl-C / SIGTERM. A loop whose length is not known ahead sets `run.last = True` in the
+        iteration that is to be its last."""
+        self.stop = StopRequest()
+        signal.signal(signal.SIGINT, self.stop)
+        signal.signal(signal.SIGTERM, self.stop)
+        progress = Progress(self.args.progress, self.args.total_timesteps)
+        start_time, start_step = time.time(), state.global_step
+        self.window_step, saved_step, threads_checked = state.global_step, state.global_step, time.monotonic()
+        try:
+            for iteration in range(state.iteration + 1, num_iterations + 1):
+                state.iteration = iteration
+                yield iteration
+                if self.log_due():
+                    sps = (state.global_step - start_step) / (time.time() - start_time)
+                    self.writer.add_scalar("charts/SPS", sps, state.global_step)
+                    for phase, seconds in self.phase_time.items():
+                        us = seconds / (state.global_step - self.window_step) * 1e6
+                        self.writer.add_scalar(f"charts/{phase}_us_per_step", us, state.global_step)
+                    self.phase_time = dict.fromkeys(self.phase_time, 0.0)
+                    recent = float(np.mean(self.recent_returns)) if self.recent_returns else None
+                    progress.update(state.global_step, sps, recent)
+                    self.window_step = state.global_step
+                if time.monotonic() - threads_checked > 5.0:
+                    share_threads(self.args.torch_threads, RUNS_FOLDER)
+                    threads_checked = time.monotonic()
+                interval = self.args.checkpoint_interval
+                if interval > 0 and state.global_step // interval > saved_step // interval:
+                    self.save("step")
+                    prune_checkpoints(self.ckpt_dir, self.args.keep_checkpoints)
+                    saved_step = state.global_step
+                if self.stop.requested:
+                    self.stopped = True
+                    break
+                if self.last:
+                    break
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            progress.close()
+
+    def log_due(self) -> bool:
+        """Does the current iteration end a log window? Yes when global_step passed a multiple of log_every (every
+        iteration when log_every <= the steps per iteration), at the last iteration, and after Ctrl-C / SIGTERM."""
+        step = self.state.global_step
+        return (step // self.log_every > self.window_step // self.log_every or self.state.iteration == self.args.num_iterations
+                or self.last or self.stop.requested)  # fmt: skip
+
+    @contextmanager
+    def timer(self, phase: str):
+        """Time a phase of the loop; logged per env step as charts/<phase>_us_per_step at the end of each window."""
+        start = time.perf_counter()
+        yield
+        self.phase_time[phase] = self.phase_time.get(phase, 0.0) + time.perf_counter() - start
+
+    def log(self, step: int, scalars: dict) -> None:
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, value, step)
+
+    def episode(self, episode_return: float, length: int, step: int) -> None:
+        """A finished episode: its true return and length, against the global step at which it ended."""
+        self.writer.add_scalar("charts/episodic_return", episode_return, step)
+        self.writer.add_scalar("charts/episodic_length", length, step)
+        self.recent_returns = (self.recent_returns + [float(episode_return)])[-10:]
+
+    def save(self, kind: str) -> Path:
+        """Write a checkpoint `<kind>_<global step>.pt`; tensors are saved as they are now (torch.save copies)."""
+        state = {"format": 1, "script": self.script, "run_name": self.name, "args": dataclasses.asdict(self.args),
+                 "global_step": self.state.global_step, "iteration": self.state.iteration, **self.shapes,
+                 **{name: part.state_dict() if hasattr(part, "state_dict") else to_plain(part)
+                    for name, part in self.parts.items()},
+                 "run_state": {**to_plain(self.state), "recent_returns": list(self.recent_returns)},
+                 "rng_states": get_rng_states()}  # fmt: skip
+        path = self.ckpt_dir / checkpoint_name(kind, self.state.global_step)
+        save_checkpoint(state, path)
+        return path
+
+    def finish(self) -> bool:
+        """After the loop. Stopped by Ctrl-C / SIGTERM: save, say how to resume, exit 130. With --save-model: save
+        the final checkpoint and return True (the caller evaluates it)."""
+        if self.stopped:
+            path = self.save("interrupted")
+            print(f"interrupted: saved step {self.state.global_step} (iteration {self.state.iteration}) to {path}\n"
+                  f"resume with: python {self.script}.py --resume {path}", file=sys.stderr)  # fmt: skip
+            self.close()
+            sys.exit(130)
+        if self.args.save_model:
+            print(f"model saved to {self.save('final')}")
+        return self.args.save_model
+
+    def close(self) -> None:
+        rss = peak_rss_mb()
+        if rss is not None:
+            print(f"peak RSS: {rss:.0f} MB")
+        self.writer.close()
+        if self.closing is not None:
+            self.closing.close()
+        if self.args.track:
+            import wandb
+
+            wandb.finish()
+
+
+def wandb_credentials_available() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")
+
+
+def check_tracking(track: bool) -> None:
+    """Never wait at wandb's login prompt: with no credentials and WANDB_MODE not offline/disabled, stop at once,
+    before anything is written."""
+    mode = os.environ.get("WANDB_MODE", "").lower()
+    if track and mode not in ("offline", "disabled", "dryrun") and not wandb_credentials_available():
+        raise UserError("--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
+                        "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`).")  # fmt: skip
+
+
+def init_tracking(args, run_name: str, run_dir: Path) -> None:
+    """wandb mirrors the TensorBoard scalars (sync_tensorboard=True: call before creating the SummaryWriter)."""
+    check_tracking(True)
+    import wandb
+
+    wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
+               name=run_name, dir=str(run_dir), save_code=True)  # fmt: skip
+
+
+def make_writer(run_dir: Path, args, purge_step: Optional[int]):
+    """TensorBoard writer. On resume, purge_step hides events logged after the checkpoint (one continuous curve)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(run_dir), purge_step=purge_step)
+    if purge_step is None:
+        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer
+
+
+# --- end shared: run ---
+
+
+# --- shared: checkpoint ---
+def save_checkpoint(state: dict, path: Path) -> None:
+    """Write atomically: a temporary file in the same folder, fsync, then rename over the target. A crash or
+    Ctrl-C mid-write leaves at worst a stray .tmp file, never a truncated checkpoint under the real name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_checkpoint(path: str, map_location: torch.device) -> dict:
+    """Load with weights_only=True: plain tensors and Python data only, never arbitrary pickled objects."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"checkpoint '{path}' does not exist (or is not a file).")
+    try:
+        state = torch.load(p, map_location=map_location, weights_only=True)
+    except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
+        raise UserError(f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else ''}).") from None  # fmt: skip
+    if not isinstance(state, dict) or "format" not in state or "args" not in state:
+        raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
+    return state
+
+
+def check_checkpoint_matches(ckpt: dict, path: str, script: str, shapes: dict) -> None:
+    """Refuse a checkpoint of another script, or one made for an env of other shapes (`shapes`: name -> value)."""
+    if ckpt.get("script") != script:
+        raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script', 'another script')}.py, not by "
+                        f"{script}.py.")  # fmt: skip
+    saved = {k: ckpt.get(k) for k in shapes}
+    if saved != shapes:
+        describe = lambda d: ", ".join(f"{k} {tuple(v) if isinstance(v, list) else v}" for k, v in d.items())  # noqa: E731
+        raise UserError(f"checkpoint '{path}' was made for {ckpt['args']['env_id']} ({describe(saved)}), which does not "
+                        f"fit this env ({describe(shapes)}).")  # fmt: skip
+
+
+def prune_checkpoints(ckpt_dir: Path, keep: int, prefix: str = "step_") -> None:
+    """Delete all but the newest `keep` periodic checkpoints (names sort by zero-padded global step)."""
+    periodic = sorted(ckpt_dir.glob(f"{prefix}*.pt"))
+    for old in periodic[: max(len(periodic) - keep, 0)]:
+        old.unlink()
+
+
+def checkpoint_name(kind: str, global_step: int) -> str:
+    return f"{kind}_{global_step:010d}.pt"
+
+
+# --- end shared: checkpoint ---
+
+
+# --- shared: validation ---
+RULES = {
+    "> 0": lambda v: v > 0,
+    ">= 0": lambda v: v >= 0,
+    ">= 1": lambda v: v >= 1,
+    "in [0, 1]": lambda v: 0 <= v <= 1,
+    "in (0, 1]": lambda v: 0 < v <= 1,
+    "in [0, 1)": lambda v: 0 <= v < 1,
+}
+
+
+def check_flags(args, rules: dict) -> None:
+    """Every numeric flag against its rule in `rules` (flag name -> a key of RULES); None (an unset optional) passes."""
+    for name, rule in rules.items():
+        value = getattr(args, name)
+        if value is not None and not RULES[rule](value):
+            raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
+
+
+def flags_on_command_line(argv: list, cls) -> set:
+    """Field names of the flags typed on the command line (`--x`, `--x=v`, `--no-x`). Why read argv: tyro cannot
+    tell a flag set to its default from a flag not given."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    given = set()
+    for word in argv:
+        if word.startswith("--"):
+            name = word[2:].split("=", 1)[0].replace("-", "_")
+            given.add(name[3:] if name not in names and name.startswith("no_") else name)
+    return given & names
+
+
+def merge_resume_args(cli, saved: dict, overridable: tuple, given: set):
+    """--resume: the checkpoint's Args, except the flags in `overridable` (taken from the command line). A fixed flag
+    typed on the command line with another value than the checkpoint's is refused, never silently ignored."""
+    cls = type(cli)
+    merged = dict(saved)
+    for f in dataclasses.fields(cls):
+        if f.name in overridable or f.name not in saved:
+            merged[f.name] = getattr(cli, f.name)
+        elif f.name in given and getattr(cli, f.name) != saved[f.name]:
+            raise UserError(f"--{f.name.replace('_', '-')} {getattr(cli, f.name)} conflicts with the checkpoint, which "
+                            f"was trained with {saved[f.name]}: a resumed run keeps it. Drop the flag, or start a new "
+                            "run.")  # fmt: skip
+    return cls(**{f.name: merged[f.name] for f in dataclasses.fields(cls)})
+
+
+def parse_command_line(cls, overridable: tuple, rules: dict, validate: Callable) -> tuple:
+    """(args, the --resume checkpoint or None, device): flags parsed and checked before anything starts, torch's
+    threads set, and on --resume the checkpoint loaded and its Args merged with the command line's."""
+    args = tyro.cli(cls)
+    if args.capture_video and not os.environ.get("DISPLAY"):
+        # headless: MuJoCo renders through EGL (Mesa's software EGL works without a GPU). Set before mujoco loads.
+        os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL") or "egl"
+    quiet_mujoco_warnings()
+    if args.resume and args.eval_checkpoint:
+        raise UserError("--resume and --eval-checkpoint exclude each other: evaluate a checkpoint, or continue it.")
+    check_flags(args, rules)  # a resumed run is checked again once its Args are merged with the checkpoint's
+    if not args.resume:
+        validate(args)
+    check_tracking(args.track)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if args.torch_threads == 0:
+        register_run(RUNS_FOLDER)
+    share_threads(args.torch_threads, RUNS_FOLDER)
+    ckpt = None
+    if args.resume:
+        ckpt = load_checkpoint(args.resume, device)
+        args = merge_resume_args(args, ckpt["args"], overridable, flags_on_command_line(sys.argv[1:], cls))
+        check_flags(args, rules)
+        validate(args)
+    return args, ckpt, device
+
+
+# --- end shared: validation ---
 
 
 # --- shared: errors ---
@@ -726,12 +1429,68 @@ def set_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def pick_torch_threads(requested: int) -> int:
-    """0 means one thread per core this process may run on (respects taskset/cgroups, unlike os.cpu_count)."""
-    return requested if requested > 0 else len(os.sched_getaffinity(0))
-
-
 # --- end shared: seeding ---
+
+
+# --- shared: threads ---
+def usable_cores() -> int:
+    """Cores this process may run on: os.sched_getaffinity respects taskset / cgroups but exists only on Linux;
+    elsewhere (macOS, Windows) os.cpu_count()."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def peak_rss_mb() -> Optional[float]:
+    """Peak resident memory of this process in MB; None where the `resource` module is missing (Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
+
+
+RUNS_FOLDER = Path(tempfile.gettempdir()) / "onefile-rl-runs"  # one file per live run, named by its pid
+
+
+def register_run(folder: Path) -> None:
+    """Leave this process's entry in `folder` for as long as it lives (see share_threads)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        entry = folder / str(os.getpid())
+        entry.touch()
+        atexit.register(entry.unlink, missing_ok=True)
+    except OSError:  # a read-only temp dir: this run then counts only the others
+        pass
+
+
+def live_runs(folder: Path) -> int:
+    """Runs of these scripts alive on this machine (at least 1: this one); entries of dead processes are removed."""
+    alive = 0
+    for entry in folder.glob("[0-9]*"):
+        try:
+            os.kill(int(entry.name), 0)
+            alive += 1
+        except ProcessLookupError:
+            entry.unlink(missing_ok=True)
+        except (ValueError, OSError):  # PermissionError: another user's live process
+            alive += 1
+    return max(alive, 1)
+
+
+def share_threads(requested: int, folder: Path) -> int:
+    """Set torch's CPU threads: --torch-threads N > 0 fixes N; 0 (the default) shares this machine's cores among
+    the runs of these scripts alive on it (the Run re-checks every few seconds, so a run started alone gives up
+    cores when a second one starts). Why: torch's OpenMP threads spin while they wait, so two runs with a thread
+    per core each ran ~6x slower on 2 cores (3,178 SPS alone; 524 and 549 side by side); split, each keeps a core."""
+    threads = requested if requested > 0 else max(1, usable_cores() // live_runs(folder))
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return threads
+
+
+# --- end shared: threads ---
 
 
 # --- shared: env-state ---
@@ -783,599 +1542,25 @@ def restore_env_state(env: gym.Env, state: dict) -> None:
             base.last_u = state["last_u"]
 
 
+class EnvStates:
+    """The states of a SyncVectorEnv's envs as one checkpoint part (state_dict / load_state_dict); `exact` says
+    whether the last load restored every env exactly (else they run on from a reset)."""
+
+    def __init__(self, envs: gym.vector.SyncVectorEnv):
+        self.envs, self.exact = envs, True
+
+    def state_dict(self) -> list:
+        return [capture_env_state(env) for env in self.envs.envs]
+
+    def load_state_dict(self, states: list) -> None:
+        if len(states) != len(self.envs.envs):
+            raise UserError(f"checkpoint has {len(states)} env states, the run has {len(self.envs.envs)} envs.")
+        for env, state in zip(self.envs.envs, states):
+            restore_env_state(env, state)
+        self.exact = all(state["exact"] for state in states)
+
+
 # --- end shared: env-state ---
-
-
-# --- shared: checkpoint ---
-def save_checkpoint(state: dict, path: Path) -> None:
-    """Write atomically: a temporary file in the same folder, fsync, then rename over the target. A crash or
-    Ctrl-C mid-write leaves at worst a stray .tmp file, never a truncated checkpoint under the real name."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def load_checkpoint(path: str, map_location: torch.device) -> dict:
-    """Load with weights_only=True: plain tensors and Python data only, never arbitrary pickled objects."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"checkpoint '{path}' does not exist (or is not a file).")
-    try:
-        state = torch.load(p, map_location=map_location, weights_only=True)
-    except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
-        raise UserError(f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''}).") from None  # fmt: skip
-    if not isinstance(state, dict) or "format" not in state or "args" not in state:
-        raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
-    return state
-
-
-def prune_checkpoints(ckpt_dir: Path, keep: int, prefix: str = "step_") -> None:
-    """Delete all but the newest `keep` periodic checkpoints (names sort by zero-padded global step)."""
-    periodic = sorted(ckpt_dir.glob(f"{prefix}*.pt"))
-    for old in periodic[: max(len(periodic) - keep, 0)]:
-        old.unlink()
-
-
-def checkpoint_name(kind: str, global_step: int) -> str:
-    return f"{kind}_{global_step:010d}.pt"
-
-
-def merge_resume_args(cli, saved: dict, overridable: tuple):
-    """The checkpoint's Args win, except the flags in `overridable`; a conflicting flag gets a warning."""
-    cls = type(cli)
-    defaults = cls()
-    merged = dict(saved)
-    for f in dataclasses.fields(cls):
-        if f.name in overridable or f.name not in saved:
-            merged[f.name] = getattr(cli, f.name)
-        elif getattr(cli, f.name) != getattr(defaults, f.name) and getattr(cli, f.name) != saved[f.name]:
-            print(f"warning: --{f.name.replace('_', '-')} {getattr(cli, f.name)} ignored: resuming keeps the checkpoint's "
-                  f"value {saved[f.name]}.", file=sys.stderr)  # fmt: skip
-    return cls(**{f.name: merged[f.name] for f in dataclasses.fields(cls)})
-
-
-# --- end shared: checkpoint ---
-
-
-# --- shared: logging ---
-def wandb_credentials_available() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")
-
-
-def check_tracking(track: bool) -> None:
-    """Never wait at wandb's login prompt: with no credentials and WANDB_MODE not offline/disabled, stop at once,
-    before anything is written."""
-    mode = os.environ.get("WANDB_MODE", "").lower()
-    if track and mode not in ("offline", "disabled", "dryrun") and not wandb_credentials_available():
-        raise UserError("--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
-                        "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`).")  # fmt: skip
-
-
-def init_tracking(args, run_name: str, run_dir: Path) -> None:
-    """wandb mirrors the TensorBoard scalars (sync_tensorboard=True: call before creating the SummaryWriter)."""
-    check_tracking(True)
-    import wandb
-
-    wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
-               name=run_name, dir=str(run_dir), save_code=True)  # fmt: skip
-
-
-def make_writer(run_dir: Path, args, purge_step: Optional[int]):
-    """TensorBoard writer. On resume, purge_step hides events logged after the checkpoint (one continuous curve)."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(str(run_dir), purge_step=purge_step)
-    if purge_step is None:
-        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-    return writer
-
-
-class Progress:
-    """One self-overwriting status line on a terminal; silent when stdout is not a TTY (logs, CI, nohup)."""
-
-    def __init__(self, enabled: bool, total: int):
-        self.enabled = enabled and sys.stdout.isatty()
-        self.total = total
-
-    def update(self, step: int, sps: float, recent_return: Optional[float]) -> None:
-        if self.enabled:
-            ret = "   n/a" if recent_return is None else f"{recent_return:9.1f}"
-            print(f"\rstep {step:>10,}/{self.total:,} | {sps:6.0f} SPS | return (last 10) {ret}", end="", flush=True)
-
-    def close(self) -> None:
-        if self.enabled:
-            print()
-
-
-# --- end shared: logging ---
-
-
-def validate_args(args: Args) -> None:
-    if args.num_envs < 1 or args.batch_size < 1 or args.buffer_size < 1:
-        raise UserError("num_envs, batch_size and buffer_size must all be at least 1.")
-    if args.total_timesteps < args.num_envs:
-        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one vector step (num_envs = {args.num_envs}).")
-    if args.learning_starts > args.total_timesteps:
-        raise UserError(f"learning_starts ({args.learning_starts}) is above total_timesteps ({args.total_timesteps}): "
-                        "no update would run. Lower --learning-starts or raise --total-timesteps.")  # fmt: skip
-    if args.learning_starts < 0:
-        raise UserError(f"learning_starts ({args.learning_starts}) must be >= 0.")
-    if args.batch_size > args.buffer_size:
-        raise UserError(f"batch_size ({args.batch_size}) is larger than buffer_size ({args.buffer_size}). "
-                        "Lower --batch-size or raise --buffer-size.")  # fmt: skip
-    if args.policy_frequency < 1 or args.target_network_frequency < 1 or args.log_interval < 1:
-        raise UserError("policy_frequency, target_network_frequency and log_interval must all be at least 1.")
-    if not 0.0 < args.tau <= 1.0 or not 0.0 <= args.gamma <= 1.0 or args.alpha < 0.0:
-        raise UserError(f"tau must be in (0, 1], gamma in [0, 1] and alpha >= 0 (got {args.tau}, {args.gamma}, {args.alpha}).")
-    if args.checkpoint_interval < 0 or args.keep_checkpoints < 1 or args.eval_episodes < 1 or args.eval_interval < 0:
-        raise UserError("checkpoint_interval and eval_interval must be >= 0, keep_checkpoints and eval_episodes >= 1.")
-    if not 0.0 <= args.squash_eps < 1.0:  # also catches NaN
-        raise UserError(f"squash_eps must be in [0, 1) (got {args.squash_eps}): it floors tanh's slope, which is at most 1.")
-    check_tracking(args.track)
-
-
-# --- shared: sac-run ---
-def crossed(step: int, advance: int, interval: int) -> bool:
-    """Did global_step pass a multiple of `interval` in its last advance (num_envs steps)? (interval 0: never)"""
-    return interval > 0 and step // interval > (step - advance) // interval
-
-
-def probe_env(env_id: str) -> tuple[tuple, tuple]:
-    """Make the env once to check it exists and has a bounded continuous (Box) action space; return the shapes."""
-    check_env_id(env_id)
-    try:
-        env = gym.wrappers.FlattenObservation(gym.make(env_id))
-    except gym.error.Error as e:
-        raise UserError(f"environment '{env_id}' could not be created: {e}") from None
-    obs_space, act_space = env.observation_space, env.action_space
-    env.close()
-    if not isinstance(act_space, gym.spaces.Box):
-        raise UserError(f"{env_id} has a {type(act_space).__name__} action space ({act_space}); this SAC needs a "
-                        f"continuous Box action space. For discrete actions use a discrete-action algorithm.")  # fmt: skip
-    if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
-        raise UserError(f"{env_id}'s action space {act_space} is unbounded; SAC squashes actions into its bounds.")
-    return obs_space.shape, act_space.shape
-
-
-class StopRequest:
-    """Ctrl-C / SIGTERM handler: the first signal asks the loop to stop at the end of the current step (a consistent
-    state to save); a second one interrupts at once, without saving."""
-
-    def __init__(self):
-        self.requested = False
-
-    def __call__(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Does this CPU have bfloat16 dot-product instructions (AVX512_BF16 or AMX-BF16)? Read from the CPU flags that
-    Linux lists in /proc/cpuinfo; False where that file is missing (other systems)."""
-    try:
-        with open(cpuinfo) as f:
-            lines = f.readlines()
-    except OSError:
-        return False
-    flags = {word for line in lines if line.startswith("flags") for word in line.split()}
-    return bool(flags & {"avx512_bf16", "amx_bf16"})
-
-
-def bf16_matmul_speedup(rounds: int = 5, calls: int = 10) -> float:
-    """How much faster bfloat16 runs the critics' hidden layer than float32 on this machine, now: float32 time over
-    bfloat16 time of a (2, 256, 256) x (2, 256, 256) batched matmul, with the threads torch uses (best of `rounds`
-    bursts of `calls`, ~40 ms in all). Why measure, not trust the CPU flags: native bfloat16 instructions are not
-    faster everywhere. On the 2-core AMD EPYC (Zen 4) this product ran ~2x faster in bfloat16, and the whole update
-    ~1.5x; on an Intel Xeon (family 6, model 207) with AVX512_BF16 but no AMX, oneDNN's bfloat16 kernel ran at 145
-    GFLOP/s against float32's 282 (one port issues the bfloat16 dot product, two the float32 FMA), and the update
-    took 8.8 ms per gradient step against 5.4 ms in float32."""
-    x32, w32 = torch.randn(2, HIDDEN, HIDDEN), torch.randn(2, HIDDEN, HIDDEN)
-    pairs = {torch.float32: (x32, w32), torch.bfloat16: (x32.bfloat16(), w32.bfloat16())}
-    best = {}
-    for dtype, (x, w) in pairs.items():
-        torch.bmm(x, w)  # the first call builds oneDNN's kernel: not timed
-        best[dtype] = math.inf
-    for _ in range(rounds):
-        for dtype, (x, w) in pairs.items():
-            start = time.perf_counter()
-            for _ in range(calls):
-                torch.bmm(x, w)
-            best[dtype] = min(best[dtype], time.perf_counter() - start)
-    return best[torch.float32] / best[torch.bfloat16]
-
-
-BF16_MIN_SPEEDUP = 1.3  # below this the casts around the bfloat16 matmuls eat the gain
-
-
-def resolve_bf16(
-    requested: bool,
-    device: torch.device,
-    native_bf16: bool,
-    resumed: bool = False,
-    speedup: Callable[[], float] = bf16_matmul_speedup,
-) -> tuple[bool, str]:
-    """Whether the networks compute in bfloat16, and a line saying what runs and why. bfloat16 only where it was
-    measured faster with the same returns: a CPU with native bfloat16 instructions on which `speedup()` (called
-    only then) finds the bfloat16 matmul at least BF16_MIN_SPEEDUP times faster. Why not everywhere: without those
-    instructions bfloat16 is emulated in software; with them it can still be slower (bf16_matmul_speedup); GPUs
-    were not measured. `resumed`: `requested` is what the checkpoint recorded (the dtype its run used), and a
-    resumed run keeps it wherever the instructions exist, without measuring: resuming must not change the numerics."""
-    if not requested:
-        return False, "compute: float32 (" + ("as the checkpoint's run computed" if resumed else "--no-bf16") + ")"
-    if device.type != "cpu":
-        return False, f"compute: float32 (--bf16 applies to CPUs with native bfloat16 instructions, not to {device.type})"
-    if not native_bf16:
-        return False, ("compute: float32 (--bf16 applies where the CPU has native bfloat16 instructions, "
-                       "AVX512_BF16 or AMX; this one has neither)")  # fmt: skip
-    on_note = "compute: bfloat16 matmuls, float32 weights, Adam and losses (--no-bf16 for float32 throughout"
-    if resumed:
-        return True, on_note + "; as the checkpoint's run computed)"
-    ratio = speedup()
-    if ratio < BF16_MIN_SPEEDUP:
-        return False, (f"compute: float32 (this CPU has bfloat16 instructions, but a bfloat16 matmul ran {ratio:.2f}x "
-                       f"as fast as float32 here, below the {BF16_MIN_SPEEDUP}x that --bf16 needs)")  # fmt: skip
-    return True, on_note + f"; the bfloat16 matmul ran {ratio:.2f}x as fast as float32 here)"
-
-
-def flush_denormals() -> bool:
-    """Make float32 arithmetic treat and produce denormal numbers (|x| < 1.2e-38) as zero: in this thread, and in
-    the OpenMP threads torch starts later (a thread copies the flag when it starts, so call this before torch's
-    first parallel op). Returns whether it holds in every thread.
-    Why: Adam's first moment of a weight whose gradient stays exactly zero (a weight into or out of a ReLU unit that
-    is dead on every sample) shrinks by beta1 = 0.9 a step, through the denormal range, where each arithmetic op
-    takes a microcode assist tens of times slower. Measured in HalfCheetah training on a 2-core Xeon: from ~1,000
-    gradient steps on, a third of the critics' 144k first moments were denormal at any time; the critics' fused Adam
-    step took 1.69 ms with them and 0.16 ms flushed, and the float32 update in the loop 6.6-7.1 ms per gradient step
-    against 5.7 / 5.7 / 7.1 ms (3 alternating pairs). Flushing changes only values below 1.2e-38 (a moment reaches 0 ~150 steps
-    sooner), and in float64, e.g. MuJoCo's and numpy's in this thread, only those below 2.2e-308."""
-    if not torch.set_flush_denormal(True):
-        return False  # a CPU without the flush-to-zero / denormals-are-zero modes
-    # The smallest denormal, 1.4e-45, written as its bit pattern: converting a Python float would already flush it
-    probe = torch.ones(1 << 16, dtype=torch.int32).view(torch.float32)  # 2 chunks of 32k: both threads (2 cores)
-    return bool(((probe * 1.0).view(torch.int32) == 0).all())  # bits: a comparison would read denormals as 0
-
-
-def keep_freed_memory() -> None:
-    """Let glibc's malloc reuse freed memory instead of handing it back to the OS.
-    Why: by default glibc maps every block over its mmap threshold (128 KiB to start) fresh from the OS and unmaps
-    it when freed, so each large activation or gradient of an update faults its pages in again. Measured on the
-    2-core test machine: ~420 page faults per gradient step, up to ~20% of the float32 update time, and most of the
-    run-to-run spread. Raising both thresholds (at most 32 MiB for mmap: buffers, e.g. the replay buffer's arrays,
-    are still mapped) removes them. Linux with glibc only; a no-op elsewhere."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return  # another C library (e.g. musl): leave its allocator alone
-    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
-    libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)
-    libc.mallopt(m_trim_threshold, 512 * 1024 * 1024)
-
-
-def freeze_startup_objects() -> None:
-    """Move every object alive now (modules, envs, the networks) out of the garbage collector's reach.
-    Why: the imports alone leave ~200,000 tracked objects, and each full collection walks them all (~90 ms
-    measured here); the update's many short-lived objects trigger one every few hundred gradient steps. Freezing
-    them took ~10% off the update (3 alternating HalfCheetah runs). Objects created later are collected as usual.
-    At exit they are handed back: extension modules built with nanobind (triton, which torch imports) otherwise
-    print hundreds of "leaked" lines when the interpreter shuts down."""
-    gc.collect()
-    gc.freeze()
-    atexit.register(gc.unfreeze)
-
-
-def check_checkpoint_matches(ckpt: dict, path: str, obs_shape: tuple, act_shape: tuple, script: str) -> None:
-    """Refuse a checkpoint of another script, or one made for an env with other observation / action shapes."""
-    if ckpt.get("script") != script:
-        raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script', 'another script')}.py, not by "
-                        f"{script}.py.")  # fmt: skip
-    if tuple(ckpt["obs_shape"]) != tuple(obs_shape) or tuple(ckpt["act_shape"]) != tuple(act_shape):
-        raise UserError(f"checkpoint '{path}' was made for {ckpt['args']['env_id']} (observations {tuple(ckpt['obs_shape'])}"
-                        f", actions {tuple(ckpt['act_shape'])}), which does not fit this env (observations {obs_shape}, "
-                        f"actions {act_shape}).")  # fmt: skip
-
-
-# --- end shared: sac-run ---
-
-
-SCRIPT_NAME = "sac_continuous"  # written into checkpoints; a checkpoint of another script is refused
-LOSS_NAMES = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss")
-ACTOR_NAMES = ("actor_loss", "alpha", "alpha_loss")
-
-
-def main() -> None:
-    args = tyro.cli(Args)
-    if args.capture_video and not os.environ.get("DISPLAY"):
-        # headless: MuJoCo renders through EGL (Mesa's software EGL works without a GPU). Set before mujoco loads.
-        os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL") or "egl"
-    quiet_mujoco_warnings()
-    if args.resume and args.eval_checkpoint:
-        raise UserError("--resume and --eval-checkpoint exclude each other: evaluate a checkpoint, or continue it.")
-    if not args.resume:  # a resumed run is checked once its Args are merged with the checkpoint's
-        validate_args(args)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    flush_denormals()  # before torch's first parallel op: its threads copy the flag when they start
-    torch.set_num_threads(pick_torch_threads(args.torch_threads))
-    keep_freed_memory()
-
-    if args.eval_checkpoint:
-        return eval_only(args, device)
-
-    ckpt = None
-    if args.resume:
-        ckpt = load_checkpoint(args.resume, device)
-        args = merge_resume_args(args, ckpt["args"], RESUME_OVERRIDABLE)
-        validate_args(args)
-    # the compute dtype actually used is what the run records (args.json, hparams, checkpoints)
-    args.bf16, compute_note = resolve_bf16(args.bf16, device, cpu_has_native_bf16(), resumed=ckpt is not None)
-    args.num_iterations = args.total_timesteps // args.num_envs
-    obs_shape, act_shape = probe_env(args.env_id)
-    if ckpt is not None:
-        check_checkpoint_matches(ckpt, args.resume, obs_shape, act_shape, SCRIPT_NAME)
-        if ckpt["iteration"] >= args.num_iterations:
-            raise UserError(f"checkpoint '{args.resume}' is at step {ckpt['global_step']} and --total-timesteps is "
-                            f"{args.total_timesteps}: nothing left to do. Raise --total-timesteps to continue.")  # fmt: skip
-        run_dir = Path(args.resume).resolve().parent.parent
-        run_name = ckpt["run_name"]
-    else:
-        # "ALE/Pong-v5" or "module:Env-v0" must not become nested or odd folder names
-        safe_env_id = args.env_id.replace("/", "-").replace(":", "-")
-        run_name = f"{safe_env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        run_dir = Path(args.runs_dir) / run_name
-    ckpt_dir = run_dir / "checkpoints"
-
-    # ---- logging ----
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if args.track:
-        init_tracking(args, run_name, run_dir)
-    writer = make_writer(run_dir, args, purge_step=None if ckpt is None else ckpt["global_step"] + 1)
-    if ckpt is None:
-        (run_dir / "args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2))
-    print(f"run: {run_dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
-    print(compute_note)
-
-    # ---- seeding ----
-    seed_everything(args.seed, args.torch_deterministic)
-
-    # ---- env setup ----
-    # SAME_STEP autoreset: step() returns the next episode's first obs and puts the true last obs of the finished
-    # episode in infos["final_obs"]: that one is stored as the transition's next obs (NEXT_STEP, gymnasium 1.x's
-    # default, would return one extra step per episode whose action is ignored, which must not enter the buffer).
-    envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id, i, args.capture_video, str(run_dir / "videos")) for i in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
-    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "the loop assumes same-step autoreset"
-    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_shape))
-    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
-    action_scale, action_bias = (action_high - action_low) / 2.0, (action_high + action_low) / 2.0
-
-    # ---- the five parts: networks + learner, parameter holder, replay buffer ----
-    learner = make_learner(obs_dim, act_dim, action_low, action_high, args, device)
-    holder = ParameterHolder()
-    buffer = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
-    print(f"replay buffer: {args.buffer_size:,} transitions, {buffer.nbytes / 1e6:.1f} MB of arrays "
-          f"({buffer.nbytes // args.buffer_size} bytes per transition)")  # fmt: skip
-
-    # ---- start or restore the state that runs across steps ----
-    raw_obs, _ = envs.reset(seed=args.seed)
-    episode_return = np.zeros(args.num_envs)
-    episode_length = np.zeros(args.num_envs, np.int64)
-    recent_returns: list = []
-    global_step, start_iteration, grad_steps, actor_updates = 0, 1, 0, 0
-    updates_start = args.learning_starts  # the first gradient step comes once global_step reaches it
-    loss_sums = torch.zeros(len(LOSS_NAMES), device=device)  # summed over the log window's gradient steps
-    actor_sums = torch.zeros(len(ACTOR_NAMES), device=device)  # summed over its actor updates
-    window_grad_steps, window_actor_updates = 0, 0
-    if ckpt is not None:
-        load_learner_state(learner, ckpt)
-        run_state = ckpt["run_state"]
-        if len(ckpt["env_states"]) != args.num_envs:
-            raise UserError(f"checkpoint has {len(ckpt['env_states'])} env states, the run has {args.num_envs} envs.")
-        exact = True
-        for env, env_state in zip(envs.envs, ckpt["env_states"]):
-            restore_env_state(env, env_state)
-            exact = exact and env_state["exact"]
-        if exact:
-            raw_obs = run_state["raw_obs"].numpy()
-            episode_return, episode_length = run_state["episode_return"].numpy(), run_state["episode_length"].numpy()
-        else:
-            print(f"warning: {args.env_id}'s simulator state cannot be captured; its envs restart from a reset.")
-        recent_returns = list(run_state["recent_returns"])
-        grad_steps, actor_updates = run_state["grad_steps"], run_state["actor_updates"]
-        loss_sums, actor_sums = run_state["loss_sums"].to(device), run_state["actor_sums"].to(device)
-        window_grad_steps, window_actor_updates = run_state["window_grad_steps"], run_state["window_actor_updates"]
-        global_step, start_iteration = ckpt["global_step"], ckpt["iteration"] + 1
-        updates_start = run_state["updates_start"]
-        if ckpt["replay_buffer"] is not None:
-            buffer.load_state_dict(ckpt["replay_buffer"])
-        else:
-            updates_start = global_step + args.learning_starts
-            print(f"warning: the checkpoint holds no replay buffer (saved without --save-buffer): the buffer starts "
-                  f"empty, and updates pause until {args.learning_starts} new transitions are in it (step "
-                  f"{updates_start}). Acting continues with the trained policy.", file=sys.stderr)  # fmt: skip
-        set_rng_states(ckpt["rng_states"])
-    holder.publish(learner.actor, actor_updates)
-
-    def training_state(iteration: int) -> dict:
-        """A complete checkpoint as plain data (loads with weights_only=True); tensors are copies."""
-        return {
-            "format": 1,
-            "script": SCRIPT_NAME,
-            "run_name": run_name,
-            "args": dataclasses.asdict(args),
-            "global_step": global_step,
-            "iteration": iteration,
-            "obs_shape": list(obs_shape),
-            "act_shape": list(act_shape),
-            **learner_state(learner),
-            "env_states": [capture_env_state(env) for env in envs.envs],
-            "run_state": {
-                "raw_obs": torch.from_numpy(np.array(raw_obs, dtype=np.float64)),
-                "episode_return": torch.from_numpy(np.array(episode_return, dtype=np.float64)),
-                "episode_length": torch.from_numpy(np.array(episode_length, dtype=np.int64)),
-                "recent_returns": list(recent_returns),
-                "grad_steps": grad_steps,
-                "actor_updates": actor_updates,
-                "updates_start": updates_start,
-                "loss_sums": loss_sums.detach().clone().cpu(),
-                "actor_sums": actor_sums.detach().clone().cpu(),
-                "window_grad_steps": window_grad_steps,
-                "window_actor_updates": window_actor_updates,
-            },
-            "replay_buffer": buffer.state_dict() if args.save_buffer else None,
-            "rng_states": get_rng_states(),
-        }
-
-    # Ctrl-C (and SIGTERM, e.g. a cluster preempting the job) stops the loop at the end of the current step, whose
-    # state is consistent, and saves it. (A step is milliseconds, so this answers at once.)
-    stop = StopRequest()
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    progress = Progress(args.progress, args.total_timesteps)
-    freeze_startup_objects()  # everything set up so far lives to the end of the run
-    start_time, start_step = time.time(), global_step
-    rollout_time = update_time = 0.0  # in the current log window
-    window_start_step = global_step
-    iteration = start_iteration - 1
-    for iteration in range(start_iteration, args.num_iterations + 1):
-        # ---- rollout: act (uniform random before learning_starts), step the envs, store the transitions ----
-        t0 = time.perf_counter()
-        if global_step < args.learning_starts:
-            # torch's RNG rather than action_space.sample(): one checkpointed generator for everything
-            uniform = torch.rand((args.num_envs, act_dim)).numpy()
-            actions = (uniform * (action_high - action_low) + action_low).astype(np.float32)
-        else:
-            noise = torch.randn((args.num_envs, act_dim)).numpy()
-            actions = policy_actions(raw_obs.astype(np.float32), holder.weights, noise, action_scale, action_bias)
-        obs = raw_obs
-        raw_obs, real_next_obs, rewards, terminations, episode_return, episode_length, finished = env_step(
-            envs, actions, episode_return, episode_length
-        )
-        global_step += args.num_envs
-        # store terminations, not truncations: a time limit is not a terminal state (next obs = true final obs)
-        buffer.add(obs, real_next_obs, actions, rewards, terminations)
-        for ret, length in finished:
-            writer.add_scalar("charts/episodic_return", ret, global_step)
-            writer.add_scalar("charts/episodic_length", length, global_step)
-            recent_returns = (recent_returns + [ret])[-10:]
-        t1 = time.perf_counter()
-        rollout_time += t1 - t0
-
-        # ---- learner update: one gradient step per vector step, metrics accumulated as tensors (no sync) ----
-        if global_step >= max(updates_start, 1):
-            grad_steps += 1
-            batch = buffer.sample(args.batch_size, device)
-            loss_sums += critic_update(learner, batch, args.gamma)
-            window_grad_steps += 1
-            if grad_steps % args.policy_frequency == 0:  # delayed: policy_frequency actor updates every policy_frequency steps
-                for _ in range(args.policy_frequency):
-                    actor_sums += actor_update(learner, batch["obs"], args.autotune)
-                actor_updates += args.policy_frequency
-                window_actor_updates += args.policy_frequency
-                holder.publish(learner.actor, actor_updates)  # the rollout acts with the new weights
-            if grad_steps % args.target_network_frequency == 0:
-                soft_update(learner.qf_target_flat, learner.qf_flat, args.tau)
-            update_time += time.perf_counter() - t1
-
-        # ---- logging: one sync per log window ----
-        if crossed(global_step, args.num_envs, args.log_interval):
-            if window_grad_steps > 0:
-                q_means = (loss_sums / window_grad_steps).tolist()
-                for name, value in zip(LOSS_NAMES, q_means):
-                    writer.add_scalar(f"losses/{name}", value, global_step)
-                writer.add_scalar("losses/qf_loss", (q_means[2] + q_means[3]) / 2.0, global_step)
-            if window_actor_updates > 0:
-                for name, value in zip(ACTOR_NAMES, (actor_sums / window_actor_updates).tolist()):
-                    if name != "alpha_loss" or args.autotune:
-                        writer.add_scalar(f"losses/{name}", value, global_step)
-            sps = (global_step - start_step) / (time.time() - start_time)
-            window = global_step - window_start_step
-            writer.add_scalar("charts/SPS", sps, global_step)
-            writer.add_scalar("charts/rollout_us_per_step", rollout_time / window * 1e6, global_step)
-            writer.add_scalar("charts/update_us_per_step", update_time / window * 1e6, global_step)
-            progress.update(global_step, sps, float(np.mean(recent_returns)) if recent_returns else None)
-            loss_sums.zero_()
-            actor_sums.zero_()
-            window_grad_steps = window_actor_updates = 0
-            rollout_time = update_time = 0.0
-            window_start_step = global_step
-
-        if crossed(global_step, args.num_envs, args.eval_interval):
-            returns_eval = evaluate(holder.weights, args.env_id, args.eval_episodes, args.seed + 10_000)
-            writer.add_scalar("eval/episodic_return", float(np.mean(returns_eval)), global_step)
-        if crossed(global_step, args.num_envs, args.checkpoint_interval):
-            save_checkpoint(training_state(iteration), ckpt_dir / checkpoint_name("step", global_step))
-            prune_checkpoints(ckpt_dir, args.keep_checkpoints)
-        if stop.requested:
-            break
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    progress.close()
-
-    if stop.requested:
-        path = ckpt_dir / checkpoint_name("interrupted", global_step)
-        save_checkpoint(training_state(iteration), path)
-        print(f"interrupted: saved step {global_step} to {path}\nresume with: python {os.path.basename(__file__)} "
-              f"--resume {path}", file=sys.stderr)  # fmt: skip
-        writer.close()
-        envs.close()
-        sys.exit(130)
-
-    if args.save_model:
-        path = ckpt_dir / checkpoint_name("final", global_step)
-        save_checkpoint(training_state(iteration), path)
-        print(f"model saved to {path}")
-        video_dir = str(run_dir / "videos" / "eval") if args.capture_video else None
-        returns_eval = evaluate(holder.weights, args.env_id, args.eval_episodes, args.seed + 10_000, video_dir)
-        writer.add_scalar("eval/episodic_return", float(np.mean(returns_eval)), global_step)
-        print(f"eval: {np.mean(returns_eval):.2f} +- {np.std(returns_eval):.2f} over {len(returns_eval)} episodes")
-    print(f"peak RSS: {peak_rss_mb():.0f} MB")
-    writer.close()
-    envs.close()
-    if args.track:
-        import wandb
-
-        wandb.finish()
-
-
-def eval_only(args: Args, device: torch.device) -> None:
-    """--eval-checkpoint: deterministic episodes; print and log eval/episodic_return."""
-    ckpt = load_checkpoint(args.eval_checkpoint, device)
-    saved = Args(**{f.name: ckpt["args"][f.name] for f in dataclasses.fields(Args) if f.name in ckpt["args"]})
-    obs_shape, act_shape = probe_env(saved.env_id)
-    check_checkpoint_matches(ckpt, args.eval_checkpoint, obs_shape, act_shape, SCRIPT_NAME)
-    actor = Actor(int(np.prod(obs_shape)), int(np.prod(act_shape)))
-    actor.load_state_dict(ckpt["actor"])
-    holder = ParameterHolder()
-    holder.publish(actor, ckpt["run_state"]["actor_updates"])
-    run_dir = Path(args.eval_checkpoint).resolve().parent.parent
-    eval_dir = run_dir / "eval" / Path(args.eval_checkpoint).stem
-    video_dir = str(eval_dir / "videos") if args.capture_video else None
-    returns = evaluate(holder.weights, saved.env_id, args.eval_episodes, saved.seed + 10_000, video_dir)
-    writer = make_writer(eval_dir, saved, purge_step=None)
-    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), ckpt["global_step"])
-    writer.close()
-    print(f"eval {saved.env_id} at step {ckpt['global_step']}: {np.mean(returns):.2f} +- {np.std(returns):.2f} "
-          f"over {len(returns)} episodes")  # fmt: skip
 
 
 if __name__ == "__main__":

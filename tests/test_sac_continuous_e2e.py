@@ -53,13 +53,16 @@ def test_short_run_reaches_the_update_logs_every_tag_and_writes_complete_checkpo
     assert ckpts == ["final_0000000600.pt", "step_0000000400.pt", "step_0000000600.pt"]  # newest 2 + final
     ckpt = torch.load(run_dir / "checkpoints" / "final_0000000600.pt", weights_only=True, map_location="cpu")
     assert ckpt["global_step"] == 600 and ckpt["script"] == "sac_continuous"
-    assert {"actor", "qf", "qf_target", "actor_optimizer", "q_optimizer", "log_alpha", "alpha_optimizer", "env_states",
-            "run_state", "rng_states", "args", "replay_buffer"} <= ckpt.keys()  # fmt: skip
+    assert ckpt["obs_shape"] == [3] and ckpt["act_shape"] == [1]
+    assert {"learner", "env_states", "run_state", "rng_states", "args", "replay_buffer"} <= ckpt.keys()
+    learner = ckpt["learner"]
+    assert {"actor", "qf", "qf_target", "actor_optimizer", "q_optimizer", "log_alpha", "alpha_optimizer"} <= learner.keys()
     assert ckpt["replay_buffer"] is None  # without --save-buffer
     assert ckpt["run_state"]["grad_steps"] == 501 and ckpt["run_state"]["actor_updates"] == 500
-    assert ckpt["qf"]["w1"].shape == (2, 4, 256) and ckpt["log_alpha"].item() < 0  # alpha tuned down from 1
-    assert not torch.equal(ckpt["qf"]["w1"], ckpt["qf_target"]["w1"])
-    assert ckpt["alpha_optimizer"]["state"], "the temperature's optimizer state is saved"
+    assert learner["qf"]["w1"].shape == (2, 4, 256) and learner["log_alpha"].item() < 0  # alpha tuned down from 1
+    assert learner["qf"]["w1"].dtype == torch.float32  # the float32 weights, with --bf16 too
+    assert not torch.equal(learner["qf"]["w1"], learner["qf_target"]["w1"])
+    assert learner["alpha_optimizer"]["state"], "the temperature's optimizer state is saved"
     assert len(ckpt["env_states"]) == 1 and ckpt["env_states"][0]["exact"]
     assert (run_dir / "args.json").is_file()
 
@@ -179,7 +182,10 @@ def test_eval_checkpoint_is_deterministic_and_logged(tmp_path, uninterrupted_run
         (["--env-id", "tests.fake_envs:DiscreteCounting-v0"], ["Discrete(2)", "continuous"]),
         (["--env-id", "NoSuchEnv-v0"], ["unknown environment id", "NoSuchEnv-v0"]),
         (["--total-timesteps", "1000", "--learning-starts", "2000"], ["learning_starts (2000)", "total_timesteps (1000)"]),
-        (["--squash-eps", "-0.1"], ["squash_eps must be in [0, 1)", "-0.1"]),
+        (["--squash-eps", "-0.1"], ["--squash-eps must be in [0, 1)", "-0.1"]),
+        (["--tau", "0"], ["--tau must be in (0, 1]", "0"]),
+        (["--policy-frequency", "0"], ["--policy-frequency must be >= 1"]),
+        (["--log-interval", "0"], ["--log-interval must be >= 1"]),
         (["--batch-size", "512", "--buffer-size", "100"], ["batch_size (512)", "buffer_size (100)"]),
         (["--resume", "does/not/exist.pt"], ["does not exist"]),
         (["--eval-checkpoint", "does/not/exist.pt"], ["does not exist"]),
@@ -189,6 +195,43 @@ def test_bad_input_gets_a_short_message(tmp_path, flags, needles):
     proc = run_script(SCRIPT, *flags, "--runs-dir", tmp_path, timeout=120)
     assert_clean_error(proc, *needles)
     assert not any(tmp_path.iterdir()), "nothing is written for a rejected run"
+
+
+def test_resume_refuses_a_fixed_flag_with_another_value(tmp_path, uninterrupted_run):
+    """--resume keeps the checkpoint's algorithm flags: one typed with a different value is an error naming both."""
+    before = sorted(uninterrupted_run.rglob("*"))
+    proc = run_script(SCRIPT, "--resume", uninterrupted_run / "checkpoints" / "step_0000000300.pt", "--q-lr", "0.005",
+                      "--total-timesteps", "900", timeout=120)  # fmt: skip
+    assert_clean_error(proc, "--q-lr 0.005", "0.001")
+    assert sorted(uninterrupted_run.rglob("*")) == before  # nothing written
+
+
+def test_progress_off_a_terminal_prints_plain_lines(tmp_path):
+    """Not a terminal (Slurm, nohup, CI): plain lines, no carriage returns, the last one with the step and an ETA."""
+    proc = run_script(SCRIPT, "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "300", "--runs-dir", tmp_path)
+    assert proc.returncode == 0 and "\r" not in proc.stdout
+    plain = [line for line in proc.stdout.splitlines() if "SPS" in line]
+    assert plain and "300/300" in plain[-1].replace(",", "") and "ETA" in plain[-1], proc.stdout
+    quiet = run_script(SCRIPT, "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "300", "--no-progress",
+                       "--runs-dir", tmp_path / "quiet")  # fmt: skip
+    assert quiet.returncode == 0 and "SPS" not in quiet.stdout
+
+
+def test_a_run_starts_without_the_linux_only_modules_and_without_glibc(tmp_path):
+    """A short run through the update with os.sched_getaffinity and `resource` taken away (macOS / Windows) and a C
+    library that is not glibc (musl: ctypes finds no libc.so.6), so keep_freed_memory must leave malloc alone."""
+    code = ("import ctypes, os, sys, runpy; del os.sched_getaffinity; sys.modules['resource'] = None\n"
+            "real_cdll = ctypes.CDLL\n"
+            "def no_glibc(name, *a, **k):  # torch loads its own libraries through ctypes: only glibc is missing\n"
+            "    if name == 'libc.so.6':\n        raise OSError(name)\n    return real_cdll(name, *a, **k)\n"
+            "ctypes.CDLL = no_glibc\n"
+            f"sys.argv = ['sac_continuous'] + sys.argv[1:]; runpy.run_path({str(ROOT / SCRIPT)!r}, run_name='__main__')")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", code, "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "200",
+                           "--runs-dir", str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, **BASE_ENV})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "peak RSS" not in proc.stdout  # nothing to report without `resource`
+    assert sorted(scalars(only_run_dir(tmp_path), "losses/qf1_loss")) == [100, 200]
 
 
 def test_a_checkpoint_of_another_script_is_refused(tmp_path, uninterrupted_run):

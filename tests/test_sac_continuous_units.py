@@ -22,6 +22,15 @@ def make_learner(obs_dim=3, act_dim=2, low=-2.0, high=2.0, **overrides) -> sac.L
                             args, torch.device("cpu"))  # fmt: skip
 
 
+def flat(module) -> torch.Tensor:
+    """All of a network's weights as one vector (read through its own parameters, whatever fast_parameters did)."""
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+def no_grad_in(module) -> bool:
+    return all(p.grad is None or p.grad.abs().sum() == 0 for p in module.parameters())
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The tanh-squashed Gaussian
 # ---------------------------------------------------------------------------------------------------------------
@@ -76,6 +85,7 @@ def test_squash_eps_floors_tanhs_slope_like_the_reference_formula():
 def test_squash_eps_lets_the_entropy_pull_on_a_saturated_action_fade():
     """The reason for the floor: d(-log pi)/du, the entropy term's pull on u, is 2 tanh(u) exactly (it never fades);
     with eps = 1e-6 it vanishes once 1 - tanh(u)^2 << eps (|u| > ~7.6) and matches the exact pull well before."""
+
     def pull(u: float, eps: float) -> float:
         mean = torch.tensor([[u]], requires_grad=True)
         _, log_prob = sac.squashed_gaussian(mean, torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1), torch.zeros(1), eps)
@@ -135,7 +145,8 @@ def test_parameter_holder_publishes_snapshots():
     holder.publish(learner.actor, 0)
     before = [w.copy() for w in holder.weights]
     with torch.no_grad():
-        learner.actor_flat.add_(1.0)
+        for p in learner.actor.parameters():
+            p.add_(1.0)
     for a, b in zip(before, holder.weights):
         np.testing.assert_array_equal(a, b)  # a copy: the actors act with the published version until the next one
     holder.publish(learner.actor, 1)
@@ -156,16 +167,17 @@ def test_soft_q_target_termination_vs_truncation():
 
 def test_soft_update_is_polyak_averaging():
     learner = make_learner()
-    torch.testing.assert_close(learner.qf_target_flat, learner.qf_flat.detach())  # targets start equal
+    torch.testing.assert_close(flat(learner.qf_target), flat(learner.qf))  # targets start equal
     with torch.no_grad():
-        learner.qf_flat.add_(torch.randn_like(learner.qf_flat))
-    before = learner.qf_target_flat.clone()
-    sac.soft_update(learner.qf_target_flat, learner.qf_flat, 0.005)
-    torch.testing.assert_close(learner.qf_target_flat, 0.005 * learner.qf_flat.detach() + 0.995 * before)
-    # the per-layer views of the target network see the new values
-    torch.testing.assert_close(learner.qf_target.w1.reshape(-1), learner.qf_target_flat[: learner.qf_target.w1.numel()])
-    sac.soft_update(learner.qf_target_flat, learner.qf_flat, 1.0)
-    torch.testing.assert_close(learner.qf_target_flat, learner.qf_flat.detach())
+        for p in learner.qf.parameters():
+            p.add_(torch.randn_like(p))
+    before = flat(learner.qf_target)
+    sac.soft_update(learner.qf_target_params, learner.qf_params, 0.005)
+    # read through the target network's own (per-layer) parameters: they see the new values
+    torch.testing.assert_close(flat(learner.qf_target), 0.005 * flat(learner.qf) + 0.995 * before)
+    torch.testing.assert_close(learner.qf_target.w1.reshape(-1), learner.qf_target_params[0][: learner.qf_target.w1.numel()])
+    sac.soft_update(learner.qf_target_params, learner.qf_params, 1.0)
+    torch.testing.assert_close(flat(learner.qf_target), flat(learner.qf))
 
 
 def random_batch(n=16, obs_dim=3, act_dim=2) -> dict:
@@ -195,30 +207,34 @@ def test_critic_update_regresses_on_the_soft_bellman_target(squash_eps):
 def test_critic_update_moves_only_the_critics_and_lowers_their_loss():
     learner = make_learner()
     batch = random_batch()
-    actor_before, target_before = learner.actor_flat.detach().clone(), learner.qf_target_flat.clone()
+    actor_before, target_before = flat(learner.actor), flat(learner.qf_target)
     first = sac.critic_update(learner, batch, 0.99)
     for _ in range(50):
         last = sac.critic_update(learner, batch, 0.99)
     assert first.shape == (4,) and (last[2:] < first[2:]).all()
-    torch.testing.assert_close(learner.actor_flat.detach(), actor_before)
-    torch.testing.assert_close(learner.qf_target_flat, target_before)  # targets move only by soft_update
+    torch.testing.assert_close(flat(learner.actor), actor_before)
+    torch.testing.assert_close(flat(learner.qf_target), target_before)  # targets move only by soft_update
 
 
 def test_actor_update_does_not_touch_the_critics_and_tunes_alpha():
     learner = make_learner()
     obs = random_batch()["obs"]
-    critic_before, actor_before = learner.qf_flat.detach().clone(), learner.actor_flat.detach().clone()
+    critic_before, actor_before = flat(learner.qf), flat(learner.actor)
     out = sac.actor_update(learner, obs, autotune=True)
     assert out.shape == (3,) and out[1].item() == pytest.approx(1.0)  # alpha = exp(0) before the first step
-    torch.testing.assert_close(learner.qf_flat.detach(), critic_before)
-    assert learner.qf_flat.grad.abs().sum() == 0, "the actor's loss must not leave gradients in the critics"
-    assert not torch.equal(learner.actor_flat.detach(), actor_before)
+    torch.testing.assert_close(flat(learner.qf), critic_before)
+    assert no_grad_in(learner.qf), "the actor's loss must not leave gradients in the critics"
+    assert learner.qf_params[0].grad.abs().sum() == 0  # nor in their flat gradient, which q_optimizer steps with
+    assert not torch.equal(flat(learner.actor), actor_before)
     # the initial policy's entropy (std ~ e^-1.5 on [-2, 2]^2) is far above the target -|A| = -2: alpha goes down
     assert learner.alpha().item() < 1.0
 
     fixed = make_learner(autotune=False, alpha=0.2)
     out = sac.actor_update(fixed, obs, autotune=False)
     assert out[1].item() == pytest.approx(0.2) and out[2].item() == 0.0 and fixed.alpha().item() == pytest.approx(0.2)
+    none = make_learner(autotune=False, alpha=0.0)  # --alpha 0 (allowed: >= 0) is plain actor-critic, not a log(0) error
+    out = sac.actor_update(none, obs, autotune=False)
+    assert out[1].item() == 0.0 and torch.isfinite(out).all()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -315,14 +331,19 @@ def test_crossed():
     assert sac.crossed(302, 4, 300) and not sac.crossed(306, 4, 300)  # num_envs = 4 steps over 300
 
 
-def test_merge_resume_args_keeps_checkpoint_values_and_warns(capsys):
+def test_merge_resume_args_keeps_checkpoint_values_and_refuses_conflicts():
     saved = sac.Args(env_id="Pendulum-v1", q_lr=3e-3, total_timesteps=10_000)
     cli = sac.Args(q_lr=5e-4, total_timesteps=20_000, resume="x.pt", save_buffer=True)
-    merged = sac.merge_resume_args(cli, vars(saved), sac.RESUME_OVERRIDABLE)
+    given = {"total_timesteps", "resume", "save_buffer"}  # --q-lr not typed: its default does not count
+    merged = sac.merge_resume_args(cli, vars(saved), sac.RESUME_OVERRIDABLE, given)
     assert merged.env_id == "Pendulum-v1" and merged.q_lr == 3e-3
     assert merged.total_timesteps == 20_000 and merged.save_buffer and merged.resume == "x.pt"
-    err = capsys.readouterr().err
-    assert "--q-lr" in err and "--env-id" not in err
+    same = sac.merge_resume_args(sac.Args(q_lr=3e-3), vars(saved), sac.RESUME_OVERRIDABLE, {"q_lr"})
+    assert same.q_lr == 3e-3  # typed with the checkpoint's own value: no conflict
+    with pytest.raises(sac.UserError, match=r"--q-lr 0.0005 .* 0.003"):
+        sac.merge_resume_args(cli, vars(saved), sac.RESUME_OVERRIDABLE, given | {"q_lr"})
+    assert sac.flags_on_command_line(["--q-lr", "1", "--no-bf16", "--resume=x.pt", "--nonsense"], sac.Args) == {
+        "q_lr", "bf16", "resume"}  # fmt: skip
 
 
 def test_cpu_has_native_bf16_reads_the_cpu_flags(tmp_path):
@@ -376,25 +397,29 @@ def test_bf16_keeps_float32_state_and_close_values():
     float32 weights are what the optimizer steps move (the copies' gradients reach them)."""
     batch = random_batch()
     fp32, bf16 = make_learner(bf16=False), make_learner(bf16=True)
-    assert fp32.qf_run is fp32.qf and fp32.actor_run_flat is fp32.actor_flat  # float32: no copies
-    assert bf16.qf_run_flat.dtype == bf16.actor_run_flat.dtype == bf16.qf_target_run_flat.dtype == torch.bfloat16
-    critic_before, actor_before = bf16.qf_flat.detach().clone(), bf16.actor_flat.detach().clone()
+    assert fp32.qf_run is fp32.qf and fp32.actor_run is fp32.actor and fp32.qf_target_run is fp32.qf_target  # no copies
+    assert fp32.q_optimizer.state is not None and isinstance(fp32.q_optimizer, torch.optim.Adam)  # the plain optimizer
+    copies = (bf16.actor_run, bf16.qf_run, bf16.qf_target_run)
+    assert all(p.dtype == torch.bfloat16 for net in copies for p in net.module.parameters())
+    critic_before, actor_before = flat(bf16.qf), flat(bf16.actor)
     torch.manual_seed(5)
     a = sac.critic_update(fp32, batch, 0.99)
     torch.manual_seed(5)
     b = sac.critic_update(bf16, batch, 0.99)
     torch.testing.assert_close(b, a, rtol=0.05, atol=0.02)
-    assert (bf16.qf_flat.detach() - critic_before).abs().max() > 1e-4, "the float32 critics must move"
+    assert (flat(bf16.qf) - critic_before).abs().max() > 1e-4, "the float32 critics must move"
     # Adam's first step is lr * sign(gradient) per weight: the same step but where bfloat16 rounding flips the
     # sign of a near-zero gradient
-    same_direction = (bf16.qf_flat - critic_before).sign() == (fp32.qf_flat - critic_before).sign()
+    same_direction = (flat(bf16.qf) - critic_before).sign() == (flat(fp32.qf) - critic_before).sign()
     assert same_direction.float().mean() > 0.99
     out = sac.actor_update(bf16, batch["obs"], autotune=True)
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
-    assert (bf16.actor_flat.detach() - actor_before).abs().max() > 1e-4, "the float32 actor must move"
-    torch.testing.assert_close(bf16.qf_run_flat.detach(), bf16.qf_flat.detach().to(torch.bfloat16))
-    assert bf16.qf_flat.dtype == bf16.actor_flat.dtype == torch.float32
-    assert all(v.dtype == torch.float32 for v in bf16.q_optimizer.state[bf16.qf_flat].values() if v.dim() > 0)
+    assert (flat(bf16.actor) - actor_before).abs().max() > 1e-4, "the float32 actor must move"
+    torch.testing.assert_close(flat(bf16.qf_run.module), flat(bf16.qf).to(torch.bfloat16))
+    assert all(p.dtype == torch.float32 for net in (bf16.actor, bf16.qf, bf16.qf_target) for p in net.parameters())
+    assert all(v.dtype == torch.float32 for v in bf16.q_optimizer.state[bf16.qf_params[0]].values() if v.dim() > 0)
+    # the checkpoint holds the float32 optimizer's state, the same with and without --bf16
+    assert bf16.state_dict()["q_optimizer"].keys() == fp32.state_dict()["q_optimizer"].keys()
 
 
 def test_bf16_critics_give_float32_precise_q_in_the_hundreds():
@@ -406,10 +431,10 @@ def test_bf16_critics_give_float32_precise_q_in_the_hundreds():
     with torch.no_grad():
         learner.qf.w3.abs_().mul_(30.0)
         learner.qf.b3.fill_(300.0)
-        sac.refresh_run_copy(learner.qf_run_flat, learner.qf_flat)
+        learner.qf_run.refresh()
         exact = learner.qf(obs, actions)
         assert exact.min() > 250 and exact.dtype == torch.float32
-        error = (learner.qf_run(obs.bfloat16(), actions.bfloat16()) - exact).abs().mean().item()
+        error = (learner.qf_run(obs, actions) - exact).abs().mean().item()  # the copy casts its inputs to bfloat16
     assert error < 0.1, f"mean |Q error| {error:.3f} at Q ~ {exact.mean().item():.0f}: the output was rounded to bfloat16"
 
 
@@ -418,22 +443,37 @@ def test_bf16_copies_follow_every_change_of_the_float32_weights():
     targets are used, after a checkpoint load): a stale copy would train on old weights without any error."""
     learner, batch = make_learner(bf16=True), random_batch()
 
-    def assert_follows(run_flat, flat):
-        torch.testing.assert_close(run_flat.detach(), flat.detach().to(torch.bfloat16), rtol=0, atol=0)
+    def assert_follows(compute, network):
+        torch.testing.assert_close(flat(compute.module), flat(network).to(torch.bfloat16), rtol=0, atol=0)
 
     for _ in range(2):
         sac.critic_update(learner, batch, 0.99)
-        assert_follows(learner.qf_run_flat, learner.qf_flat)
-        assert_follows(learner.qf_target_run_flat, learner.qf_target_flat)
+        assert_follows(learner.qf_run, learner.qf)
+        assert_follows(learner.qf_target_run, learner.qf_target)
         for _ in range(2):  # the second actor update must see the first one's step
             sac.actor_update(learner, batch["obs"], autotune=True)
-            assert_follows(learner.actor_run_flat, learner.actor_flat)
-        sac.soft_update(learner.qf_target_flat, learner.qf_flat, 0.5)
+            assert_follows(learner.actor_run, learner.actor)
+        sac.soft_update(learner.qf_target_params, learner.qf_params, 0.5)
     other = make_learner(bf16=True)  # still at the initial weights, its copies too
-    sac.load_learner_state(other, sac.learner_state(learner))
-    for run_flat, flat in ((other.actor_run_flat, other.actor_flat), (other.qf_run_flat, other.qf_flat),
-                           (other.qf_target_run_flat, other.qf_target_flat)):  # fmt: skip
-        assert_follows(run_flat, flat)
+    other.load_state_dict(learner.state_dict())
+    for compute, network in ((other.actor_run, other.actor), (other.qf_run, other.qf), (other.qf_target_run, other.qf_target)):
+        assert_follows(compute, network)
+    torch.testing.assert_close(flat(other.qf), flat(learner.qf), rtol=0, atol=0)
+
+
+def test_bf16_copies_compute_the_same_functions_as_float32():
+    """The bfloat16 twins of the three networks, on fixed inputs: the same outputs as the float32 networks up to
+    bfloat16's rounding (8 significant bits in the hidden layers), in float32."""
+    learner = make_learner(obs_dim=17, act_dim=6, bf16=True)
+    g = torch.Generator().manual_seed(2)
+    obs, actions = torch.randn(64, 17, generator=g), torch.rand(64, 6, generator=g) * 4 - 2
+    with torch.no_grad():
+        for low, high in ((learner.actor_run(obs), learner.actor(obs)),
+                          (learner.qf_run(obs, actions), learner.qf(obs, actions)),
+                          (learner.qf_target_run(obs, actions), learner.qf_target(obs, actions))):  # fmt: skip
+            for a, b in zip(low if isinstance(low, tuple) else (low,), high if isinstance(high, tuple) else (high,)):
+                assert a.dtype == torch.float32
+                torch.testing.assert_close(a, b, rtol=0.03, atol=0.03)
 
 
 @pytest.mark.parametrize("squash_eps", [0.0, 0.5])
@@ -450,54 +490,57 @@ def test_actor_and_alpha_losses_in_one_backward_pass_equal_two_separate_steps(sq
     noise, scale, bias = torch.randn_like(mean), manual.action_scale, manual.action_bias
     actions, log_prob = sac.squashed_gaussian(mean, log_std, noise, scale, bias, squash_eps)
     q = manual.qf(batch["obs"], actions, params=[p.detach() for p in manual.qf.parameters()]).min(0).values
-    manual.actor_flat.grad.zero_()
+    manual.actor_optimizer.zero_grad(set_to_none=False)
     (manual.alpha() * log_prob - q).mean().backward()
     manual.actor_optimizer.step()
     manual.alpha_optimizer.zero_grad()
     (-manual.log_alpha.exp() * (log_prob.detach() + manual.target_entropy)).mean().backward()
     manual.alpha_optimizer.step()
-    torch.testing.assert_close(learner.actor_flat.detach(), manual.actor_flat.detach())
+    torch.testing.assert_close(flat(learner.actor), flat(manual.actor))
     torch.testing.assert_close(learner.log_alpha.detach(), manual.log_alpha.detach())
-    assert manual.qf_flat.grad.abs().sum() == 0 and learner.qf_flat.grad.abs().sum() == 0
+    assert no_grad_in(manual.qf) and no_grad_in(learner.qf)
 
 
-@pytest.mark.parametrize("size", [1, 1000])  # the temperature (one value) and a flat network
-def test_adam_step_equals_torch_optim_step_bit_for_bit_and_survives_a_state_dict_roundtrip(size):
-    """adam_step bypasses torch.optim's step() but must do exactly its arithmetic, on its state: 25 steps of both
-    from the same start with the same gradients give identical bits; then each optimizer's state_dict, loaded into
-    a fresh one (a resume), goes on identically too. A missing step-count increment, a swapped beta or a wrong
-    hyperparameter would each show up as a difference."""
+@pytest.mark.parametrize("bf16", [False, True])
+def test_the_learner_trains_the_same_without_flat_parameters(monkeypatch, bf16):
+    """fast_parameters is a speed wrapper only: with it replaced by the plain parameter list (the algorithm text
+    unchanged), make_learner, critic_update, actor_update and soft_update run and give the same weights, bfloat16
+    copies included (their optimizers then step per-tensor lists). Adam is elementwise, so one flat tensor and six
+    per-layer tensors differ only by summation order in the backward pass, if at all."""
+    batch = random_batch()
+    fast = make_learner(bf16=bf16)
+    monkeypatch.setattr(sac, "fast_parameters", lambda module: list(module.parameters()))
+    plain = make_learner(bf16=bf16)
+    assert len(plain.qf_params) == 6 and len(fast.qf_params) == 1
+    for learner in (fast, plain):
+        torch.manual_seed(7)
+        for step in range(1, 5):
+            sac.critic_update(learner, batch, 0.99)
+            if step % 2 == 0:
+                sac.actor_update(learner, batch["obs"], autotune=True)
+            sac.soft_update(learner.qf_target_params, learner.qf_params, 0.05)
+    for name in ("actor", "qf", "qf_target"):
+        torch.testing.assert_close(flat(getattr(plain, name)), flat(getattr(fast, name)), rtol=1e-5, atol=1e-6, msg=name)
+    torch.testing.assert_close(plain.log_alpha, fast.log_alpha)
+    assert plain.state_dict()["q_optimizer"]["state"][0]["step"] == fast.state_dict()["q_optimizer"]["state"][0]["step"] == 4
+
+
+def test_flat_parameters_are_views_with_gradients_in_place():
+    """fast_parameters: the module's own parameters and gradients are slices of the one flat tensor and its .grad,
+    so the optimizer stepping the flat tensor moves the module, and zero_grad(set_to_none=False) keeps them tied."""
     torch.manual_seed(0)
-    start = torch.randn(size)
-    ours, theirs = nn_param(start), nn_param(start)
-    opt_ours, opt_theirs = adam(ours), adam(theirs)
-
-    def steps(count: int) -> None:
-        for _ in range(count):
-            grad = torch.randn(size) * torch.rand(()) * 10
-            ours.grad, theirs.grad = grad.clone(), grad.clone()
-            sac.adam_step(opt_ours)
-            opt_theirs.step()
-            assert torch.equal(ours.detach(), theirs.detach())
-
-    steps(25)
-    assert torch.equal(opt_ours.state[ours]["step"], opt_theirs.state[theirs]["step"])
-    assert torch.equal(opt_ours.state[ours]["exp_avg_sq"], opt_theirs.state[theirs]["exp_avg_sq"])
-    saved = opt_ours.state_dict()
-    ours = nn_param(ours.detach())
-    opt_ours = adam(ours)
-    opt_ours.load_state_dict(saved)
-    steps(5)
-    assert not torch.equal(ours.detach(), start)
-
-
-def nn_param(value: torch.Tensor) -> torch.nn.Parameter:
-    return torch.nn.Parameter(value.detach().clone())
-
-
-def adam(param: torch.nn.Parameter) -> torch.optim.Adam:
-    """Non-default hyperparameters, so that a wrong or swapped one shows."""
-    return torch.optim.Adam([param], lr=3e-3, betas=(0.8, 0.99), eps=1e-6, fused=True)
+    qf = sac.TwinQ(3, 2)
+    before = flat(qf)
+    (flat_param,) = sac.fast_parameters(qf)
+    torch.testing.assert_close(flat_param.detach(), before, rtol=0, atol=0)
+    optimizer = torch.optim.Adam([flat_param], lr=0.1, fused=True)
+    for _ in range(2):
+        optimizer.zero_grad(set_to_none=False)
+        qf(torch.randn(4, 3), torch.randn(4, 2)).sum().backward()
+        torch.testing.assert_close(flat_param.grad, torch.cat([p.grad.reshape(-1) for p in qf.parameters()]), rtol=0, atol=0)
+        optimizer.step()
+        torch.testing.assert_close(flat(qf), flat_param.detach(), rtol=0, atol=0)
+    assert not torch.equal(flat(qf), before)
 
 
 FAULTS_PER_ROUND = """
@@ -540,6 +583,18 @@ def test_keep_freed_memory_reuses_freed_blocks_without_page_faults():
         pytest.skip(f"this C library keeps freed memory by default (page faults per round: {default})")
     assert kept[0] >= pages // 2, f"the first round should fault its pages in: {kept}"
     assert max(kept[1:]) < pages // 100, f"page faults per round with keep_freed_memory: {kept} (default: {default})"
+
+
+def test_keep_freed_memory_leaves_other_platforms_alone(monkeypatch):
+    """macOS, Windows: no glibc, no mallopt; the call returns without loading a C library (the script starts)."""
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("keep_freed_memory loaded a C library on a platform without glibc")
+
+    monkeypatch.setattr(sac.ctypes, "CDLL", must_not_load)
+    for platform in ("darwin", "win32"):
+        monkeypatch.setattr(sac.sys, "platform", platform)
+        assert sac.keep_freed_memory() is None
 
 
 FLUSH = """
