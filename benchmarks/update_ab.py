@@ -74,7 +74,10 @@ def main() -> None:
             if i % 2 == 0:
                 for _ in range(2):
                     build.actor_update(learner, batch["obs"], True)
-            build.soft_update(learner.qf_target_flat, learner.qf_flat, 0.005)
+            if hasattr(learner, "qf_params"):  # the learner since the restructure: parameter lists
+                build.soft_update(learner.qf_target_params, learner.qf_params, 0.005)
+            else:  # builds before it: flat tensors
+                build.soft_update(learner.qf_target_flat, learner.qf_flat, 0.005)
         return (time.perf_counter() - start) / count
 
     for setup in setups:
