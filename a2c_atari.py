@@ -8,8 +8,8 @@ Map of this file, top to bottom:
   main()          set-up, then the loop: rollout -> returns -> update -> log, then finish
   # === Plumbing  runs, checkpoints, resume, errors, progress, the wrappers and env backends, speed set-up
 
-Runs on gymnasium 1.x / ale-py 0.9+ and envpool 1.x; `diff ppo_atari.py a2c_atari.py` shows what differs between
-the two algorithms. Docs: README.md, section "a2c_atari.py"; the algorithm: https://arxiv.org/abs/1602.01783
+Runs on gymnasium 1.x / ale-py 0.10+ and envpool 1.x; `diff ppo_atari.py a2c_atari.py` shows what differs between
+the two algorithms. Docs: docs/a2c_atari.md; the algorithm: https://arxiv.org/abs/1602.01783
 """
 
 import atexit
@@ -722,7 +722,7 @@ def fast_cnn(agent: Agent, bf16: bool) -> None:
     """Run the Nature CNN's trunk (convolutions and the 512-unit layer) faster, with the same math; the heads, the
     log-probs and the values the losses compare stay float32. Call it again to switch bf16 on or off.
     Why channels-last ("NHWC") memory for the convolutions' weights and input: CPU convolutions (oneDNN) run about
-    1.6x faster in float32 than on NCHW, with the same arithmetic (README, "Speed").
+    1.6x faster in float32 than on NCHW, with the same arithmetic (benchmarks/README.md).
     Why --bf16 (opt-in): a bfloat16 autocast makes the trunk's matmuls and convolutions about 2x faster on CPUs with
     AVX512-BF16/AMX; the weights stay float32 and the trunk's output goes back to float32 before the heads."""
     agent.to(memory_format=torch.channels_last)

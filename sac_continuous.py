@@ -10,7 +10,7 @@ Map of this file, top to bottom:
   # === Plumbing  runs, checkpoints, errors, progress, evaluation, the bfloat16 probe, the speed set-up
 The `shared: sac-*` blocks are the parts sac_continuous_ray.py distributes; it carries them verbatim. Runs on
 gymnasium 1.x: at an auto-reset the true final observation is stored, and only a termination (never a time-limit
-truncation) stops bootstrapping. Docs: README.md, "sac_continuous.py"; the algorithm: https://arxiv.org/abs/1812.05905
+truncation) stops bootstrapping. Docs: docs/sac_continuous.md; the algorithm: https://arxiv.org/abs/1812.05905
 """
 
 import atexit
@@ -69,7 +69,7 @@ class Args:
     torch_threads: int = 0  # CPU threads for torch; 0 = share this machine's cores among the runs of these scripts on it
     bf16: bool = True
     """bfloat16 matmuls (weights, Adam, losses stay float32) where the CPU has native bfloat16 instructions (AVX512_BF16,
-    AMX) and a start-up probe finds them >= 1.3x faster than float32 (same returns, README); else, and --no-bf16: float32"""
+    AMX) and a start-up probe finds them >= 1.3x faster than float32 (same returns: docs page); else, and --no-bf16: float32"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases (WANDB_MODE=offline works without network)"""
     wandb_project_name: str = "onefile-rl"  # the wandb's project name
@@ -180,7 +180,7 @@ def squashed_gaussian(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Te
     What a floor changes (--squash-eps; the reference SAC adds 1e-6): exactly, -log pi pulls a saturating u back
     toward 0 with a force 2 * alpha per dimension that never fades; with the floor that pull fades past |u| ~ 7.6
     (1 - tanh^2 < eps), allowing bang-bang actions. Measured on HalfCheetah at 150k steps over 4 seeds, 1e-6 learned
-    no better than the exact form (README, Results), so the default is the exact density. The terms the gradient
+    no better than the exact form (docs page, Results), so the default is the exact density. The terms the gradient
     does not flow through are summed apart: in the actor's loss every op costs a second one in the backward pass."""
     u = torch.addcmul(mean, log_std.exp(), noise)
     minus_log_slope = 2.0 * (u + nn.functional.softplus(-2.0 * u))  # 2 log 2 - log(1 - tanh(u)^2); 2 log 2 is constant

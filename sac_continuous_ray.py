@@ -23,7 +23,7 @@ Map of this file, top to bottom:
   main()          set-up, then the driver loop: harvest -> dispatch -> learn -> evaluate -> log, then finish
   # === Plumbing  flag checks, Ray connection, checkpoints, resume, errors, speed set-up; and, as blocks shared
                   with sac_continuous.py, the SAC itself: networks, losses, learner, replay buffer, rollout, evaluation
-Docs: README.md, section "sac_continuous_ray.py"; the algorithm: https://arxiv.org/abs/1812.05905
+Docs: docs/sac_continuous_ray.md; the algorithm: https://arxiv.org/abs/1812.05905
 """
 
 import atexit
@@ -97,7 +97,7 @@ class Args:
     """CPU threads for the learner's torch; 0 = share this machine's cores among the runs of these scripts on it"""
     bf16: bool = True
     """bfloat16 matmuls (weights, Adam, losses stay float32) where the CPU has native bfloat16 instructions (AVX512_BF16,
-    AMX) and a start-up probe finds them >= 1.3x faster than float32 (same returns, README); else, and --no-bf16: float32"""
+    AMX) and a start-up probe finds them >= 1.3x faster than float32 (same returns: docs page); else, and --no-bf16: float32"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases (WANDB_MODE=offline works without network)"""
     wandb_project_name: str = "onefile-rl"  # the wandb's project name
@@ -852,7 +852,7 @@ def squashed_gaussian(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Te
     What a floor changes (--squash-eps; the reference SAC adds 1e-6): exactly, -log pi pulls a saturating u back
     toward 0 with a force 2 * alpha per dimension that never fades; with the floor that pull fades past |u| ~ 7.6
     (1 - tanh^2 < eps), allowing bang-bang actions. Measured on HalfCheetah at 150k steps over 4 seeds, 1e-6 learned
-    no better than the exact form (README, Results), so the default is the exact density. The terms the gradient
+    no better than the exact form (docs page, Results), so the default is the exact density. The terms the gradient
     does not flow through are summed apart: in the actor's loss every op costs a second one in the backward pass."""
     u = torch.addcmul(mean, log_std.exp(), noise)
     minus_log_slope = 2.0 * (u + nn.functional.softplus(-2.0 * u))  # 2 log 2 - log(1 - tanh(u)^2); 2 log 2 is constant
