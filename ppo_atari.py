@@ -946,9 +946,9 @@ class Run:
                 if self.log_due():
                     sps = (state.global_step - start_step) / (time.time() - start_time)
                     self.writer.add_scalar("charts/SPS", sps, state.global_step)
-                    for phase, seconds in self.phase_time.items():
-                        us = seconds / (state.global_step - self.window_step) * 1e6
-                        self.writer.add_scalar(f"charts/{phase}_us_per_step", us, state.global_step)
+                    window = state.global_step - self.window_step  # 0 when a stop ends a window with no new step
+                    for phase, seconds in self.phase_time.items() if window > 0 else ():
+                        self.writer.add_scalar(f"charts/{phase}_us_per_step", seconds / window * 1e6, state.global_step)
                     self.phase_time = dict.fromkeys(self.phase_time, 0.0)
                     recent = float(np.mean(self.recent_returns)) if self.recent_returns else None
                     progress.update(state.global_step, sps, recent)

@@ -140,3 +140,33 @@ def test_a_run_starts_without_the_linux_only_modules(tmp_path, name):
     assert proc.returncode == 0, proc.stderr
     assert "peak RSS" not in proc.stdout  # nothing to report without `resource`
     assert list(tmp_path.glob("*/events.out.tfevents.*"))
+
+
+def test_a_log_window_with_no_new_step_logs_no_phase_timing(tmp_path, monkeypatch):
+    """A stop (or the Ray driver's last pass) can end a log window in which global_step did not move: SPS is still
+    logged, a per-step timing is not (it would divide by zero)."""
+
+    @ppo.dataclass
+    class State:
+        global_step: int = 0
+        iteration: int = 0
+
+    args = ppo.Args(env_id="Pendulum-v1", total_timesteps=100, runs_dir=str(tmp_path), progress=False)
+    args.num_iterations = 3
+    run = ppo.Run(args, "ppo_continuous", None, {"obs_shape": [3], "act_shape": [1]}, log_every=10)
+    state = State()
+    run.attach(state, None)
+    logged = []
+    monkeypatch.setattr(run.writer, "add_scalar", lambda tag, value, step: logged.append((tag, step)))
+    for iteration in run.iterations(state, args.num_iterations):
+        with run.timer("update"):
+            pass
+        if iteration == 1:
+            state.global_step = 10
+        if iteration == 2:
+            run.stop.requested = True  # as Ctrl-C would: this window has no new step
+    assert run.stopped and state.iteration == 2
+    assert ("charts/update_us_per_step", 10) in logged and ("charts/SPS", 10) in logged
+    assert [step for tag, step in logged if tag == "charts/update_us_per_step"] == [10]
+    assert logged.count(("charts/SPS", 10)) == 2  # the first window and the stopped, empty one
+    run.writer.close()
