@@ -71,8 +71,9 @@ class Args:
     bf16: bool = False  # opt-in: the CNN's convolutions and hidden layer in bfloat16 (autocast; heads and losses stay float32)
     env_backend: str = "gymnasium"
     """`gymnasium` (this file's wrappers on ale-py), `envpool` (C++ threads, same preprocessing) or `ale-vector`
-    (ale-py's C++ vector env, nearly the same preprocessing: the differences are in the docs). Video and the
-    evaluation games always run on gymnasium"""
+    (ale-py's C++ vector env; unlike gymnasium: FIRE then 0-28 NOOPs at a game's start, one FIRE step after a lost
+    life, the 108k-frame limit counted after the start's NOOPs, a stale newest frame at a game's end, other random
+    streams; see the docs). Video and the evaluation games always run on gymnasium"""
     async_envs: bool = False  # gymnasium backend: envs in worker processes (AsyncVectorEnv); off = in-process, measured faster
     envpool_threads: int = 0  # envpool and ale-vector backends: worker threads (0 = one per core this process may use)
     track: bool = False

@@ -266,3 +266,11 @@ def test_ale_vector_scores_whole_games_unclipped_and_presses_fire_after_a_lost_l
             break
     envs.close()
     assert len(games) >= 2 and life_restarts >= 2 and max(games) > 30  # whole games, points above 1 per reward
+
+
+@pytest.mark.parametrize("env_id, actions, fire", [("ALE/MsPacman-v5", 9, 0), ("PongNoFrameskip-v4", 6, 1)])
+def test_ale_vector_finds_the_rom_of_both_id_forms(env_id, actions, fire):
+    # "MsPacman" is the ROM "ms_pacman"; a game without FIRE restarts a lost life with NOOP (action 0)
+    envs = P.make_vector_env(P.Args(env_id=env_id, env_backend="ale-vector", num_envs=1), "", seed=1)
+    assert envs.single_action_space.n == actions and envs.restart_action == fire
+    envs.close()
