@@ -428,8 +428,8 @@ def validate_args(args: Args) -> None:
 
 
 # --- shared: atari-wrappers ---
-# The preprocessing that make_env chains, one small wrapper per step, and the envpool backend that does the same in
-# C++; then the vector env of either backend.
+# The preprocessing that make_env chains, one small wrapper per step, and the envpool and ale-vector backends that
+# do (nearly) the same in C++; then the vector env of any backend.
 ATARI_ID = re.compile(r"^(?:(?P<v4>[A-Za-z]+)NoFrameskip-v4|ALE/(?P<v5>[A-Za-z]+)-v5)$")
 
 
