@@ -4,7 +4,7 @@ Map of this file, top to bottom:
   Args            algorithm flags, then run flags (`python a2c_atari.py --help` lists them)
   make_env        the Atari preprocessing, one wrapper per step, in order (the wrappers are defined below the banner)
   Agent           the Nature CNN: a shared trunk, a policy-logit head and a value head
-  helpers         next-step autoreset targets, n-step returns, the A2C losses (one line of math above each)
+  helpers         next-step autoreset targets, n-step returns, the A2C losses, TensorFlow's RMSprop (math above each)
   main()          set-up, then the loop: rollout -> returns -> update -> log, then finish
   # === Plumbing  runs, checkpoints, resume, errors, progress, the wrappers and env backends, speed set-up
 
@@ -45,15 +45,16 @@ class Args:
     # --- algorithm ---
     env_id: str = "BreakoutNoFrameskip-v4"  # GameNoFrameskip-v4 (no sticky actions) or ALE/Game-v5 (sticky actions, p=0.25)
     total_timesteps: int = 10_000_000  # total timesteps of the experiments (agent steps; each is 4 emulator frames)
-    learning_rate: float = 7e-4  # the learning rate of the RMSprop optimizer
+    learning_rate: float = 7e-4  # the learning rate of the RMSprop optimizer (the defaults: rl-baselines3-zoo's Atari A2C)
+    optimizer: str = "rmsprop-tf"  # rmsprop-tf (TensorFlow's RMSprop, the zoo's; see RMSpropTF) or rmsprop-torch
     rmsprop_alpha: float = 0.99  # RMSprop's smoothing constant (decay of the squared-gradient average)
-    rmsprop_eps: float = 1e-5  # RMSprop's epsilon (added to the root of the squared-gradient average)
+    rmsprop_eps: float = 1e-5  # RMSprop's epsilon (rmsprop-tf: added under the square root; rmsprop-torch: to the root)
     num_envs: int = 16  # the number of parallel game environments
     num_steps: int = 5  # the number of steps to run in each environment per update (the n of the n-step returns)
-    anneal_lr: bool = False  # Toggle learning rate annealing (linear decay to 0)
+    anneal_lr: bool = False  # Toggle learning rate annealing (linear decay to 0); off: a constant rate, as the zoo's
     gamma: float = 0.99  # the discount factor gamma
     ent_coef: float = 0.01  # coefficient of the entropy
-    vf_coef: float = 0.5  # coefficient of the value function
+    vf_coef: float = 0.25  # coefficient of the value function (the zoo's Atari A2C: 0.25)
     max_grad_norm: float = 0.5  # the maximum norm for the gradient clipping
     norm_adv: bool = False  # normalize the advantages over each batch (off in the classic A2C)
 
@@ -65,9 +66,12 @@ class Args:
     torch_threads: int = 0  # CPU threads for torch; 0 = share this machine's cores among the runs of these scripts on it
     bf16: bool = False  # opt-in: the CNN's convolutions and hidden layer in bfloat16 (autocast; heads and losses stay float32)
     env_backend: str = "gymnasium"
-    """`gymnasium` (this file's wrappers on ale-py) or `envpool` (C++ threads, same preprocessing)"""
+    """`gymnasium` (this file's wrappers on ale-py), `envpool` (C++ threads, same preprocessing) or `ale-vector`
+    (ale-py's C++ vector env; unlike gymnasium: FIRE then 0-28 NOOPs at a game's start, one FIRE step after a lost
+    life, the 108k-frame limit counted after the start's NOOPs, a stale newest frame at a game's end, other random
+    streams; see the docs). Video and the evaluation games always run on gymnasium"""
     async_envs: bool = False  # gymnasium backend: envs in worker processes (AsyncVectorEnv); off = in-process, measured faster
-    envpool_threads: int = 0  # envpool backend: worker threads (0 = one per core this process may use)
+    envpool_threads: int = 0  # envpool and ale-vector backends: worker threads (0 = one per core this process may use)
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases (WANDB_MODE=offline works without network)"""
     wandb_project_name: str = "onefile-rl"  # the wandb's project name
@@ -235,6 +239,26 @@ def a2c_losses(
     return pg_loss, v_loss
 
 
+class RMSpropTF(torch.optim.Optimizer):
+    """RMSprop as TensorFlow 1.x computes it, the zoo's A2C's (torch.optim.RMSprop starts v at 0 and adds eps
+    outside the root: its first steps move each weight by ~10x lr, g / sqrt(0.01 g^2)):
+        v_0 = 1,   v_t = alpha v_{t-1} + (1 - alpha) g_t^2,   theta_t = theta_{t-1} - lr g_t / sqrt(v_t + eps)"""
+
+    def __init__(self, params, lr: float, alpha: float, eps: float):
+        super().__init__(params, {"lr": lr, "alpha": alpha, "eps": eps})
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for group in self.param_groups:
+            for p in (p for p in group["params"] if p.grad is not None):
+                state = self.state[p]
+                if not state:
+                    state["step"], state["square_avg"] = torch.tensor(0.0), torch.ones_like(p)
+                state["step"] += 1
+                v = state["square_avg"].mul_(group["alpha"]).addcmul_(p.grad, p.grad, value=1 - group["alpha"])
+                p.addcdiv_(p.grad, v.add(group["eps"]).sqrt_(), value=-group["lr"])
+
+
 # --- shared: diagnostics-and-schedules ---
 def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
     """1 - Var[y - y_pred] / Var[y]: 1 is a perfect value function, 0 no better than a constant, NaN if Var[y]=0."""
@@ -280,7 +304,10 @@ def main() -> None:
 
     agent = Agent(num_actions).to(device)
     fast_cnn(agent, args.bf16)  # speed (below the banner): channels-last memory, and --bf16; the same math
-    optimizer = torch.optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
+    if ckpt is not None and "optimizer" not in ckpt["args"]:  # a checkpoint from before --optimizer: torch's RMSprop
+        args.optimizer = "rmsprop-torch"
+    kind = RMSpropTF if args.optimizer == "rmsprop-tf" else torch.optim.RMSprop
+    optimizer = kind(agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
 
     # ---- storage: everything indexed "at step t" of the rollout ----
     obs_buf = torch.zeros((args.num_steps, args.num_envs, *obs_shape), dtype=torch.uint8)  # frames the policy saw
@@ -392,6 +419,8 @@ FLAG_RULES = {
 def validate_args(args: Args) -> None:
     """What single-flag rules cannot say: sizes that must fit together, and the env backend's options."""
     check_backend(args)
+    if args.optimizer not in ("rmsprop-tf", "rmsprop-torch"):
+        raise UserError(f"--optimizer must be 'rmsprop-tf' or 'rmsprop-torch', not '{args.optimizer}'.")
     batch_size = args.num_envs * args.num_steps
     if args.total_timesteps < batch_size:
         raise UserError(f"total_timesteps ({args.total_timesteps}) is below one batch (num_envs * num_steps = "
@@ -399,8 +428,8 @@ def validate_args(args: Args) -> None:
 
 
 # --- shared: atari-wrappers ---
-# The preprocessing that make_env chains, one small wrapper per step, and the envpool backend that does the same in
-# C++; then the vector env of either backend.
+# The preprocessing that make_env chains, one small wrapper per step, and the envpool and ale-vector backends that
+# do (nearly) the same in C++; then the vector env of any backend.
 ATARI_ID = re.compile(r"^(?:(?P<v4>[A-Za-z]+)NoFrameskip-v4|ALE/(?P<v5>[A-Za-z]+)-v5)$")
 
 
@@ -444,11 +473,14 @@ class NoopReset(gym.Wrapper):
 
     def reset(self, **kwargs):
         obs, info = self.env.reset(**kwargs)
+        earned = 0.0
         for _ in range(self.unwrapped.np_random.integers(1, self.noop_max + 1)):
-            obs, _, terminated, truncated, info = self.env.step(0)
-            if terminated or truncated:
+            obs, reward, terminated, truncated, info = self.env.step(0)
+            earned += float(reward)
+            if terminated or truncated:  # a game over before the agent's first step: not a game it played
                 obs, info = self.env.reset()
-        return obs, info
+                earned = 0.0
+        return obs, with_reset_steps(info, [(earned, False)])
 
 
 class MaxAndSkip(gym.Wrapper):
@@ -493,9 +525,11 @@ class EpisodicLife(gym.Wrapper):
         if self.game_over:
             obs, info = self.env.reset(**kwargs)
         else:
-            obs, _, terminated, truncated, info = self.env.step(0)
+            obs, reward, terminated, truncated, info = self.env.step(0)
+            steps = [(float(reward), terminated or truncated)]  # this NOOP can earn points, or end the game
             if terminated or truncated:
                 obs, info = self.env.reset(**kwargs)
+            info = with_reset_steps(info, steps)
         self.lives, self.game_over = self.unwrapped.ale.lives(), False
         return obs, info
 
@@ -505,21 +539,41 @@ class FireReset(gym.Wrapper):
     that has not learned to press it would idle until the time limit."""
 
     def reset(self, **kwargs):
-        self.env.reset(**kwargs)
-        obs, _, terminated, truncated, info = self.env.step(1)
+        _, info = self.env.reset(**kwargs)
+        steps = info.get("reset_steps", [])
+        obs, reward, terminated, truncated, info = self.env.step(1)
+        steps = steps + [(float(reward), truncated or self.unwrapped.ale.game_over())]  # `terminated`: maybe a life
         if terminated or truncated:
             obs, info = self.env.reset(**kwargs)
-        return obs, info
+        return obs, with_reset_steps(info, steps)
+
+
+def with_reset_steps(info: dict, steps: list) -> dict:
+    """info with `steps`, [(reward, did the game end)] of the steps a reset took, ahead of those already in it (a
+    reset the wrapper made after its own steps): GameStatistics books them to their games."""
+    return {**info, "reset_steps": steps + info.get("reset_steps", [])}
 
 
 class GameStatistics(gym.Wrapper):
     """Puts the whole game's score (unclipped, all lives) and length (agent steps) in info["episode"] = {"r", "l"}
-    at the step where the game ends (game over or time limit). It counts only the agent's own steps, not the NOOP
-    and FIRE steps the reset wrappers below take, as envpool does."""
+    at the step where the game ends (game over or time limit). The length counts only the agent's own steps, not
+    the NOOP and FIRE steps the reset wrappers below take, as envpool does; the score counts the points of those
+    steps too, and a game that ends inside a reset (a NOOP after a lost life, or FIRE) is reported by that reset's
+    info, under next-step autoreset the vector env's reset step: no game is lost or merged into the next one."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
         self.score, self.length = 0.0, 0
+
+    def reset(self, **kwargs):
+        obs, info = self.env.reset(**kwargs)
+        info = dict(info)
+        for reward, game_ended in info.pop("reset_steps", []):
+            self.score += reward
+            if game_ended:
+                info["episode"] = {"r": self.score, "l": self.length}
+                self.score, self.length = 0.0, 0
+        return obs, info
 
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
@@ -618,6 +672,66 @@ class EnvpoolAtari:
         self.envs.close()
 
 
+class AleVectorAtari:
+    """ale-py's own C++ vector env (threads; wheels for Linux, macOS and Windows) behind the interface of a gymnasium
+    vector env, set up to match make_env's chain as far as the library allows, with the same episode statistics.
+    Why not its own switches: with reward_clipping it reports no unclipped score, and its episodic_life restarts
+    the whole game at a lost life. So the rewards come unclipped and are clipped here; a lost life ends a learning
+    episode here, the game goes on, and the next step presses FIRE (NOOP in games without it) in place of the
+    agent's action: a reset step, as in the chain, that the loop leaves out of training; after any reset every
+    frame-stack slot holds the first frame (the library pads with zeros). The differences that remain (the order
+    of FIRE and the NOOPs at a game's start, their count, ...) are listed in docs/ppo_atari.md."""
+
+    def __init__(self, env_id: str, num_envs: int, seed: int, num_threads: int):
+        from ale_py.vector_env import AtariVectorEnv
+
+        _, sticky = parse_atari_id(env_id)
+        self.envs = AtariVectorEnv(
+            gym.spec(env_id).kwargs["game"], num_envs, num_threads=num_threads, repeat_action_probability=sticky,
+            max_num_frames_per_episode=MAX_FRAMES_PER_GAME, noop_max=30, frameskip=4, maxpool=True, stack_num=4,
+            img_height=84, img_width=84, grayscale=True, episodic_life=False, life_loss_info=False,
+            reward_clipping=False, use_fire_reset=True, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
+        )  # fmt: skip
+        action_names = [action.name for action in self.envs.ale.get_action_set()]
+        self.restart_action = action_names.index("FIRE") if "FIRE" in action_names else 0  # after a lost life
+        self.num_envs, self.seed = num_envs, seed
+        self.single_observation_space = self.envs.single_observation_space
+        self.single_action_space = self.envs.single_action_space
+        self.metadata = {"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
+        self.game_return, self.game_length = np.zeros(num_envs), np.zeros(num_envs, np.int64)
+        self.lives = np.zeros(num_envs, np.int64)
+        self.game_ended = np.zeros(num_envs, bool)  # the last step ended the game: the library resets it now
+        self.life_lost = np.zeros(num_envs, bool)  # the last step lost a life: this step presses FIRE
+
+    def reset(self, seed: Optional[int] = None) -> tuple[np.ndarray, dict]:
+        obs, info = self.envs.reset(seed=self.seed if seed is None else seed)  # env i gets seed + i
+        obs[:] = obs[:, -1:]  # every slot holds the first frame, as FrameStack after a reset
+        self.game_return[:], self.game_length[:], self.lives[:] = 0.0, 0, info["lives"]
+        self.game_ended[:], self.life_lost[:] = False, False
+        return obs, {}
+
+    def step(self, actions: np.ndarray) -> tuple:
+        actions = np.where(self.life_lost, self.restart_action, actions)  # the agent's action is ignored there
+        obs, reward, game_over, truncated, info = self.envs.step(actions)
+        reset_step = self.game_ended | self.life_lost
+        obs[reset_step] = obs[reset_step, -1:]  # after a reset (a new game or a new life): the first frame in every slot
+        self.game_return += reward  # the unclipped reward, FIRE steps included; the library's reset step pays 0
+        self.game_length += ~reset_step  # the agent's own steps only
+        lives = info["lives"]
+        life_lost = (0 < lives) & (lives < self.lives)
+        ended = game_over | truncated
+        infos: dict = {}
+        if ended.any():
+            infos["episode"] = {"r": np.where(ended, self.game_return, 0.0), "l": np.where(ended, self.game_length, 0)}
+            infos["_episode"] = ended
+            self.game_return[ended], self.game_length[ended] = 0.0, 0
+        self.lives, self.game_ended, self.life_lost = lives, ended, life_lost & ~ended
+        return obs, np.sign(reward).astype(np.float32), game_over | life_lost, truncated, infos
+
+    def close(self) -> None:
+        self.envs.close()
+
+
 def ignoring_stop_signals(thunk: Callable[[], gym.Env]) -> Callable[[], gym.Env]:
     """For env worker processes: Ctrl-C reaches the whole process group, and a worker that died of it would break
     the main process's last iteration before its checkpoint. The main process decides when to stop."""
@@ -631,9 +745,11 @@ def ignoring_stop_signals(thunk: Callable[[], gym.Env]) -> Callable[[], gym.Env]
 
 
 def make_vector_env(args, video_dir: str, seed: int):
-    """The batch of envs for training, either backend; both use next-step autoreset (see the rollout)."""
+    """The batch of envs for training, on any backend; all use next-step autoreset (see the rollout)."""
     if args.env_backend == "envpool":
         return EnvpoolAtari(args.env_id, args.num_envs, seed, args.envpool_threads or usable_cores())
+    if args.env_backend == "ale-vector":
+        return AleVectorAtari(args.env_id, args.num_envs, seed, args.envpool_threads or usable_cores())
     thunks = [make_env(args.env_id, i, args.capture_video, video_dir) for i in range(args.num_envs)]
     if args.async_envs:
         thunks = [ignoring_stop_signals(thunk) for thunk in thunks]
@@ -655,11 +771,14 @@ def finished_games(infos: dict) -> list:
 # --- shared: atari-run ---
 def check_backend(args) -> None:
     """The env backend's options, checked before anything starts."""
-    if args.env_backend not in ("gymnasium", "envpool"):
-        raise UserError(f"--env-backend must be 'gymnasium' or 'envpool', not '{args.env_backend}'.")
-    if args.env_backend == "envpool" and args.capture_video:
-        raise UserError("--capture-video records env 0 of the gymnasium backend; envpool renders no frames. "
+    if args.env_backend not in ("gymnasium", "envpool", "ale-vector"):
+        raise UserError(f"--env-backend must be 'gymnasium', 'envpool' or 'ale-vector', not '{args.env_backend}'.")
+    if args.env_backend != "gymnasium" and args.capture_video:
+        raise UserError(f"--capture-video records env 0 of the gymnasium backend; {args.env_backend} renders no frames. "
                         "Use --env-backend gymnasium to record video.")  # fmt: skip
+    if args.env_backend == "ale-vector" and importlib.util.find_spec("ale_py.vector_env") is None:
+        raise UserError("--env-backend ale-vector needs ale-py >= 0.11 (ale_py.vector_env). Upgrade ale-py, or use "
+                        "--env-backend gymnasium.")  # fmt: skip
     if args.env_backend == "envpool" and importlib.util.find_spec("envpool") is None:
         raise UserError("--env-backend envpool: envpool is not installed (it has wheels for Linux x86-64 with "
                         "Python >= 3.11 only). Use --env-backend gymnasium.")  # fmt: skip
@@ -693,7 +812,9 @@ def evaluate(
         if "episode" in info:  # a game over (GameStatistics), not just a lost life
             returns.append(float(info["episode"]["r"]))
         if (terminated or truncated) and len(returns) < episodes:  # a lost life (soft reset) or a game over
-            obs, _ = env.reset()
+            obs, info = env.reset()
+            if "episode" in info:  # the game ended inside the reset's NOOP / FIRE step
+                returns.append(float(info["episode"]["r"]))
     env.close()
     return returns
 

@@ -3,6 +3,7 @@
 Use them by id from a script run in the repository root, e.g. `--env-id tests.fake_envs:Counting-v0`
 (gymnasium imports the module named before the colon, which registers the ids below).
 """
+
 from typing import Optional
 
 import gymnasium as gym
@@ -41,3 +42,41 @@ class DiscreteCountingEnv(CountingEnv):
     def __init__(self):
         super().__init__()
         self.action_space = gym.spaces.Discrete(2)
+
+
+class ScriptedAle(gym.Env):
+    """A stand-in for ale-py's AtariEnv whose game is a script: `events[t] = (reward, lives after)` for the t-th
+    emulator step of the first game (t from 1; absent: reward 0, no life lost); the later games earn nothing and
+    end at their 20th step. A game is over when its lives reach 0.
+    obs = [t, game index]; actions NOOP, FIRE, RIGHT, LEFT; every action taken is kept in `actions`."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, events: dict, lives: int = 2):
+        self.observation_space = gym.spaces.Box(0, np.inf, (2,), np.float64)
+        self.action_space = gym.spaces.Discrete(4)
+        self.events, self.start_lives = events, lives
+        self.ale = self  # the wrappers read lives() and game_over() from env.unwrapped.ale
+        self.t, self.game, self.life_count, self.actions = 0, -1, lives, []
+
+    def get_action_meanings(self) -> list:
+        return ["NOOP", "FIRE", "RIGHT", "LEFT"]
+
+    def lives(self) -> int:
+        return self.life_count
+
+    def game_over(self) -> bool:
+        return self.life_count == 0
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
+        super().reset(seed=seed)
+        self.t, self.game, self.life_count = 0, self.game + 1, self.start_lives
+        return np.array([self.t, self.game], np.float64), {"lives": self.life_count}
+
+    def step(self, action):
+        self.actions.append(int(action))
+        self.t += 1
+        script = self.events if self.game == 0 else {20: (0.0, 0)}
+        reward, self.life_count = script.get(self.t, (0.0, self.life_count))
+        obs = np.array([self.t, self.game], np.float64)
+        return obs, reward, self.game_over(), False, {"lives": self.life_count}

@@ -33,6 +33,12 @@ def backends():
         yield "envpool"
     except ImportError:
         pass
+    try:
+        import ale_py.vector_env  # noqa: F401
+
+        yield "ale-vector"
+    except ImportError:
+        pass
 
 
 @pytest.mark.parametrize("backend", list(backends()))
@@ -87,7 +93,10 @@ def test_resume_restores_network_optimizer_counters_schedule_and_rng(tmp_path):
     """The environments restart from a reset on resume (README); everything else continues. Shown on a2c_atari
     with --anneal-lr: the resumed run logs the same learning-rate schedule at the same steps, its optimizer continues
     the step count, its first update starts from the saved weights, and its RNG streams continue the saved ones."""
-    flags = ["--env-id", GAME, *A2C_SMALL, "--anneal-lr", "--no-async-envs", "--checkpoint-interval", "200"]
+    # torch's RMSprop: each of its first steps moves every weight by about the learning rate, so the distances the
+    # two runs' weights move compare (TensorFlow's moves them by ~lr * |g|, which depends on the games played)
+    flags = ["--env-id", GAME, *A2C_SMALL, "--anneal-lr", "--no-async-envs", "--checkpoint-interval", "200",
+             "--optimizer", "rmsprop-torch"]  # fmt: skip
     full = run_script("a2c_atari.py", *flags, "--total-timesteps", "800", "--runs-dir", tmp_path / "full", timeout=600)
     assert full.returncode == 0, full.stderr
     full_dir = only_run_dir(tmp_path / "full")
@@ -139,6 +148,8 @@ def test_resume_restores_network_optimizer_counters_schedule_and_rng(tmp_path):
         ("ppo_atari.py", ["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], ["must divide the batch size"]),
         ("ppo_atari.py", ["--env-backend", "gym"], ["--env-backend must be"]),
         ("a2c_atari.py", ["--env-backend", "envpool", "--capture-video"], ["envpool renders no frames"]),
+        ("ppo_atari.py", ["--env-backend", "ale-vector", "--capture-video"], ["ale-vector renders no frames"]),
+        ("a2c_atari.py", ["--optimizer", "adam"], ["--optimizer must be 'rmsprop-tf' or 'rmsprop-torch'"]),
         ("ppo_atari.py", ["--total-timesteps", "100"], ["below one batch"]),
         ("a2c_atari.py", ["--resume", "does/not/exist.pt"], ["does not exist"]),
     ],
@@ -147,6 +158,45 @@ def test_bad_input_gets_a_short_message(tmp_path, script, flags, needles):
     proc = run_script(script, *flags, "--runs-dir", tmp_path)
     assert_clean_error(proc, *needles)
     assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_optimizer_flag_and_a_checkpoint_from_before_it_resumes_with_torchs_rmsprop(tmp_path):
+    """--optimizer rmsprop-torch runs torch's RMSprop (its first step is ~10x the learning rate per weight, TensorFlow's
+    ~|g| times it); a checkpoint without the field resumes as rmsprop-torch and says so in its args."""
+    flags = ["--env-id", GAME, *A2C_SMALL, "--checkpoint-interval", "100", "--total-timesteps", "100"]
+    moved = {}
+    for optimizer in ("rmsprop-torch", "rmsprop-tf"):
+        proc = run_script("a2c_atari.py", *flags, "--optimizer", optimizer, "--runs-dir", tmp_path / optimizer, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        ckpt = torch.load(only_run_dir(tmp_path / optimizer) / "checkpoints" / "step_0000000100.pt", weights_only=True)
+        assert ckpt["args"]["optimizer"] == optimizer and ckpt["optimizer"]["state"][0]["step"].item() == 5
+        moved[optimizer] = ckpt["optimizer"]["state"][0]["square_avg"]
+    # 5 updates from v_0 = 0 (torch) or v_0 = 1 (TensorFlow): alpha^5 = 0.951 of the start is left
+    assert moved["rmsprop-torch"].max() < 0.05 < 0.95 < moved["rmsprop-tf"].min()
+    old = only_run_dir(tmp_path / "rmsprop-torch") / "checkpoints" / "step_0000000100.pt"
+    ckpt = torch.load(old, weights_only=True)
+    del ckpt["args"]["optimizer"]  # as written before the flag existed
+    torch.save(ckpt, old)
+    resumed = run_script("a2c_atari.py", "--resume", old, "--total-timesteps", "200", "--checkpoint-interval", "100",
+                         "--torch-threads", "1", timeout=300)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    end = torch.load(old.parent / "step_0000000200.pt", weights_only=True)
+    assert end["args"]["optimizer"] == "rmsprop-torch" and end["optimizer"]["state"][0]["step"].item() == 10
+
+
+def test_eval_checkpoint_logs_the_checkpoints_args(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    proc = run_script("a2c_atari.py", "--env-id", GAME, *A2C_SMALL, "--total-timesteps", "40", "--learning-rate", "3e-4",
+                      "--save-model", "--eval-episodes", "1", "--runs-dir", tmp_path, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    final = only_run_dir(tmp_path) / "checkpoints" / "final_0000000040.pt"
+    proc = run_script("a2c_atari.py", "--eval-checkpoint", final, "--eval-episodes", "1", "--learning-rate", "0.123",
+                      "--seed", "9", "--torch-threads", "1", timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    events = EventAccumulator(str(only_run_dir(tmp_path) / "eval" / final.stem), size_guidance={"tensors": 0}).Reload()
+    table = events.Tensors("hyperparameters/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "|learning_rate|0.0003|" in table and "|seed|1|" in table and "0.123" not in table and "|seed|9|" not in table
 
 
 def test_corrupt_checkpoint_and_other_scripts_checkpoint_are_refused(tmp_path):

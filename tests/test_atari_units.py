@@ -2,6 +2,8 @@
 categorical log-prob and entropy, the A2C losses, the network's shapes and entry point, and its speed set-up
 (channels-last memory, the --bf16 trunk) against the plain network."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -152,3 +154,55 @@ def test_fast_cnn_computes_what_the_plain_network_computes(module):
 def test_scripts_share_the_network_and_preprocessing():
     assert P.Agent(4).state_dict().keys() == A.Agent(4).state_dict().keys()
     assert P.parse_atari_id("ALE/Pong-v5") == A.parse_atari_id("ALE/Pong-v5")
+
+
+def test_rmsprop_tf_by_hand_over_three_steps():
+    """v_0 = 1, v_t = alpha v_{t-1} + (1 - alpha) g^2, theta -= lr g / sqrt(v_t + eps): eps under the root."""
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float64))
+    opt = A.RMSpropTF([w], lr=0.1, alpha=0.9, eps=0.01)
+    w.grad = torch.tensor([0.5, -1.0], dtype=torch.float64)
+    opt.step()
+    # step 1 by hand: v = 0.9 * 1 + 0.1 * g^2 = [0.925, 1.0]; theta = [1 - 0.1 * 0.5 / sqrt(0.935), -2 + 0.1 / sqrt(1.01)]
+    np.testing.assert_allclose(w.detach().numpy(), [1 - 0.05 / np.sqrt(0.935), -2 + 0.1 / np.sqrt(1.01)], rtol=1e-12)
+    v, theta = np.array([0.925, 1.0]), w.detach().numpy().copy()
+    for g in ([2.0, 0.0], [-1.0, 3.0]):
+        w.grad = torch.tensor(g, dtype=torch.float64)
+        opt.step()
+        v = 0.9 * v + 0.1 * np.square(g)
+        theta = theta - 0.1 * np.array(g) / np.sqrt(v + 0.01)
+        np.testing.assert_allclose(w.detach().numpy(), theta, rtol=1e-12)
+    assert opt.state[w]["step"].item() == 3
+    np.testing.assert_allclose(opt.state[w]["square_avg"].numpy(), v, rtol=1e-12)
+    # a checkpoint round trip continues the same trajectory
+    w2 = torch.nn.Parameter(w.detach().clone())
+    opt2 = A.RMSpropTF([w2], lr=0.1, alpha=0.9, eps=0.01)
+    opt2.load_state_dict(copy.deepcopy(opt.state_dict()))  # a copy, as torch.save/torch.load make
+    for param, optimizer in ((w, opt), (w2, opt2)):
+        param.grad = torch.tensor([0.3, -0.7], dtype=torch.float64)
+        optimizer.step()
+    assert torch.equal(w, w2)
+
+
+def test_rmsprop_tf_first_step_is_about_the_gradient_times_lr_where_torchs_is_ten_times_lr():
+    g = torch.tensor([0.01, 0.1, 2.0])
+    moved = {}
+    for name, kind in (("tf", A.RMSpropTF), ("torch", torch.optim.RMSprop)):
+        w = torch.nn.Parameter(torch.zeros(3))
+        opt = kind([w], lr=7e-4, alpha=0.99, eps=1e-5)
+        w.grad = g.clone()
+        opt.step()
+        moved[name] = (-w.detach() / 7e-4).numpy()
+    # torch: g / (sqrt(0.01 g^2) + eps) = ~10 for every weight, whatever its gradient's size
+    np.testing.assert_allclose(moved["torch"], 10.0, rtol=0.02)
+    # TensorFlow's: g / sqrt(0.99 + 0.01 g^2 + eps) = ~g
+    np.testing.assert_allclose(moved["tf"], (g / torch.sqrt(0.99 + 0.01 * g**2 + 1e-5)).numpy(), rtol=1e-5)
+
+
+def test_a2c_defaults_are_the_zoo_atari_recipe():
+    """rl-baselines3-zoo, hyperparams/a2c.yml, atari: 16 envs, 5 steps, lr 7e-4 (constant), vf_coef 0.25, ent_coef
+    0.01, RMSpropTFLike with alpha 0.99 and eps 1e-5; SB3's A2C defaults for the rest (gamma 0.99, gae_lambda 1,
+    max_grad_norm 0.5, no advantage normalization)."""
+    args = A.Args()
+    assert (args.num_envs, args.num_steps, args.learning_rate, args.anneal_lr) == (16, 5, 7e-4, False)
+    assert (args.vf_coef, args.ent_coef, args.gamma, args.max_grad_norm, args.norm_adv) == (0.25, 0.01, 0.99, 0.5, False)
+    assert (args.optimizer, args.rmsprop_alpha, args.rmsprop_eps) == ("rmsprop-tf", 0.99, 1e-5)

@@ -150,7 +150,7 @@ def test_ids_map_to_game_and_sticky_actions_and_bad_ids_are_refused():
         P.check_atari_env("NoSuchGameNoFrameskip-v4")
 
 
-@pytest.mark.parametrize("backend", ["gymnasium", "envpool"])
+@pytest.mark.parametrize("backend", ["gymnasium", "envpool", "ale-vector"])
 def test_backends_agree_on_observations_and_game_statistics(backend):
     if backend == "envpool":
         pytest.importorskip("envpool")
@@ -158,6 +158,7 @@ def test_backends_agree_on_observations_and_game_statistics(backend):
     envs = P.make_vector_env(args, "", seed=1)
     obs, _ = envs.reset(seed=1)
     assert obs.shape == (2, 4, 84, 84) and obs.dtype == np.uint8
+    assert all(np.array_equal(obs[i, k], obs[i, 3]) for i in range(2) for k in range(3))  # the first frame in every slot
     assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.NEXT_STEP
     rng = np.random.default_rng(0)
     agent_steps = np.zeros(2, int)  # real transitions since this env's last game over
@@ -178,3 +179,112 @@ def test_backends_agree_on_observations_and_game_statistics(backend):
             break
     envs.close()
     assert len(games) >= 3 and all(score >= 0 for score, _ in games)
+
+
+def scripted_chain(events: dict):
+    """make_env's reset and statistics wrappers on a scripted game: 1 NOOP at a game's start, 1 frame per step."""
+    from tests.fake_envs import ScriptedAle
+
+    ale = ScriptedAle(events, lives=2)
+    env = P.NoopReset(ale, noop_max=1)
+    env = P.MaxAndSkip(env, skip=1)
+    env = P.EpisodicLife(env)
+    return P.GameStatistics(P.FireReset(env)), ale
+
+
+# Emulator steps of the first game: 1 NOOP (NoopReset), 2 FIRE (FireReset), 3 and 4 the agent's, 4 loses a life;
+# the reset step after it takes 5 NOOP (EpisodicLife) and 6 FIRE (FireReset).
+LIFE_THEN_GAME_IN_NOOP = {3: (1.0, 2), 4: (5.0, 1), 5: (2.0, 0)}  # the game ends in the NOOP, with 2 points
+LIFE_THEN_GAME_IN_FIRE = {3: (1.0, 2), 4: (5.0, 1), 5: (2.0, 1), 6: (3.0, 0)}  # ...in the FIRE, with 2 + 3 points
+LIFE_THEN_POINTS_IN_FIRE = {3: (1.0, 2), 4: (5.0, 1), 5: (2.0, 1), 6: (3.0, 1), 7: (4.0, 0)}  # the agent's step ends it
+
+
+@pytest.mark.parametrize(
+    "events, score, length",
+    [(LIFE_THEN_GAME_IN_NOOP, 8.0, 2), (LIFE_THEN_GAME_IN_FIRE, 11.0, 2), (LIFE_THEN_POINTS_IN_FIRE, 15.0, 3)],
+)
+def test_a_game_that_ends_inside_a_reset_is_logged_as_its_own_game_with_the_points_of_the_reset_steps(events, score, length):
+    env, ale = scripted_chain(events)
+    envs = gym.vector.SyncVectorEnv([lambda: env], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    envs.reset(seed=0)
+    games, step_of = [], []
+    for step in range(1, 9):
+        obs, _, terminated, _, infos = envs.step(np.array([2]))  # RIGHT: the agent's actions are 2s in the log
+        games += [(r, l) for _, r, l in P.finished_games(infos)]
+        step_of += [step] * len(P.finished_games(infos))
+    assert games == [(score, length)]  # one game, all its points (the reset steps' too), the agent's steps only
+    assert ale.actions[:4] == [0, 1, 2, 2] and ale.actions[4:6] in ([0, 1], [0, 0])  # the reset steps' NOOP, FIRE
+    if length == 2:  # the game ended inside the reset step after the lost life: logged at that very step
+        assert step_of[0] == 3
+
+
+def test_evaluation_counts_a_game_that_ends_inside_a_reset(monkeypatch):
+    import torch
+
+    env, _ = scripted_chain(LIFE_THEN_GAME_IN_FIRE)
+    screens = gym.wrappers.TransformObservation(env, lambda obs: np.zeros((4, 84, 84), np.uint8), None)
+    monkeypatch.setattr(P, "make_env", lambda *args, **kwargs: lambda: screens)
+    # the first game ends inside the reset step after its lost life; the later games score 0
+    returns = P.evaluate(P.Agent(4), GAME, 2, 0, torch.device("cpu"))
+    assert returns == [11.0, 0.0]
+
+
+def test_ale_vector_scores_whole_games_unclipped_and_presses_fire_after_a_lost_life():
+    """Space Invaders pays 5 to 30 points an alien: the logged score must be the sum of the library's unclipped
+    rewards (FIRE steps included), the learning rewards their signs."""
+    args = P.Args(env_id="SpaceInvadersNoFrameskip-v4", env_backend="ale-vector", num_envs=2)
+    envs = P.make_vector_env(args, "", seed=3)
+    sent = []  # (actions the library got, its unclipped rewards) per step
+    library_step = envs.envs.step
+
+    def spy(actions):
+        result = library_step(actions)
+        sent.append((actions.copy(), result[1].copy()))
+        return result
+
+    envs.envs.step = spy
+    envs.reset()
+    rng = np.random.default_rng(0)
+    unclipped, games, after_life, life_restarts = np.zeros(2), [], np.zeros(2, bool), 0
+    for _ in range(3_000):
+        actions = rng.integers(0, 6, 2)
+        obs, reward, terminated, truncated, infos = envs.step(actions)
+        library_actions, library_reward = sent[-1]
+        np.testing.assert_array_equal(library_actions, np.where(after_life, 1, actions))  # FIRE in place of the agent's
+        for i in np.flatnonzero(after_life):  # the reset step after a lost life: the first frame in every slot
+            assert all(np.array_equal(obs[i, k], obs[i, 3]) for k in range(3))
+        life_restarts += after_life.sum()
+        np.testing.assert_array_equal(reward, np.sign(library_reward))
+        unclipped += library_reward
+        ended = np.zeros(2, bool)
+        for i, score, length in P.finished_games(infos):
+            games.append(score)
+            assert score == unclipped[i]
+            unclipped[i], ended[i] = 0.0, True
+        after_life = terminated & ~ended
+        if len(games) >= 2:
+            break
+    envs.close()
+    assert len(games) >= 2 and life_restarts >= 2 and max(games) > 30  # whole games, points above 1 per reward
+
+
+@pytest.mark.parametrize("env_id, actions, fire", [("ALE/MsPacman-v5", 9, 0), ("PongNoFrameskip-v4", 6, 1)])
+def test_ale_vector_finds_the_rom_of_both_id_forms(env_id, actions, fire):
+    # "MsPacman" is the ROM "ms_pacman"; a game without FIRE restarts a lost life with NOOP (action 0)
+    envs = P.make_vector_env(P.Args(env_id=env_id, env_backend="ale-vector", num_envs=1), "", seed=1)
+    assert envs.single_action_space.n == actions and envs.restart_action == fire
+    envs.close()
+
+
+def test_ale_vector_is_repeatable_from_its_seed():
+    def play(seed: int) -> list:
+        envs = P.make_vector_env(P.Args(env_backend="ale-vector", num_envs=2, envpool_threads=2), "", seed=seed)
+        obs, _ = envs.reset(seed=seed)
+        rng, trace = np.random.default_rng(0), [obs.sum()]
+        for _ in range(300):
+            obs, reward, terminated, truncated, _ = envs.step(rng.integers(0, 4, 2))
+            trace.append((obs.sum(), *reward, *terminated, *truncated))
+        envs.close()
+        return trace
+
+    assert play(5) == play(5) != play(6)  # the same games from the same seed (NOOP starts, emulator), others from another
