@@ -85,7 +85,8 @@ ROWS = [
     Row("ppo_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "`--env-backend envpool`",
         ["ppo_atari_Breakout_1M_fp32.json"],
         Comparison("published", "CleanRL `ppo_atari.py`, run here", ["ppo_atari_Breakout_1M_fp32.json"], seeds=1), smooth=100),
-    Row("a2c_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "`--env-backend envpool --bf16`",
+    Row("a2c_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps",
+        "`--env-backend envpool --bf16 --vf-coef 0.5 --optimizer rmsprop-torch`",  # run before the zoo's defaults
         ["a2c_atari_Breakout_1M_bf16.json"],
         Comparison("runs", "Stable-Baselines3 `A2C`, run here", ["sb3_a2c_BreakoutNoFrameskip-v4_1M.json"]), smooth=100),
 ]  # fmt: skip
