@@ -3,6 +3,7 @@
 Use them by id from a script run in the repository root, e.g. `--env-id tests.fake_envs:Counting-v0`
 (gymnasium imports the module named before the colon, which registers the ids below).
 """
+
 from typing import Optional
 
 import gymnasium as gym
@@ -41,3 +42,15 @@ class DiscreteCountingEnv(CountingEnv):
     def __init__(self):
         super().__init__()
         self.action_space = gym.spaces.Discrete(2)
+
+
+class FallingReturnEnv(CountingEnv):
+    """CountingEnv whose reward falls to 0 from its 7th episode on (whatever the actions): the training return of
+    an agent "collapses" at a step known in advance, for --keep-best."""
+
+    def step(self, action):
+        obs, _, terminated, truncated, info = super().step(action)
+        return obs, 1.0 if self.episode < 6 else 0.0, terminated, truncated, info
+
+
+gym.register("FallingReturn-v0", entry_point=FallingReturnEnv, max_episode_steps=7)  # 7 steps: return 7, later 0
