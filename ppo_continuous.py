@@ -1100,8 +1100,8 @@ def model_card(args, ckpt: dict, config: dict, returns: list, usage: str, video:
         f"{ckpt['global_step']:,} env steps (checkpoint `{Path(args.export_checkpoint).name}` of run "
         f"`{ckpt['run_name']}`).", "",
         "## Evaluation", "",
-        f"Return **{np.mean(returns):.2f} ± {np.std(returns):.2f}** (mean ± std) over {len(returns)} episodes: "
-        f"{config['evaluation']}, seeds {saved['seed'] + 10_000} and up.", "",
+        f"Return **{np.mean(returns):.2f} ± {np.std(returns):.2f}** (mean ± std) over {len(returns)} episodes (evaluation "
+        f"seed {saved['seed'] + 10_000}): {config['evaluation']}.", "",
         "## Use", "",
         f"Input: {config['policy_input']}. Output: {config['policy_output']}.", "",
         "```python", usage.strip(), "```", "",

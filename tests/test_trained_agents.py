@@ -327,3 +327,24 @@ def test_export_refuses_resume_and_eval_checkpoint_together(tmp_path):
     )
     proc = run_script("ppo_continuous.py", "--export-checkpoint", tmp_path / "missing.pt")
     assert proc.returncode == 2 and "does not exist" in proc.stderr
+
+
+@pytest.mark.parametrize("script", ["ppo_continuous", "a2c_atari"])
+def test_evaluating_every_eval_interval_leaves_the_training_run_unchanged(tmp_path, script):
+    """The on-policy scripts' periodic evaluation uses no RNG of the training run (and gives a --bf16 trunk back):
+    the same seed logs the same losses with and without it."""
+    if script == "ppo_continuous":
+        flags = ["--env-id", "Pendulum-v1", "--num-steps", 128, "--num-minibatches", 2, "--update-epochs", 1,
+                 "--total-timesteps", 512]  # fmt: skip
+    else:
+        flags = ["--env-id", "BreakoutNoFrameskip-v4", "--num-envs", 2, "--num-steps", 5, "--total-timesteps", 200]
+    curves = []
+    for name, extra in (("plain", []), ("evaluated", ["--eval-interval", 100, "--eval-episodes", 1])):
+        runs = tmp_path / name
+        proc = run_script(f"{script}.py", *flags, *extra, "--torch-threads", 1, "--runs-dir", runs, "--no-progress",
+                          timeout=600)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        curves.append(scalars(only_run_dir(runs), "losses/policy_loss"))
+        if extra:
+            assert len(scalars(only_run_dir(runs), "eval/episodic_return")) >= 2
+    assert curves[0] and curves[0] == curves[1]
