@@ -13,6 +13,7 @@ Docs: docs/ppo_continuous.md; the algorithm: https://arxiv.org/abs/1707.06347
 """
 
 import atexit
+import copy
 import dataclasses
 import importlib
 import json
@@ -80,7 +81,11 @@ class Args:
     keep_checkpoints: int = 3  # keep the newest K periodic checkpoints (the final one is always kept)
     resume: Optional[str] = None  # path of a checkpoint to continue from (appends to that run's folder)
     eval_checkpoint: Optional[str] = None  # path of a checkpoint to evaluate (no training)
-    eval_episodes: int = 10  # number of episodes for evaluation (after --save-model, or with --eval-checkpoint)
+    eval_episodes: int = 10  # episodes per evaluation (every --eval-interval, after --save-model, of a checkpoint)
+    eval_interval: int = 0  # run --eval-episodes deterministic episodes on a separate env every N env steps (0 = never)
+    keep_best: bool = False  # keep checkpoints/best.pt: the agent with the best evaluation (else training) return so far
+    export_checkpoint: Optional[str] = None  # path of a checkpoint to export as a folder that runs with plain torch
+    export_dir: Optional[str] = None  # folder of --export-checkpoint (default: <run folder>/export/<checkpoint name>)
     progress: bool = True  # show progress: a one-line display on a terminal, a plain line every 30 s otherwise
 
     # --- derived from the flags above (not flags themselves) ---
@@ -324,8 +329,8 @@ class LoopState:
 
 def main() -> None:
     args, ckpt, device = parse_command_line(Args, RESUME_OVERRIDABLE, FLAG_RULES, validate_args)
-    if args.eval_checkpoint:
-        return eval_only(args, device)
+    if args.eval_checkpoint or args.export_checkpoint:
+        return eval_only(args, device)  # evaluate or export a checkpoint: no training
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
@@ -359,6 +364,9 @@ def main() -> None:
     s = LoopState(raw_obs=envs.reset(seed=args.seed)[0], episode_return=np.zeros(args.num_envs),
                   episode_length=np.zeros(args.num_envs, np.int64), discounted_return=np.zeros(args.num_envs))  # fmt: skip
     run.attach(s, envs, model=agent, optimizer=optimizer, obs_rms=obs_rms, return_rms=return_rms, env_states=EnvStates(envs))
+    # evaluation: deterministic episodes, normalization frozen; the Run plays them every --eval-interval env steps
+    run.play = lambda episodes, video_dir=None: evaluate(agent, args.env_id, obs_rms if args.norm_obs else None,
+                                                         args.obs_clip, episodes, args.seed + 10_000, device, video_dir)  # fmt: skip
     if args.norm_obs and ckpt is None:
         obs_rms.update(s.raw_obs)
     next_obs = normalize_obs(s.raw_obs, obs_rms, args.obs_clip) if args.norm_obs else s.raw_obs.astype(np.float32)
@@ -465,12 +473,7 @@ def main() -> None:
         metrics["charts/learning_rate"] = lr
         run.log(s.global_step, metrics)
 
-    if run.finish():  # after Ctrl-C: saved, exits; with --save-model: the final checkpoint is saved, then evaluated
-        video_dir = str(run.dir / "videos" / "eval") if args.capture_video else None
-        returns_eval = evaluate(agent, args.env_id, obs_rms if args.norm_obs else None, args.obs_clip, args.eval_episodes,
-                                args.seed + 10_000, device, video_dir)  # fmt: skip
-        run.log(s.global_step, {"eval/episodic_return": float(np.mean(returns_eval))})
-        print(f"eval: {np.mean(returns_eval):.2f} +- {np.std(returns_eval):.2f} over {len(returns_eval)} episodes")
+    run.finish()  # after Ctrl-C: saved, exits; with --save-model: the final agent evaluated (run.play), then saved
     run.close()
 
 
@@ -482,8 +485,8 @@ def main() -> None:
 # Flags that --resume takes from the command line; every other field comes from the checkpoint.
 RESUME_OVERRIDABLE = (
     "total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "runs_dir",
-    "checkpoint_interval", "keep_checkpoints", "resume", "eval_checkpoint", "eval_episodes", "progress", "cuda",
-    "torch_threads",
+    "checkpoint_interval", "keep_checkpoints", "resume", "eval_checkpoint", "eval_episodes", "eval_interval", "keep_best",
+    "export_checkpoint", "export_dir", "progress", "cuda", "torch_threads",
 )  # fmt: skip
 # Every numeric flag and the range it must lie in (checked before anything starts; see check_flags)
 FLAG_RULES = {
@@ -491,7 +494,7 @@ FLAG_RULES = {
     "gae_lambda": "in [0, 1]", "num_minibatches": ">= 1", "update_epochs": ">= 1", "clip_coef": "> 0",
     "ent_coef": ">= 0", "vf_coef": ">= 0", "max_grad_norm": "> 0", "target_kl": "> 0", "obs_clip": "> 0",
     "reward_clip": "> 0", "seed": ">= 0", "torch_threads": ">= 0", "checkpoint_interval": ">= 0",
-    "keep_checkpoints": ">= 1", "eval_episodes": ">= 1",
+    "keep_checkpoints": ">= 1", "eval_episodes": ">= 1", "eval_interval": ">= 0",
 }  # fmt: skip
 
 
@@ -553,28 +556,84 @@ def evaluate(
 
 
 def eval_only(args: Args, device: torch.device) -> None:
-    """--eval-checkpoint: deterministic episodes with frozen normalization; print and log eval/episodic_return."""
-    ckpt = load_checkpoint(args.eval_checkpoint, device)
+    """--eval-checkpoint: deterministic episodes with frozen normalization; print and log eval/episodic_return.
+    --export-checkpoint: the checkpoint's agent as a folder that runs with plain torch (export_agent)."""
+    path = args.eval_checkpoint or args.export_checkpoint
+    ckpt = load_checkpoint(path, device)
     saved = Args(**{f.name: ckpt["args"][f.name] for f in dataclasses.fields(Args) if f.name in ckpt["args"]})
     obs_shape, act_shape = probe_env(saved.env_id)
-    check_checkpoint_matches(ckpt, args.eval_checkpoint, SCRIPT_NAME, {"obs_shape": list(obs_shape),
-                                                                       "act_shape": list(act_shape)})  # fmt: skip
-    agent = Agent(int(np.prod(obs_shape)), int(np.prod(act_shape))).to(device)
+    check_checkpoint_matches(ckpt, path, SCRIPT_NAME, {"obs_shape": list(obs_shape), "act_shape": list(act_shape)})
+    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_shape))
+    agent = Agent(obs_dim, act_dim).to(device)
     agent.load_state_dict(ckpt["model"])
     obs_rms = None
     if saved.norm_obs:
-        obs_rms = RunningMeanStd(shape=(int(np.prod(obs_shape)),))
+        obs_rms = RunningMeanStd(shape=(obs_dim,))
         load_plain(obs_rms, ckpt["obs_rms"])
-    run_dir = Path(args.eval_checkpoint).resolve().parent.parent
-    eval_dir = run_dir / "eval" / Path(args.eval_checkpoint).stem
-    video_dir = str(eval_dir / "videos") if args.capture_video else None
     eval_seed = saved.seed + 10_000
-    returns = evaluate(agent, saved.env_id, obs_rms, saved.obs_clip, args.eval_episodes, eval_seed, device, video_dir)
+
+    def play(episodes: int, video_dir: Optional[str] = None) -> list:
+        return evaluate(agent, saved.env_id, obs_rms, saved.obs_clip, episodes, eval_seed, device, video_dir)
+
+    if args.export_checkpoint:
+        space = make_env(saved.env_id, 0, False, "")().action_space
+        config = {"script": SCRIPT_NAME, "algorithm": "PPO (continuous actions)", "env_id": saved.env_id,
+                  "global_step": ckpt["global_step"], "agent_class": "Agent",
+                  "agent_kwargs": {"obs_dim": obs_dim, "act_dim": act_dim}, "hidden_sizes": [64, 64],
+                  "activation": "tanh", "obs_shape": list(obs_shape), "action_low": space.low.tolist(),
+                  "action_high": space.high.tolist(), "norm_obs": saved.norm_obs, "obs_clip": saved.obs_clip,
+                  "obs_rms": None if obs_rms is None else {"mean": obs_rms.mean.tolist(), "var": obs_rms.var.tolist(),
+                                                           "count": float(obs_rms.count)},
+                  "evaluation": "deterministic episodes (the Gaussian's mean action), normalization statistics frozen",
+                  "policy_input": f"float32 observations, shape (batch, {obs_dim}), as the env returns them (flattened)",
+                  "policy_output": f"float32 actions, shape (batch, {act_dim}), within the action bounds"}  # fmt: skip
+        policy = ActingPolicy(agent.actor_mean, obs_rms, saved.obs_clip, space.low, space.high)
+        usage = EXPORT_USAGE.format(env_id=saved.env_id)
+        return export_agent(args, ckpt, policy, torch.zeros(2, obs_dim), agent.state_dict(), config, play, usage)
+    run_dir = Path(path).resolve().parent.parent
+    eval_dir = run_dir / "eval" / Path(path).stem
+    returns = play(args.eval_episodes, str(eval_dir / "videos") if args.capture_video else None)
     writer = make_writer(eval_dir, saved, purge_step=None)
     writer.add_scalar("eval/episodic_return", float(np.mean(returns)), ckpt["global_step"])
     writer.close()
     print(f"eval {saved.env_id} at step {ckpt['global_step']}: {np.mean(returns):.2f} +- {np.std(returns):.2f} "
           f"over {len(returns)} episodes")  # fmt: skip
+
+
+class ActingPolicy(nn.Module):
+    """What evaluate() does with an observation, as one torch module for torch.export: normalize it with the frozen
+    statistics (in float64, as normalize_obs), the actor's mean (the deterministic action), clip to the bounds."""
+
+    def __init__(self, actor_mean: nn.Module, obs_rms: Optional[RunningMeanStd], obs_clip: float, low, high):
+        super().__init__()
+        self.actor_mean, self.norm_obs, self.obs_clip = actor_mean, obs_rms is not None, obs_clip
+        if obs_rms is not None:
+            self.register_buffer("obs_mean", torch.as_tensor(obs_rms.mean, dtype=torch.float64))
+            self.register_buffer("obs_std", torch.sqrt(torch.as_tensor(obs_rms.var, dtype=torch.float64) + 1e-8))
+        self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.to(torch.float64)
+        if self.norm_obs:  # fixed when exported: the program holds one branch
+            x = torch.clamp((x - self.obs_mean) / self.obs_std, -self.obs_clip, self.obs_clip)
+        return torch.clamp(self.actor_mean(x.float()), self.low, self.high)
+
+
+EXPORT_USAGE = """
+import gymnasium as gym
+import torch
+
+policy = torch.export.load("policy.pt2").module()
+env = gym.make("{env_id}")
+obs, _ = env.reset(seed=0)
+done, total = False, 0.0
+while not done:
+    action = policy(torch.as_tensor(obs, dtype=torch.float32).reshape(1, -1))[0].numpy()
+    obs, reward, terminated, truncated, _ = env.step(action)
+    total, done = total + float(reward), terminated or truncated
+print(total)
+"""
 
 
 # ---- speed set-up: each wraps one step of the algorithm above without changing its math ----
@@ -690,7 +749,9 @@ class Run:
     `runs/<env>__<exp>__<seed>__<time>`, or the resumed checkpoint's), args.json, TensorBoard, wandb, the progress
     line, Ctrl-C / SIGTERM, the log window (SPS and phase timings) and checkpoints. A checkpoint holds the loop
     state (a dataclass with global_step and iteration), every part given to attach() (anything with state_dict /
-    load_state_dict, or plain attributes), the recent returns and the RNG states: plain data, written atomically."""
+    load_state_dict, or plain attributes), the recent returns, the best score (--keep-best) and the RNG states: plain
+    data, written atomically. `run.play(episodes, video_dir)`, where a script sets it, is its evaluation: the Run plays
+    it every --eval-interval env steps and after --save-model."""
 
     def __init__(self, args, script: str, ckpt: Optional[dict], shapes: dict, log_every: int):
         self.args, self.script, self.ckpt, self.shapes, self.log_every = args, script, ckpt, shapes, log_every
@@ -719,6 +780,8 @@ class Run:
         self.state, self.parts, self.closing, self.stopped = None, {}, None, False
         self.stop, self.window_step = StopRequest(), 0
         self.last = False  # set by a loop whose length is not known ahead: the current iteration is the last
+        self.play: Optional[Callable[..., list]] = None  # the script's evaluation: (episodes, video_dir) -> returns
+        self.best = KeepBest(args.keep_best, self.ckpt_dir / "best.pt", ckpt)
 
     def attach(self, state, envs, **parts) -> None:
         """Register what a checkpoint holds (the loop state and the parts) and what to close at the end; on
@@ -746,6 +809,7 @@ class Run:
         progress = Progress(self.args.progress, self.args.total_timesteps)
         start_time, start_step = time.time(), state.global_step
         self.window_step, saved_step, threads_checked = state.global_step, state.global_step, time.monotonic()
+        evaluated_step = state.global_step
         try:
             for iteration in range(state.iteration + 1, num_iterations + 1):
                 state.iteration = iteration
@@ -763,8 +827,13 @@ class Run:
                 if time.monotonic() - threads_checked > 5.0:
                     share_threads(self.args.torch_threads, RUNS_FOLDER)
                     threads_checked = time.monotonic()
+                interval = self.args.eval_interval
+                if self.play is not None and interval > 0 and state.global_step // interval > evaluated_step // interval:
+                    self.evaluated(self.play(self.args.eval_episodes))
+                    evaluated_step = state.global_step
                 interval = self.args.checkpoint_interval
                 if interval > 0 and state.global_step // interval > saved_step // interval:
+                    self.best.offer_training_return(self)  # before the save: the checkpoint holds the best score
                     self.save("step")
                     prune_checkpoints(self.ckpt_dir, self.args.keep_checkpoints)
                     saved_step = state.global_step
@@ -802,27 +871,51 @@ class Run:
         self.writer.add_scalar("charts/episodic_length", length, step)
         self.recent_returns = (self.recent_returns + [float(episode_return)])[-10:]
 
-    def save(self, kind: str) -> Path:
-        """Write a checkpoint `<kind>_<global step>.pt`; tensors are saved as they are now (torch.save copies)."""
+    def checkpoint(self, best: bool = False) -> dict:
+        """The checkpoint as plain data. For best.pt (best=True) a copy, which later training does not change (an
+        asynchronous evaluation's snapshot), without the parts that hold a replay buffer (they say
+        `holds_replay_buffer`): best.pt keeps an agent, and a buffer would make it as large as the buffer."""
         state = {"format": 1, "script": self.script, "run_name": self.name, "args": dataclasses.asdict(self.args),
                  "global_step": self.state.global_step, "iteration": self.state.iteration, **self.shapes,
-                 **{name: part.state_dict() if hasattr(part, "state_dict") else to_plain(part)
+                 **{name: None if best and getattr(part, "holds_replay_buffer", False)
+                    else part.state_dict() if hasattr(part, "state_dict") else to_plain(part)
                     for name, part in self.parts.items()},
-                 "run_state": {**to_plain(self.state), "recent_returns": list(self.recent_returns)},
+                 "run_state": {**to_plain(self.state), "recent_returns": list(self.recent_returns),
+                               "best_score": self.best.score},
                  "rng_states": get_rng_states()}  # fmt: skip
+        return copy.deepcopy(state) if best else state
+
+    def save(self, kind: str) -> Path:
+        """Write a checkpoint `<kind>_<global step>.pt`; tensors are saved as they are now (torch.save copies)."""
         path = self.ckpt_dir / checkpoint_name(kind, self.state.global_step)
-        save_checkpoint(state, path)
+        save_checkpoint(self.checkpoint(), path)
         return path
 
+    def evaluated(self, returns: list, step: Optional[int] = None, snapshot: Optional[dict] = None) -> None:
+        """An evaluation's returns, logged as eval/episodic_return at `step` (default: now); with --keep-best a new
+        best mean writes best.pt: `snapshot` (run.checkpoint(best=True) of the weights evaluated, for an evaluation
+        that ran while training went on), else the agent as it is now."""
+        step = self.state.global_step if step is None else step
+        self.writer.add_scalar("eval/episodic_return", float(np.mean(returns)), step)
+        self.best.offer(float(np.mean(returns)), step, "eval/best_return", self, snapshot)
+
     def finish(self) -> bool:
-        """After the loop. Stopped by Ctrl-C / SIGTERM: save, say how to resume, exit 130. With --save-model: save
-        the final checkpoint and return True (the caller evaluates it)."""
+        """After the loop. Stopped by Ctrl-C / SIGTERM: save, say how to resume, exit 130. Else --keep-best's last
+        look at the training returns; with --save-model: the final evaluation (run.play, with video under
+        videos/eval), then the final checkpoint, and return True (a script without run.play evaluates it itself)."""
         if self.stopped:
             path = self.save("interrupted")
             print(f"interrupted: saved step {self.state.global_step} (iteration {self.state.iteration}) to {path}\n"
                   f"resume with: python {self.script}.py --resume {path}", file=sys.stderr)  # fmt: skip
             self.close()
             sys.exit(130)
+        self.best.offer_training_return(self)
+        if self.args.save_model and self.play is not None:
+            returns = self.play(
+                self.args.eval_episodes, str(self.dir / "videos" / "eval") if self.args.capture_video else None
+            )
+            self.evaluated(returns)
+            print(f"eval: {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
         if self.args.save_model:
             print(f"model saved to {self.save('final')}")
         return self.args.save_model
@@ -877,6 +970,150 @@ def make_writer(run_dir: Path, args, purge_step: Optional[int]):
 
 
 # --- end shared: run ---
+
+
+# --- shared: keep-best ---
+class KeepBest:
+    """--keep-best: checkpoints/best.pt holds the agent with the best score so far, written (atomically) when the
+    score improves: at most once per evaluation, or per --checkpoint-interval where evaluation is off. The score is
+    the mean return of the script's evaluation (logged as eval/best_return), or where evaluation is off
+    (--eval-interval 0) the mean return of the last 10 training episodes (charts/best_training_return): those were
+    played by the policies of the last few updates, not by the saved one alone. Every checkpoint stores the best
+    score, so a resumed run keeps a better best.pt. best.pt resumes like any checkpoint, but never holds the replay
+    buffer; --keep-checkpoints never deletes it (it prunes step_*.pt only)."""
+
+    def __init__(self, enabled: bool, path: Path, ckpt: Optional[dict]):
+        self.enabled, self.path, self.step = enabled, path, None
+        self.score = -math.inf if ckpt is None else float(ckpt["run_state"].get("best_score", -math.inf))
+
+    def offer(self, score: float, step: int, tag: str, run, snapshot: Optional[dict] = None) -> None:
+        """A new score at `step`: keep the agent if it beats the best so far; log the best (`tag`)."""
+        if not self.enabled:
+            return
+        if score > self.score:
+            self.score = score
+            state = snapshot if snapshot is not None else run.checkpoint(best=True)
+            state["run_state"]["best_score"] = score
+            save_checkpoint(state, self.path)
+        self.step = step
+        run.writer.add_scalar(tag, self.score, step)
+
+    def offer_training_return(self, run) -> None:
+        """Where evaluation is off: the mean of the recent training returns, once per step (if an episode ended)."""
+        step = run.state.global_step
+        if run.args.eval_interval == 0 and run.recent_returns and step != self.step:
+            self.offer(float(np.mean(run.recent_returns)), step, "charts/best_training_return", run)
+
+
+# --- end shared: keep-best ---
+
+
+# --- shared: export ---
+# Flags that say nothing about how the agent was trained: the model card's command leaves them out.
+NOT_TRAINING_FLAGS = ("exp_name", "cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
+                      "runs_dir", "keep_checkpoints", "save_buffer", "resume", "eval_checkpoint", "export_checkpoint",
+                      "export_dir", "log_interval", "progress")  # fmt: skip
+
+
+def export_agent(args, ckpt: dict, policy: nn.Module, example_obs: torch.Tensor, model_state: dict, config: dict,
+                 play: Callable[..., list], usage: str) -> Path:  # fmt: skip
+    """--export-checkpoint: a folder that someone without this repository can run and share.
+    policy.pt2  the acting policy (observation normalization, network, deterministic action, action scaling or
+                clipping) as a torch.export program: torch.export.load("policy.pt2").module()(obs) is the action;
+    model.pt    the network's state_dict (loads with weights_only=True), with config.json (sizes, spaces,
+                normalization statistics): config["agent_class"](**config["agent_kwargs"]) of the script;
+    README.md   a model card: the env, the training, the evaluation over --eval-episodes, use, reproduction;
+    replay.mp4  one evaluation episode, with --capture-video."""
+    import shutil
+
+    source = Path(args.export_checkpoint)
+    out = Path(args.export_dir) if args.export_dir else source.resolve().parent.parent / "export" / source.stem
+    out.mkdir(parents=True, exist_ok=True)
+    policy = copy.deepcopy(policy).cpu().eval().requires_grad_(False)  # a CPU copy: `play` below runs on the device
+    # the batch dimension stays free: any number of observations in, as many actions out
+    program = torch.export.export(policy, (example_obs,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+    tmp = out / ".policy.pt2.tmp"  # atomic, as the checkpoints: written whole, then renamed
+    torch.export.save(program, tmp)
+    os.replace(tmp, out / "policy.pt2")
+    save_checkpoint(model_state, out / "model.pt")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    returns = play(args.eval_episodes)
+    (out / "replay.mp4").unlink(missing_ok=True)  # a video in the folder is this agent's
+    if args.capture_video:
+        with tempfile.TemporaryDirectory() as video_dir:
+            try:
+                play(1, video_dir)
+            except gym.error.DependencyNotInstalled as e:  # e.g. classic control renders with pygame: say, go on
+                print(f"warning: no replay.mp4, the env cannot render here ({e})", file=sys.stderr)
+            videos = sorted(Path(video_dir).glob("*.mp4"))
+            if videos:
+                shutil.move(videos[0], out / "replay.mp4")
+    video = (out / "replay.mp4").is_file()
+    (out / "README.md").write_text(model_card(args, ckpt, config, returns, usage, video))
+    print(f"exported {source} (step {ckpt['global_step']}) to {out}: eval {np.mean(returns):.2f} +- "
+          f"{np.std(returns):.2f} over {len(returns)} episodes")  # fmt: skip
+    return out
+
+
+def reproduce_command(script: str, saved: dict, cls) -> str:
+    """`python script.py` with the training flags whose saved value differs from the default."""
+    defaults, words = dataclasses.asdict(cls()), [f"python {script}.py"]
+    for f in dataclasses.fields(cls):
+        value = saved.get(f.name, defaults[f.name])
+        if "Suppress" in str(f.type) or f.name in NOT_TRAINING_FLAGS or value == defaults[f.name] or value is None:
+            continue
+        flag = f.name.replace("_", "-")
+        words.append(f"--{flag}" if value is True else f"--no-{flag}" if value is False else f"--{flag} {value}")
+    return " ".join(words)
+
+
+def script_source() -> dict:
+    """This script's name, SHA-256 and, when it runs from a git checkout, the commit (noting local changes)."""
+    import hashlib
+    import subprocess
+
+    path = Path(__file__).resolve()
+    source = {"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "commit": None}
+    try:
+        git = ["git", "-C", str(path.parent)]
+        head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if head.returncode == 0:
+            changed = subprocess.run([*git, "diff", "--quiet", "HEAD", "--", path.name], timeout=10).returncode != 0
+            source["commit"] = head.stdout.strip() + (" (with local changes to the script)" if changed else "")
+    except (OSError, subprocess.SubprocessError):  # no git: the SHA-256 identifies the script alone
+        pass
+    return source
+
+
+def model_card(args, ckpt: dict, config: dict, returns: list, usage: str, video: bool) -> str:
+    """The export's README.md."""
+    source, saved = script_source(), ckpt["args"]
+    commit = f"; git commit `{source['commit']}`" if source["commit"] else ""
+    files = ["- `policy.pt2`: the acting policy as a `torch.export` program (plain torch, no code of this repository)",
+             "- `model.pt`, `config.json`: the network's `state_dict` (`torch.load(..., weights_only=True)`) and its "
+             f"sizes, spaces and normalization statistics, for `{config['agent_class']}(**config[\"agent_kwargs\"])` "
+             f"of `{source['file']}`",
+             "- `README.md`: this card"] + (["- `replay.mp4`: one evaluation episode"] if video else [])  # fmt: skip
+    return "\n".join([
+        f"# {config['algorithm']} on {saved['env_id']}", "",
+        f"Trained by `{source['file']}` (onefile-rl) for "
+        f"{ckpt['global_step']:,} env steps (checkpoint `{Path(args.export_checkpoint).name}` of run "
+        f"`{ckpt['run_name']}`).", "",
+        "## Evaluation", "",
+        f"Return **{np.mean(returns):.2f} ± {np.std(returns):.2f}** (mean ± std) over {len(returns)} episodes (evaluation "
+        f"seed {saved['seed'] + 10_000}): {config['evaluation']}.", "",
+        "## Use", "",
+        f"Input: {config['policy_input']}. Output: {config['policy_output']}.", "",
+        "```python", usage.strip(), "```", "",
+        "## Files", "", *files, "",
+        "## Reproduce", "",
+        "```", reproduce_command(Path(source["file"]).stem, saved, type(args)), "```", "",
+        f"Script `{source['file']}`, SHA-256 `{source['sha256']}`{commit}. Exported with torch {torch.__version__}, "
+        f"gymnasium {gym.__version__}.", "",
+    ])  # fmt: skip
+
+
+# --- end shared: export ---
 
 
 # --- shared: checkpoint ---
@@ -992,6 +1229,8 @@ def parse_command_line(cls, overridable: tuple, rules: dict, validate: Callable)
     quiet_mujoco_warnings()
     if args.resume and args.eval_checkpoint:
         raise UserError("--resume and --eval-checkpoint exclude each other: evaluate a checkpoint, or continue it.")
+    if args.export_checkpoint and (args.resume or args.eval_checkpoint):
+        raise UserError("--export-checkpoint excludes --resume and --eval-checkpoint: export a checkpoint, or use it.")
     check_flags(args, rules)  # a resumed run is checked again once its Args are merged with the checkpoint's
     if not args.resume:
         validate(args)

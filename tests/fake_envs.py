@@ -80,3 +80,15 @@ class ScriptedAle(gym.Env):
         reward, self.life_count = script.get(self.t, (0.0, self.life_count))
         obs = np.array([self.t, self.game], np.float64)
         return obs, reward, self.game_over(), False, {"lives": self.life_count}
+
+
+class FallingReturnEnv(CountingEnv):
+    """CountingEnv whose reward falls to 0 from its 7th episode on (whatever the actions): the training return of
+    an agent "collapses" at a step known in advance, for --keep-best."""
+
+    def step(self, action):
+        obs, _, terminated, truncated, info = super().step(action)
+        return obs, 1.0 if self.episode < 6 else 0.0, terminated, truncated, info
+
+
+gym.register("FallingReturn-v0", entry_point=FallingReturnEnv, max_episode_steps=7)  # 7 steps: return 7, later 0

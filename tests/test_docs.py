@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import BASE_ENV, ROOT, only_run_dir, run_script, scalars
 
@@ -197,3 +198,30 @@ def test_tensorboard_serves_the_documented_tags_of_a_real_run(trained, tmp_path)
             os.kill(server.pid, signal.SIGKILL)
             server.wait(timeout=30)
         log.close()
+
+
+def export_snippet() -> str:
+    """The python block of the README's 'Share a trained agent' paragraph."""
+    section = README.read_text().split("**Share a trained agent.**", 1)[1]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_readme_export_snippet_plays_the_evaluation_episode_with_plain_torch(trained, tmp_path):
+    """The README's export command on a trained checkpoint, then its snippet in a process that has no path to this
+    repository: policy.pt2 alone plays the episode that the script's evaluation played."""
+    section = README.read_text().split("**Share a trained agent.**", 1)[1].split("```", 1)[0]
+    command = re.search(r"`uv run (ppo_continuous\.py --export-checkpoint \S+ --export-dir\s+my-agent)", section)
+    assert command, "the paragraph shows the export command"
+    proc = run_script("ppo_continuous.py", "--export-checkpoint", trained["checkpoint"], "--export-dir",
+                      tmp_path / "my-agent", "--eval-episodes", 1)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    snippet = export_snippet()
+    assert 'torch.export.load("my-agent/policy.pt2")' in snippet and "import ppo_continuous" not in snippet
+    seed = torch.load(trained["checkpoint"], weights_only=True)["args"]["seed"] + 10_000  # the evaluation's episode
+    code = snippet.replace('"HalfCheetah-v4"', '"Pendulum-v1"').replace("seed=0", f"seed={seed}")
+    code += '\nprint("RETURN", repr(total))\n'
+    env = {k: v for k, v in {**os.environ, **BASE_ENV}.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    played = float(re.search(r"^RETURN (.+)$", proc.stdout, re.M).group(1))
+    assert played == pytest.approx(trained["eval_return"], rel=1e-5, abs=1e-3)  # logged as float32

@@ -13,11 +13,11 @@ SCRIPTS = sorted(p for p in ROOT.glob("*.py"))
 START = re.compile(r"^# --- shared: (?P<name>[\w-]+) ---$")
 END = re.compile(r"^# --- end shared: (?P<name>[\w-]+) ---$")
 # every script carries these blocks: the plumbing below the banner (errors, flag checks, seeding, checkpoints, the
-# run's bookkeeping, torch's threads)
-REQUIRED = {"errors", "validation", "seeding", "checkpoint", "run", "threads"}
+# run's bookkeeping, keep-best, the export of a trained agent, torch's threads)
+REQUIRED = {"errors", "validation", "seeding", "checkpoint", "run", "keep-best", "export", "threads"}
 # the SAC scripts: sac_continuous_ray.py distributes sac_continuous.py's parts, so it must carry them verbatim
 SAC_PARTS = {"sac-env", "sac-networks", "sac-replay-buffer", "sac-parameters", "sac-learner", "sac-rollout",
-             "sac-evaluation", "sac-run"}  # fmt: skip
+             "sac-evaluation", "sac-export", "sac-run"}  # fmt: skip
 # ...and each family its own: MuJoCo/classic-control scripts capture simulator state and use same-step autoreset;
 # the Atari scripts share the preprocessing, both backends, the Nature CNN and the run plumbing; the on-policy
 # scripts share the initialization, explained variance and the schedules.
