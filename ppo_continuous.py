@@ -1032,7 +1032,7 @@ def export_agent(args, ckpt: dict, policy: nn.Module, example_obs: torch.Tensor,
     policy = copy.deepcopy(policy).cpu().eval().requires_grad_(False)  # a CPU copy: `play` below runs on the device
     # the batch dimension stays free: any number of observations in, as many actions out
     program = torch.export.export(policy, (example_obs,), dynamic_shapes=({0: torch.export.Dim("batch")},))
-    tmp = out / ".policy.pt2.tmp"  # atomic, as the checkpoints: written whole, then renamed
+    tmp = out / ".policy.tmp.pt2"  # atomic, as the checkpoints: written whole, then renamed (torch.export wants .pt2)
     torch.export.save(program, tmp)
     os.replace(tmp, out / "policy.pt2")
     save_checkpoint(model_state, out / "model.pt")

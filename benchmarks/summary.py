@@ -56,6 +56,7 @@ class Row:
     comparison: Optional[Comparison]
     smooth: int = 20  # moving-average window (episodes) of the curves in the figure
     speed_key: str = ""  # the entry in speed_vs_reference.json (default: the script's name)
+    then_defaults: str = ""  # flags of `flags` that were the script's defaults when the JSONs ran (not in their args)
 
 
 SAC_REFERENCE_150K = Comparison(
@@ -88,7 +89,8 @@ ROWS = [
     Row("a2c_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps",
         "`--env-backend envpool --bf16 --vf-coef 0.5 --optimizer rmsprop-torch`",  # run before the zoo's defaults
         ["a2c_atari_Breakout_1M_bf16.json"],
-        Comparison("runs", "Stable-Baselines3 `A2C`, run here", ["sb3_a2c_BreakoutNoFrameskip-v4_1M.json"]), smooth=100),
+        Comparison("runs", "Stable-Baselines3 `A2C`, run here", ["sb3_a2c_BreakoutNoFrameskip-v4_1M.json"]), smooth=100,
+        then_defaults="--vf-coef 0.5 --optimizer rmsprop-torch"),
 ]  # fmt: skip
 
 
@@ -157,7 +159,8 @@ def speed_cell(key: str, speed: dict) -> str:
     entry = speed.get(key)
     if not entry:
         return "not measured"
-    return f"{entry['ratio']:.2f}× ({entry['reps']} reps)"
+    backend = f", {entry['backend']} backend" if entry.get("backend") else ""  # Atari: the backend it was measured on
+    return f"{entry['ratio']:.2f}× ({entry['reps']} reps{backend})"
 
 
 def table_rows(rows: list = ROWS, results: Path = RESULTS, speed: Optional[dict] = None) -> list:

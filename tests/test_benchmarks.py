@@ -35,8 +35,7 @@ bench = load_harness()
 # A fake training script that follows the contract: it parses the contract args (ignoring unknown ones) and writes
 # `charts/episodic_return` (value = episode index + seed) to DIR/<run_name>/. It fails with exit code 3 when its
 # seed equals --fail-seed. It uses tensorboard's own event writer (no torch import) to keep the tests fast.
-FAKE_TRAIN = textwrap.dedent(
-    """
+FAKE_TRAIN = textwrap.dedent("""
     import argparse, sys, time
     from pathlib import Path
 
@@ -64,8 +63,7 @@ FAKE_TRAIN = textwrap.dedent(
         value = Summary.Value(tag="charts/episodic_return", simple_value=float(episode + args.seed))
         writer.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=[value])))
     writer.close()
-    """
-)
+    """)
 
 
 @pytest.fixture(scope="module")
@@ -365,7 +363,10 @@ def test_summary_pools_seeds_and_reads_comparisons(tmp_path):
         summary.Row("z.py", "Env-v0", "1k steps", "", ["pub.json"], summary.Comparison("runs", "later", ["missing.json"])),
         summary.Row("w.py", "Env-v0", "1k steps", "", ["missing.json"], None),  # no JSON yet: no row
     ]  # fmt: skip
-    speed = {"x.py": {"ours_sps": 300.0, "reference_sps": 150.0, "ratio": 2.0, "reps": 3}}
+    speed = {
+        "x.py": {"ours_sps": 300.0, "reference_sps": 150.0, "ratio": 2.0, "reps": 3},
+        "z.py": {"ours_sps": 300.0, "reference_sps": 200.0, "ratio": 1.5, "reps": 3, "backend": "gymnasium"},
+    }
     cells = summary.table_rows(rows, tmp_path, speed)
     assert len(cells) == 3
     x, y, z = cells
@@ -374,7 +375,7 @@ def test_summary_pools_seeds_and_reads_comparisons(tmp_path):
     assert x["comparison"] == "10.0 ± 2.0 (the other one, run here, 2 seeds)"
     assert x["speed"] == "2.00× (3 reps)" and x["wall"] == "10 min, AMD EPYC, 2 seeds at once"
     assert y["ours"] == "**5.0**" and y["comparison"] == "12.5 ± 1.5 (a paper, 3 seeds)" and y["speed"] == "not measured"
-    assert z["comparison"] == "later: not measured yet"
+    assert z["comparison"] == "later: not measured yet" and z["speed"] == "1.50× (3 reps, gymnasium backend)"
     table = summary.markdown_table(cells)
     assert table.count("\n") == 4 and table.startswith("| script |")
     readme = f"intro\n{summary.TABLE_START}\nold table\n{summary.TABLE_END}\nrest\n"
@@ -400,6 +401,8 @@ def test_summary_rows_name_committed_jsons_with_the_flags_they_ran():
             report = summary.load(name)
             assert report is not None, f"{name} (a row of summary.py) is not in benchmarks/results/"
             for flag in re.findall(r"--[a-z0-9-]+(?: [^-`][^ `]*)?", row.flags):
+                if flag in row.then_defaults:  # the script's default when this JSON ran, so not in its args
+                    continue
                 assert " ".join(report["extra_args"]).find(flag) >= 0, f"{name} did not run with {flag}"
         if row.comparison is not None and row.comparison.kind == "published":
             assert summary.load(row.comparison.files[0])["reference"]["value"] is not None
