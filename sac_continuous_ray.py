@@ -5,23 +5,24 @@ evaluation are copied here verbatim (the `sac-*` blocks; a test keeps the copies
 where each part runs:
 
     rollout workers (Ray actors, 1 CPU each) --batches of transitions--> driver --object refs--> replay buffer shard(s)
-         ^  pull weights every --weight-sync-interval env steps                                  |  sampled batches
+         ^  pull newer weights every --weight-sync-interval env steps (all workers')             |  sampled batches
          |                                                                                       v
     parameter server (Ray actor) <--weights + version-- learner (in the driver; a GPU if there is one) --> TensorBoard
     evaluator (Ray actor): deterministic episodes with the newest weights every --eval-interval env steps
 
-The driver counts env steps when a worker's batch comes back, and only then forwards it to the buffer: a worker that
-dies mid-batch loses that batch (never stored, never counted), Ray restarts the worker, and the lost steps are
-collected again. The learner holds --utd-ratio gradient updates per collected env step: workers are held back when
-they run ahead, so more workers make the run faster, not a different algorithm. --utd-ratio 0 lets both run freely.
+A batch counts once its buffer shard has stored it: a batch lost with its worker or node is never counted, and its
+steps are collected again. Batches go round-robin (pick_worker); a worker pulls newer weights every
+--weight-sync-interval env steps of all workers (pull_due), so more workers do not make acting more off-policy. The
+learner holds --utd-ratio updates per collected env step (workers are held back when they run ahead): more workers
+make the run faster, not a different algorithm. --utd-ratio 0 lets both run freely.
 
 Map of this file, top to bottom:
   Args            SAC flags (as sac_continuous.py), the distribution's, then run flags (`--help` lists them)
   make_env        one gymnasium env (sac_continuous.py's)
   Ray actors      BufferShard, ParameterServer, RolloutWorker, Evaluator: plain classes, made remote in main()
-  driver helpers  the utd schedule and back-pressure, batch plans, sampling across shards, the batches in flight
+  driver helpers  the utd schedule and back-pressure, batch plans, dispatch and weight pulls, the batches in flight
   main()          set-up, then the driver loop: harvest -> dispatch -> learn -> evaluate -> log, then finish
-  # === Plumbing  flag checks, Ray connection, checkpoints, resume, errors, speed set-up; and, as blocks shared
+  # === Plumbing  flag checks, Ray connection, faults, checkpoints, resume, errors, speed set-up; and, as blocks shared
                   with sac_continuous.py, the SAC itself: networks, losses, learner, replay buffer, rollout, evaluation
 Docs: docs/sac_continuous_ray.md; the algorithm: https://arxiv.org/abs/1812.05905
 """
@@ -79,7 +80,7 @@ class Args:
     # --- distribution: where the parts run ---
     num_rollout_workers: int = 2  # rollout worker actors (one CPU each), each stepping --envs-per-worker envs
     envs_per_worker: int = 1  # environments each rollout worker steps as one vector env
-    weight_sync_interval: int = 1_000  # env steps a worker takes between pulls of the newest actor weights
+    weight_sync_interval: int = 1_000  # env steps (over all workers) between a worker's pulls of newer actor weights
     utd_ratio: float = 1.0  # gradient updates per collected env step that the learner holds to (0 = asynchronous)
     num_buffer_shards: int = 1
     """replay buffer actors; worker i writes to shard i % shards, the learner samples all in proportion to size"""
@@ -258,10 +259,9 @@ class RolloutWorker:
             time.sleep(0.05)
 
     def collect(self, num_steps: int, num_random: int, pull: bool = True) -> tuple[dict, dict]:
-        """`num_steps` vector steps, the first `num_random` with uniform random actions (before learning_starts), the
-        rest with the worker's weights, pulled first if `pull` (the driver's pull_due). Returns the transitions
-        (num_steps * num_envs rows) and stats: the episodes that ended, the weight version acted with (-1: random
-        actions only), the row count, and where it ran."""
+        """`num_steps` vector steps, the first `num_random` with uniform random actions (before learning_starts), then
+        with its weights, pulled first if `pull` (pull_due). Returns the transitions (num_steps * num_envs rows) and
+        stats: the episodes that ended, the weight version acted with (-1: none), the row count, where it ran."""
         n, e = num_steps, self.num_envs
         batch = {
             "obs": np.empty((n, e, self.obs_dim), np.float32),
