@@ -1130,7 +1130,7 @@ class ParameterHolder:
         self.weights: list = []
         self.version = 0
 
-    def publish(self, actor: nn.Module, version: int) -> None:
+    def publish(self, actor: Actor, version: int) -> None:
         self.weights = [p.detach().cpu().numpy().copy() for p in actor.parameters()]
         self.version = version
 
