@@ -818,6 +818,7 @@ class Publisher:
     def __init__(self, server, actor: nn.Module, version: int):
         self.server, self.holder, self.pid = server, ParameterHolder(), None
         self.pending, self.asked = None, time.monotonic()  # the last publish or status call, and when
+        self.looked = 0.0  # when check() last looked (at most every 0.2 s: a look costs a Ray call, a pass ~1 update)
         self.version = -1
         self.publish(actor, version)
 
@@ -831,6 +832,9 @@ class Publisher:
         import ray
         from ray.exceptions import RayActorError
 
+        if time.monotonic() - self.looked < 0.2:
+            return
+        self.looked = time.monotonic()
         if self.pending is None:
             if time.monotonic() - self.asked > 1.0:
                 self.pending, self.asked = self.server.status.remote(), time.monotonic()
@@ -843,11 +847,12 @@ class Publisher:
         except RayActorError:  # died during the call: ask the restarted one
             pid = -1
         self.pending = None
-        if pid != self.pid and self.pid is not None:
-            print(f"the parameter server is back (restarted by Ray): weights of version {self.version} published again",
-                  file=sys.stderr)  # fmt: skip
+        if pid == -1 or (self.pid is not None and pid != self.pid):
+            if pid != -1:
+                print(f"the parameter server is back (restarted by Ray, pid {pid}): weights of version "
+                      f"{self.holder.version} published to it again", file=sys.stderr)  # fmt: skip
             self.pending = self.server.publish.remote(self.holder.weights, self.holder.version)
-        self.pid = pid if pid != -1 else self.pid
+        self.pid = self.pid if pid == -1 else pid
 
 
 def shard_sample_counts(sizes: list, n: int) -> list:
