@@ -206,7 +206,7 @@ def test_a_killed_parameter_server_comes_back_and_gets_the_weights_again(tmp_pat
 def test_a_killed_buffer_shard_ends_the_run_with_a_checkpoint_and_one_paragraph(tmp_path):
     """A shard holds the only copy of its transitions and is not restarted: losing it stops the run with an
     `interrupted` checkpoint (learner and counters, no buffer), one paragraph on stderr, exit code 1, and no Ray
-    process left behind. The checkpoint resumes (the buffer refills first)."""
+    process left behind."""
     proc = start_ray_run("--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "100000", "--checkpoint-interval",
                          "0", "--save-buffer", "--runs-dir", tmp_path)  # fmt: skip
     try:
@@ -225,12 +225,9 @@ def test_a_killed_buffer_shard_ends_the_run_with_a_checkpoint_and_one_paragraph(
     assert len(error) == 1 and "replay buffer shard" in error[0] and "--resume" in error[0], err
     ckpts = list((only_run_dir(tmp_path) / "checkpoints").glob("interrupted_*.pt"))
     assert len(ckpts) == 1
-    state = torch.load(ckpts[0], weights_only=True)
+    state = torch.load(ckpts[0], weights_only=True)  # resumes as a checkpoint saved without its buffer (tested below)
     assert state["replay_buffers"] is None and 200 <= state["global_step"] < 100000
-    resumed = run_ray("--resume", ckpts[0], "--total-timesteps", state["global_step"] + 300)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "buffer starts empty" in resumed.stderr
-    assert done_line(resumed.stdout)[:3] == (state["global_step"] + 300, 0, 300)
+    assert state["run_state"]["grad_steps"] > 0 and state["learner"]["log_alpha"].item() < 0
 
 
 @pytest.fixture(scope="module")
