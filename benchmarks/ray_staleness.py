@@ -50,7 +50,8 @@ def run_one(workers: int, steps: int, runs_dir: Path) -> dict:
     _, means = read_scalars(run_dir, "charts/weight_staleness")
     _, maxes = read_scalars(run_dir, "charts/weight_staleness_max")
     done = next(line for line in proc.stdout.splitlines() if line.startswith("done:"))
-    return {"command": " ".join(["python", *cmd[1:-2]]), "windows": int(len(means)),
+    command = " ".join(["python", Path(cmd[1]).name, *cmd[2:-2]])  # as run from the repository root
+    return {"command": command, "windows": int(len(means)),
             "mean_staleness": float(np.mean(means)), "median_window_staleness": float(np.median(means)),
             "max_staleness": float(np.max(maxes)), "wall_s": round(wall, 1), "done": done}  # fmt: skip
 
