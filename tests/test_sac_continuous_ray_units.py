@@ -209,3 +209,33 @@ def test_run_ends_the_loop_after_the_pass_marked_last(tmp_path):
     run.close()
     assert s.iteration == 5 and s.global_step == 150 and not run.stopped
     assert logged == [120, 150]  # the window that crossed 100, then the final one
+
+
+@pytest.mark.parametrize("lost_shard", [False, True])
+def test_a_task_error_ends_the_run_with_a_checkpoint_one_paragraph_and_exit_1(tmp_path, capsys, lost_shard):
+    """Any Ray task error the loop does not repair (here an exception raised in an actor's code, or a lost shard):
+    an `interrupted` checkpoint (without the buffer when a shard was lost), one paragraph, exit code 1."""
+    ray_exceptions = pytest.importorskip("ray.exceptions")
+    args = sr.Args(env_id="Pendulum-v1", runs_dir=str(tmp_path), progress=False, checkpoint_interval=0, save_buffer=True)
+    args.num_iterations = sys.maxsize
+    run = sr.Run(args, sr.SCRIPT_NAME, None, {"obs_shape": [3], "act_shape": [1]}, log_every=100)
+    shard = sr.BufferShard(16, 3, 1, seed=0)
+    states = sr.ShardStates([shard], save=True)
+    s = sr.LoopState()
+    run.attach(s, None, replay_buffers=states)
+    capsys.readouterr()
+    error = sr.ShardLost(0, ray_exceptions.RayActorError()) if lost_shard else ray_exceptions.RayError("ValueError: boom")
+    with pytest.raises(SystemExit) as exit_info:
+        with sr.stop_on_task_error(run, states):
+            for _ in run.iterations(s, args.num_iterations):
+                s.global_step += 50
+                if s.global_step == 150:
+                    raise error
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "--resume" in lines[0], err
+    assert ("replay buffer shard 0 died" in err) == lost_shard and ("boom" in err) != lost_shard
+    ckpt = torch.load(next(run.ckpt_dir.glob("interrupted_*.pt")), weights_only=True)
+    assert ckpt["global_step"] == 150
+    assert (ckpt["replay_buffers"] is None) == lost_shard  # a lost shard's data cannot be saved
