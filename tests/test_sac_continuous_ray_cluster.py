@@ -8,8 +8,9 @@ process on the machine.
 
 Why not 127.0.0.1 alone: Ray 2.60 rewrites a loopback --node-ip-address and --address to the machine's own routable
 address (ray._private.services.resolve_ip_for_localhost), and its one switch against that,
-RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, refuses to start a second node. The nodes therefore talk over the machine's own
-address; nothing leaves the machine."""
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, refuses to start a second node. The nodes therefore advertise the machine's own
+address, and the GCS and raylets listen on all interfaces (Ray 2.60 has no setting to bind them to loopback); the
+cluster's traffic stays on this machine, between its own processes, and token authentication guards the ports."""
 
 import os
 import re
