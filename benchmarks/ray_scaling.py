@@ -82,7 +82,7 @@ def part_costs() -> dict:
     def two_steps():
         for _ in range(2):
             sr.critic_update(learner, batch, 0.99)
-            sr.soft_update(learner.qf_target_flat, learner.qf_flat, 0.005)
+            sr.soft_update(learner.qf_target_params, learner.qf_params, 0.005)
         for _ in range(2):
             sr.actor_update(learner, batch["obs"], True)
 
