@@ -5,23 +5,24 @@ evaluation are copied here verbatim (the `sac-*` blocks; a test keeps the copies
 where each part runs:
 
     rollout workers (Ray actors, 1 CPU each) --batches of transitions--> driver --object refs--> replay buffer shard(s)
-         ^  pull weights every --weight-sync-interval env steps                                  |  sampled batches
+         ^  pull newer weights every --weight-sync-interval env steps (all workers')             |  sampled batches
          |                                                                                       v
     parameter server (Ray actor) <--weights + version-- learner (in the driver; a GPU if there is one) --> TensorBoard
     evaluator (Ray actor): deterministic episodes with the newest weights every --eval-interval env steps
 
-The driver counts env steps when a worker's batch comes back, and only then forwards it to the buffer: a worker that
-dies mid-batch loses that batch (never stored, never counted), Ray restarts the worker, and the lost steps are
-collected again. The learner holds --utd-ratio gradient updates per collected env step: workers are held back when
-they run ahead, so more workers make the run faster, not a different algorithm. --utd-ratio 0 lets both run freely.
+A batch counts once its buffer shard has stored it: a batch lost with its worker or node is never counted, and its
+steps are collected again. Batches go round-robin (pick_worker); a worker pulls newer weights every
+--weight-sync-interval env steps of all workers (pull_due), so more workers do not make acting more off-policy. The
+learner holds --utd-ratio updates per collected env step (workers are held back when they run ahead): more workers
+make the run faster, not a different algorithm. --utd-ratio 0 lets both run freely.
 
 Map of this file, top to bottom:
   Args            SAC flags (as sac_continuous.py), the distribution's, then run flags (`--help` lists them)
   make_env        one gymnasium env (sac_continuous.py's)
   Ray actors      BufferShard, ParameterServer, RolloutWorker, Evaluator: plain classes, made remote in main()
-  driver helpers  the utd schedule and back-pressure, batch plans, sampling across shards, the batches in flight
+  driver helpers  the utd schedule and back-pressure, batch plans, dispatch and weight pulls, the batches in flight
   main()          set-up, then the driver loop: harvest -> dispatch -> learn -> evaluate -> log, then finish
-  # === Plumbing  flag checks, Ray connection, checkpoints, resume, errors, speed set-up; and, as blocks shared
+  # === Plumbing  flag checks, Ray connection, faults, checkpoints, resume, errors, speed set-up; and, as blocks shared
                   with sac_continuous.py, the SAC itself: networks, losses, learner, replay buffer, rollout, evaluation
 Docs: docs/sac_continuous_ray.md; the algorithm: https://arxiv.org/abs/1812.05905
 """
@@ -79,7 +80,7 @@ class Args:
     # --- distribution: where the parts run ---
     num_rollout_workers: int = 2  # rollout worker actors (one CPU each), each stepping --envs-per-worker envs
     envs_per_worker: int = 1  # environments each rollout worker steps as one vector env
-    weight_sync_interval: int = 1_000  # env steps a worker takes between pulls of the newest actor weights
+    weight_sync_interval: int = 1_000  # env steps (over all workers) between a worker's pulls of newer actor weights
     utd_ratio: float = 1.0  # gradient updates per collected env step that the learner holds to (0 = asynchronous)
     num_buffer_shards: int = 1
     """replay buffer actors; worker i writes to shard i % shards, the learner samples all in proportion to size"""
@@ -147,16 +148,6 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Call
 
 
 # ---- the Ray actors: plain classes, made remote in main() (so the tests can also run them in-process) ----
-def call(target, method: str, *args):
-    """target.method(*args), waiting for the result, on a Ray actor handle or on a plain in-process object."""
-    fn = getattr(target, method)
-    if hasattr(fn, "remote"):
-        import ray
-
-        return ray.get(fn.remote(*args))
-    return fn(*args)
-
-
 class BufferShard:
     """A replay buffer actor: the shared ReplayBuffer behind add/sample calls. The driver forwards each worker batch
     here as an object ref (the data goes worker -> object store -> shard, never through the driver's memory)."""
@@ -185,13 +176,15 @@ class BufferShard:
 
 
 class ParameterServer:
-    """The parameter holder as an actor: the learner publishes (weights, version), workers pull when it moved on."""
+    """The parameter holder as an actor: the learner publishes (weights, version), workers pull when it moved on.
+    Ray restarts it if it dies, empty: the driver's Publisher then publishes the newest weights again."""
 
     def __init__(self):
         self.holder = ParameterHolder()
 
-    def publish(self, weights: list, version: int) -> None:
+    def publish(self, weights: list, version: int) -> int:
         self.holder.weights, self.holder.version = weights, version
+        return os.getpid()  # a new pid tells the driver this is a restarted server
 
     def pull(self, have_version: int) -> Optional[tuple]:
         """(weights, version) when newer than `have_version`, else None: an up-to-date worker receives nothing."""
@@ -199,25 +192,34 @@ class ParameterServer:
             return self.holder.weights, self.holder.version
         return None
 
+    def status(self) -> tuple[int, int]:
+        """(pid, version held; -1 = no weights: a fresh or restarted server)."""
+        return os.getpid(), self.holder.version if self.holder.weights else -1
+
+
+WEIGHTS_WAIT_S = 600.0  # how long a worker without weights waits for the first publish before it gives up
+
 
 class RolloutWorker:
-    """Steps its own vector env with the newest weights it pulled (every `weight_sync_interval` env steps) and returns
+    """Steps its own vector env with the newest weights it pulled (when the driver asks: pull_due) and returns
     batches of true transitions: same-step autoreset, the final observation at a reset, `terminated` as the done flag
     (the shared sac-rollout and episode-boundaries blocks, as in sac_continuous.py)."""
 
-    def __init__(self, index: int, env_id: str, num_envs: int, seed: int, param_server, weight_sync_interval: int):
+    def __init__(self, index: int, env_id: str, num_envs: int, seed: int, param_server):
         """`param_server`: the parameter server's actor name (looked up in Ray), or the object itself in-process."""
         quiet_mujoco_warnings()
         torch.set_num_threads(1)
+        self.server_down: tuple = ()  # the errors of a parameter server that is restarting (none in-process)
         if isinstance(param_server, str):
             # by name, not by handle: Ray can restart an actor only if its constructor arguments are plain values
             import ray
+            from ray.exceptions import RayActorError
 
-            param_server = ray.get_actor(param_server)
+            param_server, self.server_down = ray.get_actor(param_server), (RayActorError,)
         if restarted_actor():
             # Ray restarted this worker after a crash: fresh seeds, or it would replay its first life's episodes
             seed = int.from_bytes(os.urandom(4), "little")
-        self.index, self.param_server, self.sync_interval = index, param_server, weight_sync_interval
+        self.index, self.param_server = index, param_server
         self.envs = gym.vector.SyncVectorEnv(
             [make_env(env_id, i, False, "") for i in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
         )
@@ -234,21 +236,32 @@ class RolloutWorker:
         self.episode_length = np.zeros(num_envs, np.int64)
         self.weights: list = []
         self.version = -1
-        self.steps_since_sync = 0
 
     def info(self) -> dict:
-        return {"pid": os.getpid(), "host": socket.gethostname()}
+        return {"pid": os.getpid(), "host": socket.gethostname(), "node": node_id()}
 
     def sync_weights(self) -> None:
-        pulled = call(self.param_server, "pull", self.version)
-        if pulled is not None:
-            self.weights, self.version = pulled
-        self.steps_since_sync = 0
+        """Pull the newest weights if the server holds newer ones. A worker with none waits for the first publish.
+        Why: a fresh or restarted worker can start before anything is published, and a restarted parameter server is
+        empty until the driver publishes again; acting on an empty weights list crashed the worker."""
+        deadline = time.monotonic() + WEIGHTS_WAIT_S
+        while True:
+            try:
+                pulled = call(self.param_server, "pull", self.version)
+            except self.server_down:  # restarting: Ray brings it back, and the driver publishes to it again
+                pulled = None
+            if pulled is not None:
+                self.weights, self.version = pulled
+            if self.weights:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"rollout worker {self.index}: no weights published in {WEIGHTS_WAIT_S:.0f} s")
+            time.sleep(0.05)
 
-    def collect(self, num_steps: int, num_random: int) -> tuple[dict, dict]:
-        """`num_steps` vector steps, the first `num_random` with uniform random actions (before learning_starts).
-        Returns the transitions (num_steps * num_envs rows) and stats: the episodes that ended, the oldest weight
-        version acted with (-1: random actions only), and the row count."""
+    def collect(self, num_steps: int, num_random: int, pull: bool = True) -> tuple[dict, dict]:
+        """`num_steps` vector steps, the first `num_random` with uniform random actions (before learning_starts), then
+        with its weights, pulled first if `pull` (pull_due). Returns the transitions (num_steps * num_envs rows) and
+        stats: the episodes that ended, the weight version acted with (-1: none), the row count, where it ran."""
         n, e = num_steps, self.num_envs
         batch = {
             "obs": np.empty((n, e, self.obs_dim), np.float32),
@@ -257,14 +270,14 @@ class RolloutWorker:
             "rewards": np.empty((n, e), np.float32),
             "terminated": np.empty((n, e), np.bool_),
         }
-        finished, oldest_version = [], None
+        finished, version = [], -1
         for t in range(n):
             if t < num_random:
                 actions = (self.rng.random((e, self.act_dim)) * (self.high - self.low) + self.low).astype(np.float32)
             else:
-                if not self.weights or self.steps_since_sync >= self.sync_interval:
+                if t == num_random and (pull or not self.weights):  # one pull per batch, before its first policy step
                     self.sync_weights()
-                oldest_version = self.version if oldest_version is None else oldest_version
+                version = self.version
                 noise = self.rng.standard_normal((e, self.act_dim))
                 actions = policy_actions(self.raw_obs.astype(np.float32), self.weights, noise, self.scale, self.bias)
             obs = self.raw_obs
@@ -274,11 +287,9 @@ class RolloutWorker:
             # store terminations, not truncations: a time limit is not a terminal state (next obs = true final obs)
             for name, value in zip(ReplayBuffer.FIELDS, (obs, real_next_obs, actions, rewards, terminations)):
                 batch[name][t] = value
-            self.steps_since_sync += e
             finished += ended
         flat = {k: v.reshape(n * e, *v.shape[2:]) for k, v in batch.items()}
-        stats = {"steps": n * e, "episodes": finished, "version": -1 if oldest_version is None else oldest_version,
-                 "pid": os.getpid()}  # fmt: skip
+        stats = {"steps": n * e, "episodes": finished, "version": version, "pid": os.getpid(), "node": node_id()}
         return flat, stats
 
 
@@ -294,7 +305,7 @@ class Evaluator:
         return step, evaluate(weights, self.env_id, self.episodes, self.seed)
 
 
-# ---- the driver's helpers: the utd ratio, batch plans, sampling across shards, the batches in flight ----
+# ---- the driver's helpers: the utd ratio, batch plans, dispatch and weight pulls, the batches in flight ----
 def updates_due(env_steps: int, updates_start: int, utd: float) -> int:
     """Gradient updates owed after `env_steps` collected steps: utd per step from updates_start on. With utd 1 this
     is sac_continuous.py's schedule (one update per env step, the first once learning_starts steps are stored)."""
@@ -320,90 +331,96 @@ def next_batch_plan(dispatched: int, total: int, learning_starts: int, num_envs:
     return steps, random_steps
 
 
-def shard_sample_counts(sizes: list, n: int) -> list:
-    """How many of n uniform draws each shard serves: multinomial in proportion to the shards' sizes, so that
-    sampling each shard uniformly is uniform over all stored transitions (torch's global RNG, seeded)."""
-    if len(sizes) == 1:
-        return [n]
-    draws = torch.multinomial(torch.tensor(sizes, dtype=torch.float64), n, replacement=True)
-    return torch.bincount(draws, minlength=len(sizes)).tolist()
+def pick_worker(in_flight: list, last_start: list, max_in_flight: int) -> Optional[int]:
+    """The worker to hand the next batch: of those with fewer than max_in_flight batches, the one with the fewest,
+    then the one whose last batch started longest ago (round-robin). Why not the lowest-numbered free worker: when
+    the learner is the bottleneck, one worker is free at each dispatch and worker 0 took nearly every batch."""
+    free = [i for i, busy in enumerate(in_flight) if busy < max_in_flight]
+    return min(free, key=lambda i: (in_flight[i], last_start[i], i)) if free else None
 
 
-class Sampler:
-    """The learner's end of the buffer: asks the shard(s) for `per_request` batches at once and keeps the next request
-    in flight while the learner trains on the current one (prefetch), so the learner rarely waits on Ray."""
-
-    def __init__(self, shards: list, batch_size: int, per_request: int, device: torch.device):
-        self.shards, self.batch_size, self.per_request, self.device = shards, batch_size, per_request, device
-        self.ready: deque = deque()
-        self.pending: Optional[list] = None
-
-    def next(self, sizes: list) -> dict:
-        if not self.ready:
-            import ray
-
-            if self.pending is None:
-                self.pending = self._request(sizes)
-            parts = ray.get(self.pending)
-            self.pending = self._request(sizes)  # prefetch the next group now
-            merged = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-            if len(parts) > 1:  # shard by shard -> shuffle, so each batch mixes the shards
-                order = torch.randperm(len(merged["rewards"]))
-                merged = {k: v[order] for k, v in merged.items()}
-            for i in range(self.per_request):
-                rows = slice(i * self.batch_size, (i + 1) * self.batch_size)
-                self.ready.append({k: v[rows].to(self.device, non_blocking=True) for k, v in merged.items()})
-        return self.ready.popleft()
-
-    def _request(self, sizes: list) -> list:
-        counts = shard_sample_counts(sizes, self.batch_size * self.per_request)
-        return [shard.sample.remote(c) for shard, c in zip(self.shards, counts) if c > 0]
+def pull_due(global_step: int, last_pull_step: int, worker_version: int, published: int, interval: int) -> bool:
+    """Does a worker pull the newest weights before its next batch? When the learner published a newer version and
+    `interval` env steps, counted over all workers, passed since its last pull. Why global steps: counted in its own
+    steps, a worker of N pulled every N * interval learner updates, so acting grew more off-policy with every worker."""
+    return published > worker_version and global_step - last_pull_step >= interval
 
 
 class Batches:
-    """The workers' batches from dispatch to harvest. A worker's `collect` returns two objects: the batch (arrays,
-    into Ray's object store) and small stats, which the driver waits on. Up to two batches per worker are in flight:
-    the next one is queued behind the one it collects, so a worker never waits for the driver."""
+    """The workers' batches from dispatch to storage. A worker's `collect` returns two objects: the batch (arrays,
+    into Ray's object store) and small stats, which the driver waits on. Up to MAX_IN_FLIGHT batches per worker are in
+    flight: the next one is queued behind the one it collects, so a worker never waits for the driver."""
 
-    def __init__(self, workers: list, dispatched: int):
+    def __init__(self, workers: list, dispatched: int, sync_interval: int):
         import ray
 
         self.workers, self.dispatched = workers, dispatched  # env steps handed to workers, counted or in flight
+        self.sync_interval = sync_interval  # --weight-sync-interval, in global env steps (pull_due)
         self.in_flight: dict = {}  # stats ref -> (worker index, env steps, batch ref)
         self.busy = [0] * len(workers)  # batches in flight per worker
-        self.pids = [info["pid"] for info in ray.get([w.info.remote() for w in workers])]  # a new pid: a restart
+        self.started, self.last_start = 0, [0] * len(workers)  # batches started; the count when each worker's last did
+        self.last_pull = [dispatched] * len(workers)  # the global step at each worker's last requested pull
+        self.versions = [-1] * len(workers)  # the weight version each worker holds, as far as the driver knows
+        infos = ray.get([w.info.remote() for w in workers])
+        self.pids, self.nodes = [i["pid"] for i in infos], [i["node"] for i in infos]  # a new pid: a restart
 
-    def start(self, index: int, steps: int, random_steps: int, env_steps: int) -> None:
-        batch_ref, stats_ref = self.workers[index].collect.options(num_returns=2).remote(steps, random_steps)
+    def start(self, index: int, steps: int, random_steps: int, env_steps: int, global_step: int, published: int):
+        """Queue a batch of `steps` vector steps on worker `index`; if it acts, it pulls first when pull_due."""
+        pull = steps > random_steps and pull_due(global_step, self.last_pull[index], self.versions[index], published,
+                                                 self.sync_interval)  # fmt: skip
+        if pull:
+            self.last_pull[index], self.versions[index] = global_step, published
+        batch_ref, stats_ref = self.workers[index].collect.options(num_returns=2).remote(steps, random_steps, pull)
         self.in_flight[stats_ref] = (index, env_steps, batch_ref)
         self.busy[index] += 1
+        self.started += 1
+        self.last_start[index] = self.started
         self.dispatched += env_steps
 
-    def harvest(self) -> list:
-        """The batches finished since the last call, as (worker index, env steps, batch ref, stats); stats["restarted"]
-        says the batch came from a worker that Ray restarted. A batch whose worker died is dropped here: never stored,
-        never counted, its env steps handed out again."""
+    def harvest(self, shards: list) -> list:
+        """The batches finished since the last call, each forwarded to its shard (worker i -> shard i % shards) and
+        stored there, as (worker index, env steps, stats); stats["restarted"] says it came from a worker that Ray
+        restarted. A batch is counted only once its shard has stored it: a batch whose worker died, or whose data
+        was lost (with its node) before the shard fetched it, is dropped, never counted, and its env steps handed out
+        again. A shard that cannot store raises ShardLost."""
         import ray
-        from ray.exceptions import RayActorError
+        from ray.exceptions import ObjectLostError, RayActorError
 
         ready = ray.wait(list(self.in_flight), num_returns=len(self.in_flight), timeout=0)[0] if self.in_flight else []
-        finished = []
+        adds = []
         for ref in ready:
             index, steps, batch_ref = self.in_flight.pop(ref)
             self.busy[index] -= 1
             try:
                 stats = ray.get(ref)
             except RayActorError as e:
-                self.dispatched -= steps  # lost with the worker: collected again by a later batch
-                print(f"warning: a batch of rollout worker {index} (pid {self.pids[index]}) failed: {type(e).__name__}. "
-                      f"Its {steps} env steps are dropped and collected again; Ray restarts the worker.", file=sys.stderr)  # fmt: skip
+                self.drop(index, steps, f"a batch of rollout worker {index} (pid {self.pids[index]}) failed: "
+                                        f"{type(e).__name__}; Ray restarts the worker")  # fmt: skip
+                self.versions[index] = -1  # a restarted worker starts without weights
                 continue
             stats["restarted"] = stats["pid"] != self.pids[index]
             if stats["restarted"]:
-                self.pids[index] = stats["pid"]
-                print(f"rollout worker {index} is back (restarted by Ray, pid {stats['pid']})", file=sys.stderr)
-            finished.append((index, steps, batch_ref, stats))
-        return finished
+                self.pids[index], self.nodes[index] = stats["pid"], stats["node"]
+                print(f"rollout worker {index} is back (restarted by Ray, pid {stats['pid']}, node {short(stats['node'])})",
+                      file=sys.stderr)  # fmt: skip
+            self.versions[index] = max(self.versions[index], stats["version"])
+            # the ref, not the data: the shard fetches the batch from the object store
+            adds.append((index, steps, stats, shards[index % len(shards)].add.remote(batch_ref)))
+        stored = []
+        for index, steps, stats, add_ref in adds:  # awaited: a failed add is never counted
+            try:
+                ray.get(add_ref)
+            except ObjectLostError as e:
+                self.drop(index, steps, f"the data of a batch of rollout worker {index} was lost ({type(e).__name__})")
+                continue
+            except RayActorError as e:
+                raise ShardLost(index % len(shards), e) from None
+            stored.append((index, steps, stats))
+        return stored
+
+    def drop(self, index: int, steps: int, why: str) -> None:
+        self.dispatched -= steps  # never counted: a later batch collects these env steps again
+        print(f"warning: {why}. Its {steps} env steps are dropped and collected again.", file=sys.stderr)
 
     def wait(self, timeout: float) -> None:
         """Nothing to learn: wait until a batch comes back (at most `timeout` s), or a moment when none is out."""
@@ -420,7 +437,7 @@ class LoopState:
     """What the driver loop carries from one pass to the next; checkpoints save and restore all of it. Batches in flight
     are not in it: they were never counted, and a resumed run collects those steps again."""
 
-    global_step: int = 0  # env steps counted: collected by a worker, back at the driver, sent to a buffer shard
+    global_step: int = 0  # env steps counted: collected by a worker, back at the driver, stored in a buffer shard
     iteration: int = 0  # the last completed pass of the driver loop
     grad_steps: int = 0  # the learner's gradient steps (critic updates)
     actor_updates: int = 0  # the learner's actor updates: the version of the weights it publishes
@@ -447,6 +464,7 @@ def new_window(s: LoopState) -> dict:
 LOSS_NAMES = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss")
 ACTOR_NAMES = ("actor_loss", "alpha", "alpha_loss")
 SAMPLE_GROUP = 16  # batches per buffer request: one Ray round trip per 16 gradient steps
+MAX_IN_FLIGHT = 2  # batches queued per worker: one it collects, the next behind it
 
 
 def main() -> None:
@@ -475,10 +493,13 @@ def main() -> None:
     learner = make_learner(obs_dim, act_dim, action_low, action_high, args, device)
     shard_capacity = args.buffer_size // args.num_buffer_shards
     # Buffer shards hold the only copy of the data: no restart (a restarted shard would be empty; the run stops).
-    shards = [ray.remote(BufferShard).options(num_cpus=0).remote(shard_capacity, obs_dim, act_dim, args.seed + 7 + i)
-              for i in range(args.num_buffer_shards)]  # fmt: skip
+    # On the driver's node (they hold the only copy of the data and talk to the learner most); the workers spread out.
+    here, spread = placement(ray)  # (below the banner) node affinity to this node; SPREAD over the cluster
+    shards = [ray.remote(BufferShard).options(num_cpus=0, scheduling_strategy=here).remote(shard_capacity, obs_dim,
+              act_dim, args.seed + 7 + i) for i in range(args.num_buffer_shards)]  # fmt: skip
     s = LoopState(updates_start=args.learning_starts)  # the first gradient step once learning_starts steps are in
-    run.attach(s, RaySession(ray), learner=learner, replay_buffers=ShardStates(shards, args.save_buffer))
+    shard_states = ShardStates(shards, args.save_buffer)
+    run.attach(s, RaySession(ray), learner=learner, replay_buffers=shard_states)
     if ckpt is not None and ckpt["replay_buffers"] is None:
         s.updates_start = s.global_step + max(args.learning_starts, 1)  # the first sample needs a stored transition
         s.updates_base = s.grad_steps
@@ -487,23 +508,27 @@ def main() -> None:
               "Acting continues with the trained policy.", file=sys.stderr)  # fmt: skip
 
     # ---- the other Ray actors: parameter server, rollout workers, evaluator ----
-    holder = ParameterHolder()
-    holder.publish(learner.actor, s.actor_updates)
     param_server_name = f"parameter-server-{run.name}-{os.getpid()}"  # unique on a shared cluster
-    param_server = ray.remote(ParameterServer).options(name=param_server_name, num_cpus=0, max_restarts=-1).remote()
-    param_server.publish.remote(holder.weights, holder.version)
+    # restarted empty if it dies (its calls retried): the Publisher then publishes the newest weights to it again
+    param_server = ray.remote(ParameterServer).options(name=param_server_name, num_cpus=0, max_restarts=-1,
+                                                       max_task_retries=-1, scheduling_strategy=here).remote()  # fmt: skip
+    publisher = Publisher(param_server, learner.actor, s.actor_updates)  # its ParameterHolder: the weights sent
+    holder = publisher.holder
     # Workers: restarted by Ray when their process dies (max_restarts=-1); their in-flight batch then fails
     # (max_task_retries=0) and the driver hands those steps to the next batch, so nothing is counted twice.
-    worker_class = ray.remote(RolloutWorker).options(num_cpus=1, max_restarts=-1, max_task_retries=0)
+    worker_class = ray.remote(RolloutWorker).options(num_cpus=1, max_restarts=-1, max_task_retries=0,
+                                                     scheduling_strategy=spread)  # fmt: skip
     workers = [worker_class.remote(i, args.env_id, args.envs_per_worker, args.seed + 1_000 * i + s.global_step,
-                                   param_server_name, args.weight_sync_interval)
-               for i in range(args.num_rollout_workers)]  # fmt: skip
-    evaluator_class = ray.remote(Evaluator).options(num_cpus=0, max_restarts=-1, max_task_retries=0)  # rarely busy
+                                   param_server_name) for i in range(args.num_rollout_workers)]  # fmt: skip
+    evaluator_class = ray.remote(Evaluator).options(num_cpus=0, max_restarts=-1, max_task_retries=0,
+                                                    scheduling_strategy=spread)  # rarely busy  # fmt: skip
     evaluator = evaluator_class.remote(args.env_id, args.eval_episodes, args.seed + 10_000) if args.eval_interval else None
     shard_sizes = ray.get([shard.size.remote() for shard in shards])
-    batches = Batches(workers, s.global_step)
+    batches = Batches(workers, s.global_step, args.weight_sync_interval)
     print(f"ray: {args.num_rollout_workers} rollout workers x {args.envs_per_worker} envs (pids "
-          f"{' '.join(map(str, batches.pids))}), {args.num_buffer_shards} buffer shard(s), learner on {device}, utd "
+          f"{' '.join(map(str, batches.pids))} on nodes {' '.join(short(n) for n in batches.nodes)}), "
+          f"{args.num_buffer_shards} buffer "
+          f"shard(s) and the parameter server on the learner's node {short(node_id())}, learner on {device}, utd "
           f"ratio {args.utd_ratio:g}{' (asynchronous)' if args.utd_ratio == 0 else ''}"
           f"{', learner paused' if args.pause_learner else ''}")  # fmt: skip
     bytes_per_transition = ReplayBuffer(1, obs_dim, act_dim).nbytes  # the shards' own layout, one row
@@ -513,7 +538,7 @@ def main() -> None:
     sampler = Sampler(shards, args.batch_size, SAMPLE_GROUP, device)
     utd = 0.0 if args.pause_learner else args.utd_ratio  # the coupling of collection to the learner (0: none)
     lead_steps = args.num_rollout_workers * args.worker_batch_steps * args.envs_per_worker  # one batch per worker
-    published, eval_ref, eval_snapshot = s.actor_updates, None, None
+    eval_ref, eval_snapshot = None, None
     next_eval = (s.global_step // args.eval_interval + 1) * args.eval_interval if evaluator else 0
     loss_sums = torch.zeros(len(LOSS_NAMES), device=device)  # summed over the log window's gradient steps
     actor_sums = torch.zeros(len(ACTOR_NAMES), device=device)  # summed over its actor updates
@@ -521,90 +546,87 @@ def main() -> None:
     freeze_startup_objects()  # speed (below the banner): everything set up so far lives to the end of the run
     start_time, start_step = time.time(), s.global_step
 
-    for _ in run.iterations(s, args.num_iterations):  # one pass: harvest, dispatch, learn, evaluate, log
-        # ---- harvest: count each finished batch, forward it to its buffer shard, note its episodes ----
-        for index, steps, batch_ref, stats in batches.harvest():
-            s.worker_restarts += stats["restarted"]
-            shard = index % args.num_buffer_shards
-            shards[shard].add.remote(batch_ref)  # the ref, not the data: the shard fetches it from the object store
-            shard_sizes[shard] = min(shard_sizes[shard] + steps, shard_capacity)
-            s.global_step += steps
-            if stats["version"] >= 0:
-                window["stale"].append(s.actor_updates - stats["version"])
-            for episode_return, length in stats["episodes"]:
-                run.episode(episode_return, length, s.global_step)
+    with stop_on_task_error(run, shard_states):  # (below the banner) a failed Ray task: checkpoint, one paragraph
+        for _ in run.iterations(s, args.num_iterations):  # one pass: harvest, dispatch, learn, evaluate, log
+            # ---- harvest: count each batch its shard stored, note its episodes and its staleness ----
+            for index, steps, stats in batches.harvest(shards):
+                s.worker_restarts += stats["restarted"]
+                shard = index % args.num_buffer_shards
+                shard_sizes[shard] = min(shard_sizes[shard] + steps, shard_capacity)
+                s.global_step += steps
+                if stats["version"] >= 0:  # actor updates between the weights that collected it and the learner's now
+                    window["stale"].append(s.actor_updates - stats["version"])
+                for episode_return, length in stats["episodes"]:
+                    run.episode(episode_return, length, s.global_step)
 
-        # ---- dispatch: new batches for idle workers, as far as the utd ratio allows ----
-        for index in range(args.num_rollout_workers):
-            while batches.busy[index] < 2:
+            # ---- dispatch: new batches, to the least busy worker idle longest, as far as the utd ratio allows ----
+            while (index := pick_worker(batches.busy, batches.last_start, MAX_IN_FLIGHT)) is not None:
                 steps, random_steps = next_batch_plan(batches.dispatched, total, args.learning_starts,
                                                       args.envs_per_worker, args.worker_batch_steps)  # fmt: skip
-                env_steps = steps * args.envs_per_worker
-                made = s.grad_steps - s.updates_base  # updates made under the current schedule
-                if steps == 0 or not collection_allowed(batches.dispatched, env_steps, made, s.updates_start, utd, lead_steps):
+                env_steps, made = steps * args.envs_per_worker, s.grad_steps - s.updates_base  # made: this schedule's
+                if steps == 0 or not collection_allowed(batches.dispatched, env_steps, made, s.updates_start, utd,
+                                                        lead_steps):  # fmt: skip
                     break
-                if s.actor_updates != published:
-                    # Publish when a batch starts, not after every actor update: workers pull at most every
-                    # --weight-sync-interval steps, and each publish copies ~0.3 MB into the object store.
+                publisher.publish(learner.actor, s.actor_updates)  # at a batch's start, not at each update: ~0.3 MB
+                # the worker pulls first if pull_due: a newer version, and --weight-sync-interval global env steps passed
+                batches.start(index, steps, random_steps, env_steps, s.global_step, publisher.version)
+            publisher.check()  # a restarted parameter server is empty: publish to it again
+
+            # ---- learn: the gradient steps owed (as sac_continuous.py's loop, batches from the shards) ----
+            owed = 0 if args.pause_learner else updates_owed(s, args.utd_ratio, total)
+            with run.timer("update"):
+                # one per pass while the workers collect (they are served between two); all that remain once every
+                # env step is in, so that the last pass logs and saves after the last update
+                for _ in range(owed if s.global_step >= total else min(owed, 1)):
+                    batch = sampler.next(shard_sizes)
+                    s.grad_steps += 1
+                    loss_sums += critic_update(learner, batch, args.gamma)
+                    # delayed: every policy_frequency gradient steps, policy_frequency actor updates
+                    if s.grad_steps % args.policy_frequency == 0:
+                        for _ in range(args.policy_frequency):
+                            actor_sums += actor_update(learner, batch["obs"], args.autotune)
+                        s.actor_updates += args.policy_frequency
+                    if s.grad_steps % args.target_network_frequency == 0:
+                        soft_update(learner.qf_target_params, learner.qf_params, args.tau)
+            if owed == 0 and s.global_step < total:
+                batches.wait(timeout=0.2)  # nothing to learn: wait for a worker
+
+            # ---- evaluation: log a finished one; start one every --eval-interval env steps ----
+            if eval_ref is not None and ray.wait([eval_ref], timeout=0)[0]:
+                log_evaluation(run, eval_ref, eval_snapshot)
+                eval_ref = None
+            if evaluator is not None and s.global_step >= next_eval:
+                if eval_ref is None:  # the previous evaluation still running: skip this one rather than queue up
                     holder.publish(learner.actor, s.actor_updates)
-                    param_server.publish.remote(holder.weights, holder.version)
-                    published = s.actor_updates
-                batches.start(index, steps, random_steps, env_steps)
+                    eval_ref = evaluator.run.remote(holder.weights, s.global_step)
+                    eval_snapshot = run.checkpoint(best=True) if args.keep_best else None  # best.pt if it scores best
+                next_eval = (s.global_step // args.eval_interval + 1) * args.eval_interval
 
-        # ---- learn: the gradient steps owed (as sac_continuous.py's loop, batches from the shards) ----
-        owed = 0 if args.pause_learner else updates_owed(s, args.utd_ratio, total)
-        with run.timer("update"):
-            # one per pass while the workers collect (they are served between two); all that remain once every
-            # env step is in, so that the last pass logs and saves after the last update
-            for _ in range(owed if s.global_step >= total else min(owed, 1)):
-                s.grad_steps += 1
-                batch = sampler.next(shard_sizes)
-                loss_sums += critic_update(learner, batch, args.gamma)
-                # delayed: every policy_frequency gradient steps, policy_frequency actor updates
-                if s.grad_steps % args.policy_frequency == 0:
-                    for _ in range(args.policy_frequency):
-                        actor_sums += actor_update(learner, batch["obs"], args.autotune)
-                    s.actor_updates += args.policy_frequency
-                if s.grad_steps % args.target_network_frequency == 0:
-                    soft_update(learner.qf_target_params, learner.qf_params, args.tau)
-        if owed == 0 and s.global_step < total:
-            batches.wait(timeout=0.2)  # nothing to learn: wait for a worker
-
-        # ---- evaluation: log a finished one; start one every --eval-interval env steps ----
-        if eval_ref is not None and ray.wait([eval_ref], timeout=0)[0]:
-            log_evaluation(run, eval_ref, eval_snapshot)
-            eval_ref = None
-        if evaluator is not None and s.global_step >= next_eval:
-            if eval_ref is None:  # the previous evaluation still running: skip this one rather than queue up
-                holder.publish(learner.actor, s.actor_updates)
-                eval_ref = evaluator.run.remote(holder.weights, s.global_step)
-                eval_snapshot = run.checkpoint(best=True) if args.keep_best else None  # best.pt if it scores best
-            next_eval = (s.global_step // args.eval_interval + 1) * args.eval_interval
-
-        # ---- log: losses averaged over the window's updates, speeds over its wall time (one sync per window) ----
-        run.last = s.global_step >= total  # every env step is in, and (above) every update owed is done
-        if run.log_due():
-            elapsed = max(time.time() - window["time"], 1e-9)
-            grad_steps, actor_updates = s.grad_steps - window["grad_steps"], s.actor_updates - window["actor_updates"]
-            metrics = {}
-            if grad_steps > 0:
-                q_means = (loss_sums / grad_steps).tolist()
-                metrics.update({f"losses/{name}": value for name, value in zip(LOSS_NAMES, q_means)})
-                metrics["losses/qf_loss"] = (q_means[2] + q_means[3]) / 2.0
-            if actor_updates > 0:
-                for name, value in zip(ACTOR_NAMES, (actor_sums / actor_updates).tolist()):
-                    if name != "alpha_loss" or args.autotune:
-                        metrics[f"losses/{name}"] = value
-            metrics["charts/env_steps_per_second"] = (s.global_step - window["step"]) / elapsed
-            metrics["charts/updates_per_second"] = grad_steps / elapsed
-            metrics["charts/learner_busy"] = run.phase_time.get("update", 0.0) / elapsed  # sampling + updating
-            if window["stale"]:
-                metrics["charts/weight_staleness"] = float(np.mean(window["stale"]))
-            metrics["charts/worker_restarts"] = s.worker_restarts
-            run.log(s.global_step, metrics)
-            loss_sums.zero_()
-            actor_sums.zero_()
-            window = new_window(s)
+            # ---- log: losses averaged over the window's updates, speeds over its wall time (one sync per window) ----
+            run.last = s.global_step >= total  # every env step is in, and (above) every update owed is done
+            if run.log_due():
+                elapsed = max(time.time() - window["time"], 1e-9)
+                grad_steps, actor_updates = s.grad_steps - window["grad_steps"], s.actor_updates - window["actor_updates"]
+                metrics = {}
+                if grad_steps > 0:
+                    q_means = (loss_sums / grad_steps).tolist()
+                    metrics.update({f"losses/{name}": value for name, value in zip(LOSS_NAMES, q_means)})
+                    metrics["losses/qf_loss"] = (q_means[2] + q_means[3]) / 2.0
+                if actor_updates > 0:
+                    for name, value in zip(ACTOR_NAMES, (actor_sums / actor_updates).tolist()):
+                        if name != "alpha_loss" or args.autotune:
+                            metrics[f"losses/{name}"] = value
+                metrics["charts/env_steps_per_second"] = (s.global_step - window["step"]) / elapsed
+                metrics["charts/updates_per_second"] = grad_steps / elapsed
+                metrics["charts/learner_busy"] = run.phase_time.get("update", 0.0) / elapsed  # sampling + updating
+                if window["stale"]:
+                    metrics["charts/weight_staleness"] = float(np.mean(window["stale"]))
+                    metrics["charts/weight_staleness_max"] = float(np.max(window["stale"]))
+                metrics["charts/worker_restarts"] = s.worker_restarts
+                run.log(s.global_step, metrics)
+                loss_sums.zero_()
+                actor_sums.zero_()
+                window = new_window(s)
 
     if run.stopped:
         print(f"stopping: {batches.dispatched - s.global_step} env steps in flight are dropped (never counted: a resumed "
@@ -752,6 +774,163 @@ class ShardStates:
     def load_state_dict(self, states: Optional[list]) -> None:
         for shard, state in zip(self.shards, states or []):
             call(shard, "load_state_dict", state)
+
+
+def call(target, method: str, *args):
+    """target.method(*args), waiting for the result, on a Ray actor handle or on a plain in-process object."""
+    fn = getattr(target, method)
+    if hasattr(fn, "remote"):
+        import ray
+
+        return ray.get(fn.remote(*args))
+    return fn(*args)
+
+
+def node_id() -> Optional[str]:
+    """The Ray node this process runs on (None outside Ray): the workers report it, the log shows where they ran."""
+    if "ray" not in sys.modules:
+        return None
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+
+
+def short(node: Optional[str]) -> str:
+    """A node id as the log prints it: its first 8 hex digits (Ray's ids are 56)."""
+    return node[:8] if node else "-"
+
+
+def placement(ray) -> tuple:
+    """(scheduling strategy for the buffer shards and the parameter server, and for the workers and the evaluator).
+    The shards and the parameter server go on the driver's node, hard (soft=False): they hold the only copy of the
+    data and the weights, the learner talks to them most, and a lost node must not take them along. The workers and
+    the evaluator spread over the cluster: by default Ray packs actors onto one node until it is full."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False), "SPREAD"
+
+
+class Publisher:
+    """The driver's end of the parameter server: publishes the actor's weights when their version moved on, and
+    again when the server comes back from a restart (Ray restarts it empty: its weights die with its process). It
+    tells a restart by the pid each publish returns, and, while nothing is published, asks every second."""
+
+    def __init__(self, server, actor: nn.Module, version: int):
+        self.server, self.holder, self.pid = server, ParameterHolder(), None
+        self.pending, self.asked = None, time.monotonic()  # the last publish or status call, and when
+        self.looked = 0.0  # when check() last looked (at most every 0.2 s: a look costs a Ray call, a pass ~1 update)
+        self.version = -1
+        self.publish(actor, version)
+
+    def publish(self, actor: nn.Module, version: int) -> None:
+        if version != self.version:
+            self.holder.publish(actor, version)
+            self.pending, self.version = self.server.publish.remote(self.holder.weights, version), version
+
+    def check(self) -> None:
+        """Non-blocking: look at the last call's answer; a new pid (or a failed call) publishes the weights again."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        if time.monotonic() - self.looked < 0.2:
+            return
+        self.looked = time.monotonic()
+        if self.pending is None:
+            if time.monotonic() - self.asked > 1.0:
+                self.pending, self.asked = self.server.status.remote(), time.monotonic()
+            return
+        if not ray.wait([self.pending], timeout=0)[0]:
+            return
+        try:
+            answer = ray.get(self.pending)
+            pid = answer[0] if isinstance(answer, tuple) else answer
+        except RayActorError:  # died during the call: ask the restarted one
+            pid = -1
+        self.pending = None
+        if pid == -1 or (self.pid is not None and pid != self.pid):
+            if pid != -1:
+                print(f"the parameter server is back (restarted by Ray, pid {pid}): weights of version "
+                      f"{self.holder.version} published to it again", file=sys.stderr)  # fmt: skip
+            self.pending = self.server.publish.remote(self.holder.weights, self.holder.version)
+        self.pid = self.pid if pid == -1 else pid
+
+
+def shard_sample_counts(sizes: list, n: int) -> list:
+    """How many of n uniform draws each shard serves: multinomial in proportion to the shards' sizes, so that
+    sampling each shard uniformly is uniform over all stored transitions (torch's global RNG, seeded)."""
+    if len(sizes) == 1:
+        return [n]
+    draws = torch.multinomial(torch.tensor(sizes, dtype=torch.float64), n, replacement=True)
+    return torch.bincount(draws, minlength=len(sizes)).tolist()
+
+
+class Sampler:
+    """The learner's end of the buffer: asks the shard(s) for `per_request` batches at once and keeps the next request
+    in flight while the learner trains on the current one (prefetch), so the learner rarely waits on Ray."""
+
+    def __init__(self, shards: list, batch_size: int, per_request: int, device: torch.device):
+        self.shards, self.batch_size, self.per_request, self.device = shards, batch_size, per_request, device
+        self.ready: deque = deque()
+        self.pending: Optional[list] = None
+
+    def next(self, sizes: list) -> dict:
+        if not self.ready:
+            import ray
+            from ray.exceptions import RayActorError
+
+            if self.pending is None:
+                self.pending = self._request(sizes)
+            try:
+                parts = ray.get(self.pending)
+            except RayActorError as e:
+                raise ShardLost(None, e) from None
+            self.pending = self._request(sizes)  # prefetch the next group now
+            merged = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+            if len(parts) > 1:  # shard by shard -> shuffle, so each batch mixes the shards
+                order = torch.randperm(len(merged["rewards"]))
+                merged = {k: v[order] for k, v in merged.items()}
+            for i in range(self.per_request):
+                rows = slice(i * self.batch_size, (i + 1) * self.batch_size)
+                self.ready.append({k: v[rows].to(self.device, non_blocking=True) for k, v in merged.items()})
+        return self.ready.popleft()
+
+    def _request(self, sizes: list) -> list:
+        counts = shard_sample_counts(sizes, self.batch_size * self.per_request)
+        return [shard.sample.remote(c) for shard, c in zip(self.shards, counts) if c > 0]
+
+
+class ShardLost(Exception):
+    """A replay buffer shard died (its `add` or `sample` failed with a dead actor): its transitions are gone."""
+
+    def __init__(self, shard: Optional[int], cause: Exception):
+        super().__init__(f"replay buffer shard {'' if shard is None else f'{shard} '}died ({type(cause).__name__})")
+        self.shard, self.cause = shard, cause
+
+
+@contextmanager
+def stop_on_task_error(run, shard_states: ShardStates):
+    """The driver loop's failures that it cannot repair. A dead rollout worker or evaluator, a lost batch and a
+    restarted parameter server are repaired inside the loop; any other Ray task error (a lost buffer shard, an
+    exception in an actor's code) ends the run: an `interrupted` checkpoint (without the buffer when a shard was
+    lost: its data is gone), one paragraph on stderr, exit code 1. Not a traceback and nothing saved, as before."""
+    from ray.exceptions import RayError
+
+    try:
+        yield
+    except (RayError, ShardLost) as e:
+        if isinstance(e, ShardLost):
+            shard_states.save = False  # the lost shard's transitions cannot be saved: the checkpoint holds no buffer
+            what = (f"{e}; it held the only copy of its transitions, so the run cannot go on (buffer shards are not "
+                    "restarted)")  # fmt: skip
+        else:
+            lines = [line for line in str(e).splitlines() if line.strip()]
+            what = f"a Ray task failed: {type(e).__name__}" + (f" ({lines[-1].strip()})" if lines else "")
+        path = run.save("interrupted")
+        buffer = "" if shard_states.save else " (without the replay buffer: a resumed run refills it first)"
+        print(f"error: {what}. Saved step {run.state.global_step} to {path}{buffer}. Resume with: python "
+              f"{run.script}.py --resume {path}", file=sys.stderr)  # fmt: skip
+        run.close()
+        sys.exit(1)
 
 
 def log_evaluation(run, eval_ref, snapshot: Optional[dict], timeout: Optional[float] = None) -> None:

@@ -65,7 +65,7 @@ def part_costs() -> dict:
     server, holder = sr.ParameterServer(), sr.ParameterHolder()
     holder.publish(sr.Actor(obs_dim, act_dim), 0)
     server.publish(holder.weights, 0)
-    worker = sr.RolloutWorker(0, ENV_ID, 1, 0, server, 1_000)
+    worker = sr.RolloutWorker(0, ENV_ID, 1, 0, server)
     worker.collect(200, 0)
     costs["worker_step_us"] = median_time(lambda: worker.collect(1_000, 0), 5) / 1_000 * 1e6
 
@@ -82,7 +82,7 @@ def part_costs() -> dict:
     def two_steps():
         for _ in range(2):
             sr.critic_update(learner, batch, 0.99)
-            sr.soft_update(learner.qf_target_flat, learner.qf_flat, 0.005)
+            sr.soft_update(learner.qf_target_params, learner.qf_params, 0.005)
         for _ in range(2):
             sr.actor_update(learner, batch["obs"], True)
 
@@ -96,7 +96,7 @@ def part_costs() -> dict:
     try:
         ps = ray.remote(sr.ParameterServer).options(name="ps", num_cpus=0).remote()
         ray.get(ps.publish.remote(holder.weights, 0))
-        remote_worker = ray.remote(sr.RolloutWorker).options(num_cpus=1).remote(0, ENV_ID, 1, 0, "ps", 1_000)
+        remote_worker = ray.remote(sr.RolloutWorker).options(num_cpus=1).remote(0, ENV_ID, 1, 0, "ps")
         shard = ray.remote(sr.BufferShard).options(num_cpus=0).remote(100_000, obs_dim, act_dim, 0)
         steps = 100
 

@@ -25,7 +25,8 @@ LOSS_TAGS = ["losses/qf1_values", "losses/qf2_values", "losses/qf1_loss", "losse
              "losses/actor_loss", "losses/alpha", "losses/alpha_loss"]  # fmt: skip
 CHART_TAGS = [
     "charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/env_steps_per_second",
-    "charts/updates_per_second", "charts/weight_staleness", "charts/learner_busy", "charts/worker_restarts",
+    "charts/updates_per_second", "charts/weight_staleness", "charts/weight_staleness_max", "charts/learner_busy",
+    "charts/worker_restarts",
 ]  # fmt: skip
 DONE = re.compile(r"done: (\d+) env steps \((\d+) worker restarts\), (\d+) transitions in the buffer, (\d+) gradient updates")
 
@@ -158,6 +159,75 @@ def test_a_killed_rollout_worker_is_restarted_and_no_step_is_counted_twice(tmp_p
     assert max(logged.values()) == 1 and max(logged) == 3000
     returns = scalars(run_dir, "charts/episodic_return")
     assert len(returns) >= 12  # 15 episodes of 200 steps, less those cut short by the kill and at the end
+
+
+def actor_pid(sid: int, name: str, timeout: float = 120) -> int:
+    """The pid of the run's Ray actor of class `name` (Ray titles an actor's process `ray::<Class>...`)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for pid in session_pids(sid):
+            try:
+                if psutil.Process(pid).cmdline()[0].startswith(f"ray::{name}"):
+                    return pid
+            except (psutil.Error, IndexError):
+                continue
+        time.sleep(0.3)
+    pytest.fail(f"no {name} process in the run's session")
+
+
+def wait_for_updates(run_dir_parent, n: int = 2, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        events = list(run_dir_parent.glob("*/events.out.tfevents.*"))
+        if events and len(scalars(events[0].parent, "losses/qf1_loss")) >= n:
+            return
+        time.sleep(0.3)
+    pytest.fail("the run did not start learning")
+
+
+def test_a_killed_parameter_server_comes_back_and_gets_the_weights_again(tmp_path):
+    """SIGKILL the parameter server mid-run: Ray restarts it empty, the driver publishes the weights to it again,
+    workers that pull meanwhile act on with the weights they have, and the run ends with exact counts."""
+    proc = start_ray_run("--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "3000", "--checkpoint-interval", "0",
+                         "--weight-sync-interval", "100", "--runs-dir", tmp_path)  # fmt: skip
+    try:
+        pid = actor_pid(proc.pid, "ParameterServer")
+        wait_for_updates(tmp_path)
+        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        stop_session(proc.pid)
+    assert proc.returncode == 0, err
+    assert done_line(out) == (3000, 0, 3000, 2901)
+    assert "parameter server is back" in err, err
+    assert "Traceback" not in err
+
+
+def test_a_killed_buffer_shard_ends_the_run_with_a_checkpoint_and_one_paragraph(tmp_path):
+    """A shard holds the only copy of its transitions and is not restarted: losing it stops the run with an
+    `interrupted` checkpoint (learner and counters, no buffer), one paragraph on stderr, exit code 1, and no Ray
+    process left behind."""
+    proc = start_ray_run("--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "100000", "--checkpoint-interval",
+                         "0", "--save-buffer", "--runs-dir", tmp_path)  # fmt: skip
+    try:
+        pid = actor_pid(proc.pid, "BufferShard")
+        wait_for_updates(tmp_path)
+        os.kill(pid, signal.SIGKILL)
+        out, err = proc.communicate(timeout=120)
+        time.sleep(1)
+        leftovers = session_pids(proc.pid)
+    finally:
+        stop_session(proc.pid)
+    assert proc.returncode == 1, err
+    assert not leftovers, f"processes left in the run's session: {leftovers}"
+    assert "Traceback" not in err, err
+    error = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "replay buffer shard" in error[0] and "--resume" in error[0], err
+    ckpts = list((only_run_dir(tmp_path) / "checkpoints").glob("interrupted_*.pt"))
+    assert len(ckpts) == 1
+    state = torch.load(ckpts[0], weights_only=True)  # resumes as a checkpoint saved without its buffer (tested below)
+    assert state["replay_buffers"] is None and 200 <= state["global_step"] < 100000
+    assert state["run_state"]["grad_steps"] > 0 and state["learner"]["log_alpha"].item() < 0
 
 
 @pytest.fixture(scope="module")

@@ -60,13 +60,13 @@ def test_parameter_server_sends_weights_only_when_newer():
     assert server.pull(4) is None and server.pull(3) is not None
 
 
-def worker_for(env_id: str, num_envs: int = 1, sync: int = 1000) -> tuple:
+def worker_for(env_id: str, num_envs: int = 1) -> tuple:
     server = sr.ParameterServer()
     actor = sr.Actor(2, 1)
     holder = sr.ParameterHolder()
     holder.publish(actor, 0)
     server.publish(holder.weights, 0)
-    return sr.RolloutWorker(0, env_id, num_envs, 1, server, sync), server, holder
+    return sr.RolloutWorker(0, env_id, num_envs, 1, server), server, holder
 
 
 def test_worker_batches_store_termination_not_truncation_and_the_true_final_obs():
@@ -86,19 +86,55 @@ def test_worker_batches_store_termination_not_truncation_and_the_true_final_obs(
         assert [ep for ep in stats["episodes"]] == [(float(length), length)] * (20 // length)
 
 
-def test_worker_acts_randomly_first_then_with_pulled_weights_every_sync_interval():
+def test_worker_acts_randomly_first_then_with_the_weights_it_pulls_when_told():
     server, holder = sr.ParameterServer(), sr.ParameterHolder()
     holder.publish(sr.Actor(3, 1), 0)
-    worker = sr.RolloutWorker(0, "Pendulum-v1", 2, 1, server, 10)  # 2 envs: 2 env steps per vector step
+    worker = sr.RolloutWorker(0, "Pendulum-v1", 2, 1, server)  # 2 envs: 2 env steps per vector step
     _, stats = worker.collect(5, 5)
     assert stats["version"] == -1 and worker.version == -1  # random actions only: no pull
     server.publish(holder.weights, 7)
-    _, stats = worker.collect(4, 0)  # the first policy step pulls version 7; 8 env steps follow
+    _, stats = worker.collect(4, 0, False)  # no weights yet: the first policy step pulls all the same
     assert stats["version"] == 7 and worker.version == 7
     server.publish(holder.weights, 9)
-    batch, stats = worker.collect(2, 0)  # 10 env steps since the pull after its first step: pulls version 9
-    assert stats["version"] == 7 and worker.version == 9  # stats report the oldest version acted with
+    _, stats = worker.collect(2, 0, False)  # not told to pull: acts with what it has
+    assert stats["version"] == 7 and worker.version == 7
+    batch, stats = worker.collect(2, 1, True)  # told to pull: before its first policy step (after the random one)
+    assert stats["version"] == 9 and worker.version == 9
     assert batch["actions"].shape == (4, 1) and np.abs(batch["actions"]).max() <= 2.0  # Pendulum's bounds
+
+
+def test_a_worker_without_weights_waits_for_a_late_publisher():
+    """A fresh worker (or one whose parameter server came back empty) waits for the first publish, instead of acting
+    on an empty weights list (the "not enough values to unpack" crash)."""
+    import threading
+
+    server, holder = sr.ParameterServer(), sr.ParameterHolder()
+    holder.publish(sr.Actor(3, 1), 3)
+    worker = sr.RolloutWorker(0, "Pendulum-v1", 1, 1, server)
+    assert server.status()[1] == -1  # nothing published: the status says so
+    late = threading.Timer(0.5, server.publish, (holder.weights, 3))
+    start = time.monotonic()
+    late.start()
+    batch, stats = worker.collect(3, 0, True)
+    late.join()
+    assert time.monotonic() - start >= 0.45 and stats["version"] == 3 and batch["actions"].shape == (3, 1)
+    assert server.status() == (server.status()[0], 3)
+
+
+def test_dispatch_goes_round_robin_and_pulls_count_global_steps():
+    # fewest batches in flight first, then the worker whose last batch started longest ago
+    assert sr.pick_worker([1, 0, 0], [5, 3, 4], 2) == 1
+    assert sr.pick_worker([1, 1, 1], [5, 3, 4], 2) == 1
+    assert sr.pick_worker([2, 2], [1, 2], 2) is None
+    starts, in_flight, last = [], [0, 0, 0], [0, 0, 0]
+    for n in range(1, 7):  # one batch at a time comes back at once (learner-bound): every worker takes its turn
+        i = sr.pick_worker(in_flight, last, 2)
+        starts.append(i)
+        last[i] = n
+    assert starts == [0, 1, 2, 0, 1, 2]
+    # a pull needs a newer version and --weight-sync-interval env steps, over all workers, since the worker's last
+    assert sr.pull_due(1000, 0, 5, 6, 1000) and not sr.pull_due(999, 0, 5, 6, 1000)
+    assert not sr.pull_due(5000, 0, 6, 6, 1000)  # current: nothing to pull
 
 
 def test_buffer_shard_adds_worker_batches_and_samples_them():
@@ -173,3 +209,33 @@ def test_run_ends_the_loop_after_the_pass_marked_last(tmp_path):
     run.close()
     assert s.iteration == 5 and s.global_step == 150 and not run.stopped
     assert logged == [120, 150]  # the window that crossed 100, then the final one
+
+
+@pytest.mark.parametrize("lost_shard", [False, True])
+def test_a_task_error_ends_the_run_with_a_checkpoint_one_paragraph_and_exit_1(tmp_path, capsys, lost_shard):
+    """Any Ray task error the loop does not repair (here an exception raised in an actor's code, or a lost shard):
+    an `interrupted` checkpoint (without the buffer when a shard was lost), one paragraph, exit code 1."""
+    ray_exceptions = pytest.importorskip("ray.exceptions")
+    args = sr.Args(env_id="Pendulum-v1", runs_dir=str(tmp_path), progress=False, checkpoint_interval=0, save_buffer=True)
+    args.num_iterations = sys.maxsize
+    run = sr.Run(args, sr.SCRIPT_NAME, None, {"obs_shape": [3], "act_shape": [1]}, log_every=100)
+    shard = sr.BufferShard(16, 3, 1, seed=0)
+    states = sr.ShardStates([shard], save=True)
+    s = sr.LoopState()
+    run.attach(s, None, replay_buffers=states)
+    capsys.readouterr()
+    error = sr.ShardLost(0, ray_exceptions.RayActorError()) if lost_shard else ray_exceptions.RayError("ValueError: boom")
+    with pytest.raises(SystemExit) as exit_info:
+        with sr.stop_on_task_error(run, states):
+            for _ in run.iterations(s, args.num_iterations):
+                s.global_step += 50
+                if s.global_step == 150:
+                    raise error
+    assert exit_info.value.code == 1
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "--resume" in lines[0], err
+    assert ("replay buffer shard 0 died" in err) == lost_shard and ("boom" in err) != lost_shard
+    ckpt = torch.load(next(run.ckpt_dir.glob("interrupted_*.pt")), weights_only=True)
+    assert ckpt["global_step"] == 150
+    assert (ckpt["replay_buffers"] is None) == lost_shard  # a lost shard's data cannot be saved
