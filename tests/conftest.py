@@ -14,6 +14,11 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.run import read_scalars  # noqa: E402  (the harness's reader: one implementation for both)
 
+# Why: run under `uv run` (the README's test command), Ray 2.60 starts every worker process through `uv run` too,
+# to copy the driver's environment to other machines; on one machine that only re-checks the environment at each
+# worker start (measured: a two-node test took 171 s in the suite, 37 s without it). Set before any test imports ray.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
 # Every subprocess run gets these: wandb off unless a test turns it on, headless MuJoCo rendering.
 BASE_ENV = {"WANDB_MODE": "disabled", "MUJOCO_GL": "egl", "PYTHONUNBUFFERED": "1"}
 
