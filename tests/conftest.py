@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +43,17 @@ def scalars(run_dir: Path, tag: str) -> dict:
     """{global_step: value} of one TensorBoard tag (resumed runs: the values TensorBoard shows)."""
     steps, values = read_scalars(run_dir, tag)
     return dict(zip(steps.tolist(), values.tolist()))
+
+
+def wait_for_updates(run_dir_parent: Path, n: int = 2, timeout: float = 120) -> None:
+    """Wait until the one run under run_dir_parent has logged n learner updates (losses/qf1_loss), or fail."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        events = list(run_dir_parent.glob("*/events.out.tfevents.*"))
+        if events and len(scalars(events[0].parent, "losses/qf1_loss")) >= n:
+            return
+        time.sleep(0.3)
+    pytest.fail("the run did not start learning")
 
 
 def last10_return(runs_dir: Path) -> float:

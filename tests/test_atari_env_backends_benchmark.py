@@ -14,8 +14,8 @@ pytest.importorskip("ale_py")
 
 def test_env_backends_benchmark_reports_every_backend_per_round(tmp_path):
     out = tmp_path / "backends"
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "env_backends.py"), "--reps", "2", "--backends", "gymnasium,ale-vector", "--num-envs", "2",
-           "--warmup", "2", "--env-steps", "10", "--scripts", "a2c_atari.py", "--n1", "40", "--n2", "200",
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "env_backends.py"), "--reps", "2",
+           "--backends", "gymnasium,ale-vector", "--num-envs", "2", "--warmup", "2", "--env-steps", "10", "--scripts", "a2c_atari.py", "--n1", "40", "--n2", "200",
            "--script-flags", "--torch-threads 1 --num-envs 2 --log-interval 1", "--out", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr

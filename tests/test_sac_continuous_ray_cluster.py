@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import BASE_ENV, ROOT, only_run_dir, scalars
+from tests.conftest import BASE_ENV, ROOT, only_run_dir, scalars, wait_for_updates
 
 pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")  # Ray vendors it: ray/thirdparty_files is on sys.path once ray is imported
@@ -188,14 +188,7 @@ def test_losing_the_second_node_mid_run_finishes_on_the_head_and_counts_nothing_
     all stored once. (Runs last: it takes the second node away from the module's cluster.)"""
     proc = start_run(cluster, *SMALL, "--total-timesteps", "3000", "--checkpoint-interval", "0", "--runs-dir", tmp_path)
     try:
-        deadline = time.time() + 150
-        while time.time() < deadline:  # kill once the learner has started
-            events = list(tmp_path.glob("*/events.out.tfevents.*"))
-            if events and len(scalars(events[0].parent, "losses/qf1_loss")) >= 3:
-                break
-            time.sleep(0.3)
-        else:
-            pytest.fail("the run did not start learning")
+        wait_for_updates(tmp_path, n=3, timeout=150)  # kill once the learner has started
         cluster.kill(1)
         deadline = time.time() + 20
         while cluster.processes(1) and time.time() < deadline:  # SIGKILL lands at once; reaping takes a moment

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import BASE_ENV, ROOT, assert_clean_error, only_run_dir, scalars
+from tests.conftest import BASE_ENV, ROOT, assert_clean_error, only_run_dir, scalars, wait_for_updates
 
 pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")  # Ray vendors it: ray/thirdparty_files is on sys.path once ray is imported
@@ -140,12 +140,7 @@ def test_a_killed_rollout_worker_is_restarted_and_no_step_is_counted_twice(tmp_p
             pytest.fail(f"no worker pids printed: {proc.stderr.read()}")
         listening = {c.laddr.ip for c in psutil.Process(pid).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
         assert listening <= {"127.0.0.1", "::ffff:127.0.0.1"}, f"the embedded Ray listens on 127.0.0.1 only: {listening}"
-        deadline = time.time() + 120
-        while time.time() < deadline:  # kill once the learner has started
-            events = list(tmp_path.glob("*/events.out.tfevents.*"))
-            if events and len(scalars(events[0].parent, "losses/qf1_loss")) >= 2:
-                break
-            time.sleep(0.3)
+        wait_for_updates(tmp_path)  # kill once the learner has started
         os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=300)
     finally:
@@ -173,16 +168,6 @@ def actor_pid(sid: int, name: str, timeout: float = 120) -> int:
                 continue
         time.sleep(0.3)
     pytest.fail(f"no {name} process in the run's session")
-
-
-def wait_for_updates(run_dir_parent, n: int = 2, timeout: float = 120) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        events = list(run_dir_parent.glob("*/events.out.tfevents.*"))
-        if events and len(scalars(events[0].parent, "losses/qf1_loss")) >= n:
-            return
-        time.sleep(0.3)
-    pytest.fail("the run did not start learning")
 
 
 def test_a_killed_parameter_server_comes_back_and_gets_the_weights_again(tmp_path):
