@@ -73,6 +73,34 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
         assert needle in proc.stderr, f"{needle!r} not in {proc.stderr!r}"
 
 
+# ---- how the suite shares the machine: pytest-xdist workers, one per core (`-n logical` in pyproject.toml) ----
+# Tests that start Ray run one at a time, on one worker. Why: an embedded `ray.init()` on a machine where another
+# test's `ray start` head is up may join that cluster instead of starting its own, and two Ray instances on 2 cores
+# starve each other's timeouts.
+RAY_MODULES = {"test_sac_continuous_ray_e2e", "test_sac_continuous_ray_cluster", "test_sac_continuous_ray_learning"}
+RAY_TESTS = {"test_sac_keep_best_export_and_replay[sac_continuous_ray]"}  # elsewhere: tests that start Ray
+# Modules whose module-scoped fixture trains a run: their tests stay on one worker, so the run is trained once.
+SHARED_RUN_MODULES = {"test_benchmarks", "test_docs", "test_ppo_continuous_e2e", "test_sac_continuous_e2e"}
+
+
+def xdist_group(item: pytest.Item) -> str:
+    module = item.module.__name__.rsplit(".", 1)[-1]
+    if module in RAY_MODULES or item.name in RAY_TESTS:
+        return "ray"
+    return module if module in SHARED_RUN_MODULES else ""
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    """Mark the groups above, and put the longest work first (the Ray group, then the learning tests): xdist hands
+    out tests in this order, so the workers finish at about the same time instead of one waiting on a late long test."""
+    for item in items:
+        group = xdist_group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: 0 if xdist_group(item) == "ray" else 1 if item.get_closest_marker("slow") else 2)
+
+
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(0)
