@@ -289,7 +289,7 @@ class LoopState:
 
 
 def main() -> None:
-    args, ckpt, device = parse_command_line(Args, RESUME_OVERRIDABLE, FLAG_RULES, validate_args)
+    args, ckpt, device = parse_command_line(Args, RESUME_OVERRIDABLE, FLAG_RULES, validate_args, FLAGS_BEFORE_THEY_EXISTED)
     if args.eval_checkpoint or args.export_checkpoint:
         return eval_only(args, device)  # evaluate or export a checkpoint: no training
     args.batch_size = args.num_envs * args.num_steps
@@ -309,8 +309,6 @@ def main() -> None:
 
     agent = Agent(num_actions).to(device)
     fast_cnn(agent, args.bf16)  # speed (below the banner): channels-last memory, and --bf16; the same math
-    if ckpt is not None and "optimizer" not in ckpt["args"]:  # a checkpoint from before --optimizer: torch's RMSprop
-        args.optimizer = "rmsprop-torch"
     kind = RMSpropTF if args.optimizer == "rmsprop-tf" else torch.optim.RMSprop
     optimizer = kind(agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
 
@@ -409,6 +407,8 @@ RESUME_OVERRIDABLE = (
     "checkpoint_interval", "keep_checkpoints", "resume", "eval_checkpoint", "eval_episodes", "eval_interval", "keep_best",
     "export_checkpoint", "export_dir", "progress", "cuda", "torch_threads", "env_backend", "async_envs", "envpool_threads",
 )  # fmt: skip
+# A checkpoint written before a flag existed ran with these values (a resume refuses another value typed)
+FLAGS_BEFORE_THEY_EXISTED = {"optimizer": "rmsprop-torch"}  # before --optimizer: torch's RMSprop
 # Every numeric flag and the range it must lie in (checked before anything starts; see check_flags)
 FLAG_RULES = {
     "total_timesteps": ">= 1", "learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gamma": "in [0, 1]",
@@ -830,7 +830,7 @@ def eval_only(args, device: torch.device) -> None:
     """--eval-checkpoint: full games with the saved policy; print and log eval/episodic_return. --export-checkpoint:
     the checkpoint's agent as a folder that runs with plain torch (export_agent)."""
     path = args.eval_checkpoint or args.export_checkpoint
-    ckpt = load_checkpoint(path, device)
+    ckpt = load_checkpoint(path, device, FLAGS_BEFORE_THEY_EXISTED)
     saved = Args(**{f.name: ckpt["args"][f.name] for f in dataclasses.fields(Args) if f.name in ckpt["args"]})
     _, num_actions = probe_env(saved.env_id)
     check_checkpoint_matches(ckpt, path, SCRIPT_NAME, {"num_actions": num_actions})
@@ -1367,8 +1367,9 @@ def save_checkpoint(state: dict, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def load_checkpoint(path: str, map_location: torch.device) -> dict:
-    """Load with weights_only=True: plain tensors and Python data only, never arbitrary pickled objects."""
+def load_checkpoint(path: str, map_location: torch.device, older_flags: Optional[dict] = None) -> dict:
+    """Load with weights_only=True: plain tensors and Python data only, never arbitrary pickled objects.
+    older_flags: {flag: the value runs had before the flag existed}, filled into a checkpoint that lacks the flag."""
     p = Path(path)
     if not p.is_file():
         raise UserError(f"checkpoint '{path}' does not exist (or is not a file).")
@@ -1379,6 +1380,7 @@ def load_checkpoint(path: str, map_location: torch.device) -> dict:
                         f"{str(e).splitlines()[0] if str(e) else ''}).") from None  # fmt: skip
     if not isinstance(state, dict) or "format" not in state or "args" not in state:
         raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
+    state["args"] = {**(older_flags or {}), **state["args"]}
     return state
 
 
@@ -1454,9 +1456,10 @@ def merge_resume_args(cli, saved: dict, overridable: tuple, given: set):
     return cls(**{f.name: merged[f.name] for f in dataclasses.fields(cls)})
 
 
-def parse_command_line(cls, overridable: tuple, rules: dict, validate: Callable) -> tuple:
+def parse_command_line(cls, overridable: tuple, rules: dict, validate: Callable, older_flags: Optional[dict] = None):
     """(args, the --resume checkpoint or None, device): flags parsed and checked before anything starts, torch's
-    threads set, and on --resume the checkpoint loaded and its Args merged with the command line's."""
+    threads set, and on --resume the checkpoint loaded (older_flags: see load_checkpoint) and its Args merged with
+    the command line's."""
     args = tyro.cli(cls)
     if args.capture_video and not os.environ.get("DISPLAY"):
         # headless: MuJoCo renders through EGL (Mesa's software EGL works without a GPU). Set before mujoco loads.
@@ -1476,7 +1479,7 @@ def parse_command_line(cls, overridable: tuple, rules: dict, validate: Callable)
     share_threads(args.torch_threads, RUNS_FOLDER)
     ckpt = None
     if args.resume:
-        ckpt = load_checkpoint(args.resume, device)
+        ckpt = load_checkpoint(args.resume, device, older_flags)
         args = merge_resume_args(args, ckpt["args"], overridable, flags_on_command_line(sys.argv[1:], cls))
         check_flags(args, rules)
         validate(args)

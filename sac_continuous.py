@@ -1467,8 +1467,9 @@ def save_checkpoint(state: dict, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def load_checkpoint(path: str, map_location: torch.device) -> dict:
-    """Load with weights_only=True: plain tensors and Python data only, never arbitrary pickled objects."""
+def load_checkpoint(path: str, map_location: torch.device, older_flags: Optional[dict] = None) -> dict:
+    """Load with weights_only=True: plain tensors and Python data only, never arbitrary pickled objects.
+    older_flags: {flag: the value runs had before the flag existed}, filled into a checkpoint that lacks the flag."""
     p = Path(path)
     if not p.is_file():
         raise UserError(f"checkpoint '{path}' does not exist (or is not a file).")
@@ -1479,6 +1480,7 @@ def load_checkpoint(path: str, map_location: torch.device) -> dict:
                         f"{str(e).splitlines()[0] if str(e) else ''}).") from None  # fmt: skip
     if not isinstance(state, dict) or "format" not in state or "args" not in state:
         raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
+    state["args"] = {**(older_flags or {}), **state["args"]}
     return state
 
 
@@ -1554,9 +1556,10 @@ def merge_resume_args(cli, saved: dict, overridable: tuple, given: set):
     return cls(**{f.name: merged[f.name] for f in dataclasses.fields(cls)})
 
 
-def parse_command_line(cls, overridable: tuple, rules: dict, validate: Callable) -> tuple:
+def parse_command_line(cls, overridable: tuple, rules: dict, validate: Callable, older_flags: Optional[dict] = None):
     """(args, the --resume checkpoint or None, device): flags parsed and checked before anything starts, torch's
-    threads set, and on --resume the checkpoint loaded and its Args merged with the command line's."""
+    threads set, and on --resume the checkpoint loaded (older_flags: see load_checkpoint) and its Args merged with
+    the command line's."""
     args = tyro.cli(cls)
     if args.capture_video and not os.environ.get("DISPLAY"):
         # headless: MuJoCo renders through EGL (Mesa's software EGL works without a GPU). Set before mujoco loads.
@@ -1576,7 +1579,7 @@ def parse_command_line(cls, overridable: tuple, rules: dict, validate: Callable)
     share_threads(args.torch_threads, RUNS_FOLDER)
     ckpt = None
     if args.resume:
-        ckpt = load_checkpoint(args.resume, device)
+        ckpt = load_checkpoint(args.resume, device, older_flags)
         args = merge_resume_args(args, ckpt["args"], overridable, flags_on_command_line(sys.argv[1:], cls))
         check_flags(args, rules)
         validate(args)

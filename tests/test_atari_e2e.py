@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -162,7 +163,8 @@ def test_bad_input_gets_a_short_message(tmp_path, script, flags, needles):
 
 def test_optimizer_flag_and_a_checkpoint_from_before_it_resumes_with_torchs_rmsprop(tmp_path):
     """--optimizer rmsprop-torch runs torch's RMSprop (its first step is ~10x the learning rate per weight, TensorFlow's
-    ~|g| times it); a checkpoint without the field resumes as rmsprop-torch and says so in its args."""
+    ~|g| times it); a checkpoint without the field resumes as rmsprop-torch, says so in its args, and refuses a typed
+    --optimizer rmsprop-tf."""
     flags = ["--env-id", GAME, *A2C_SMALL, "--checkpoint-interval", "100", "--total-timesteps", "100"]
     moved = {}
     for optimizer in ("rmsprop-torch", "rmsprop-tf"):
@@ -177,16 +179,29 @@ def test_optimizer_flag_and_a_checkpoint_from_before_it_resumes_with_torchs_rmsp
     ckpt = torch.load(old, weights_only=True)
     del ckpt["args"]["optimizer"]  # as written before the flag existed
     torch.save(ckpt, old)
+    # the flag's value before it existed is the checkpoint's: typing the other one is refused, not silently replaced
+    refused = run_script("a2c_atari.py", "--resume", old, "--optimizer", "rmsprop-tf", "--total-timesteps", "200")
+    assert_clean_error(refused, "--optimizer rmsprop-tf conflicts with the checkpoint", "rmsprop-torch")
     resumed = run_script("a2c_atari.py", "--resume", old, "--total-timesteps", "200", "--checkpoint-interval", "100",
                          "--torch-threads", "1", timeout=300)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     end = torch.load(old.parent / "step_0000000200.pt", weights_only=True)
     assert end["args"]["optimizer"] == "rmsprop-torch" and end["optimizer"]["state"][0]["step"].item() == 10
+    # evaluating it logs the optimizer it trained with, not today's default
+    proc = run_script("a2c_atari.py", "--eval-checkpoint", old, "--eval-episodes", "1", "--torch-threads", "1", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "|optimizer|rmsprop-torch|" in hparams_table(old.parent.parent / "eval" / old.stem)
+
+
+def hparams_table(log_dir: Path) -> str:
+    """The hyperparameter table a run logged (TensorBoard's text summary)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir), size_guidance={"tensors": 0}).Reload()
+    return events.Tensors("hyperparameters/text_summary")[0].tensor_proto.string_val[0].decode()
 
 
 def test_eval_checkpoint_logs_the_checkpoints_args(tmp_path):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     proc = run_script("a2c_atari.py", "--env-id", GAME, *A2C_SMALL, "--total-timesteps", "40", "--learning-rate", "3e-4",
                       "--save-model", "--eval-episodes", "1", "--runs-dir", tmp_path, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -194,8 +209,7 @@ def test_eval_checkpoint_logs_the_checkpoints_args(tmp_path):
     proc = run_script("a2c_atari.py", "--eval-checkpoint", final, "--eval-episodes", "1", "--learning-rate", "0.123",
                       "--seed", "9", "--torch-threads", "1", timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    events = EventAccumulator(str(only_run_dir(tmp_path) / "eval" / final.stem), size_guidance={"tensors": 0}).Reload()
-    table = events.Tensors("hyperparameters/text_summary")[0].tensor_proto.string_val[0].decode()
+    table = hparams_table(only_run_dir(tmp_path) / "eval" / final.stem)
     assert "|learning_rate|0.0003|" in table and "|seed|1|" in table and "0.123" not in table and "|seed|9|" not in table
 
 
