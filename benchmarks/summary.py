@@ -67,6 +67,7 @@ SAC_REFERENCE_150K = Comparison(
         "reference_sac_continuous_action_HalfCheetah-v4_150k_mujoco4.json",
     ],
 )
+SAC_150K = ["sac_continuous_HalfCheetah-v4_150k_zen3_f32_1c1a44c.json", "sac_continuous_HalfCheetah-v4_150k_xeon_f32_seeds34.json"]
 PPO_HC = "ppo_continuous_HalfCheetah-v4_1M.json"
 SAC_1M = "sac_continuous_HalfCheetah-v4_1M_xeon_f32.json"
 ROWS = [
@@ -74,22 +75,26 @@ ROWS = [
         Comparison("published", "CleanRL `ppo_continuous_action.py`, published", [PPO_HC], seeds=3)),
     Row("ppo_continuous.py", "Pendulum-v1", "1M steps", "(Pendulum recipe)", ["ppo_continuous_Pendulum-v1_1M_recipe.json"],
         None),
-    Row("sac_continuous.py", "HalfCheetah-v4", "150k steps", "",
-        ["sac_continuous_HalfCheetah-v4_150k_zen3_f32_1c1a44c.json",
-         "sac_continuous_HalfCheetah-v4_150k_xeon_f32_seeds34.json"],
-        SAC_REFERENCE_150K, smooth=10),
+    Row("sac_continuous.py", "HalfCheetah-v4", "150k steps", "", SAC_150K, SAC_REFERENCE_150K, smooth=10),
     Row("sac_continuous.py", "HalfCheetah-v4", "1M steps", "", [SAC_1M],
         Comparison("published", "CleanRL `sac_continuous_action.py`, published", [SAC_1M], seeds=3)),
     Row("sac_continuous_ray.py", "HalfCheetah-v4", "150k steps", "`--num-rollout-workers 2`",
         ["sac_continuous_ray_HalfCheetah-v4_150k.json", "sac_continuous_ray_HalfCheetah-v4_150k_seed2.json"],
         SAC_REFERENCE_150K, smooth=10),
+    Row("sac_continuous_ray.py", "HalfCheetah-v4", "150k steps", "`--num-rollout-workers 4`",
+        ["sac_continuous_ray_HalfCheetah-v4_150k_4workers.json"],
+        Comparison("runs", "`sac_continuous.py`, run here", SAC_150K), smooth=10),
     Row("ppo_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "`--env-backend envpool`",
         ["ppo_atari_Breakout_1M_fp32.json"],
         Comparison("published", "CleanRL `ppo_atari.py`, run here", ["ppo_atari_Breakout_1M_fp32.json"], seeds=1), smooth=100),
+    Row("a2c_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "", ["a2c_atari_Breakout_1M_fp32.json"],
+        Comparison("runs", "Stable-Baselines3 `A2C` with the zoo's recipe, run here",
+                   ["sb3_a2c_zoo_BreakoutNoFrameskip-v4_1M.json"]), smooth=100),
     Row("a2c_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps",
         "`--env-backend envpool --bf16 --vf-coef 0.5 --optimizer rmsprop-torch`",  # run before the zoo's defaults
         ["a2c_atari_Breakout_1M_bf16.json"],
-        Comparison("runs", "Stable-Baselines3 `A2C`, run here", ["sb3_a2c_BreakoutNoFrameskip-v4_1M.json"]), smooth=100,
+        Comparison("runs", "Stable-Baselines3 `A2C` with torch's RMSprop, run here",
+                   ["sb3_a2c_BreakoutNoFrameskip-v4_1M.json"]), smooth=100,
         then_defaults="--vf-coef 0.5 --optimizer rmsprop-torch"),
 ]  # fmt: skip
 
