@@ -822,6 +822,10 @@ def check_backend(args) -> None:
     if args.env_backend != "gymnasium" and args.capture_video:
         raise UserError(f"--capture-video records env 0 of the gymnasium backend; {args.env_backend} renders no frames. "
                         "Use --env-backend gymnasium to record video.")  # fmt: skip
+    if args.env_backend != "gymnasium" and args.async_envs:
+        raise UserError(f"--async-envs runs the gymnasium backend's envs in worker processes; {args.env_backend} steps "
+                        "its envs in its own threads (--envpool-threads). Drop --async-envs, or use --env-backend "
+                        "gymnasium.")  # fmt: skip
     if args.env_backend == "ale-vector" and importlib.util.find_spec("ale_py.vector_env") is None:
         raise UserError("--env-backend ale-vector needs ale-py >= 0.11 (ale_py.vector_env). Upgrade ale-py, or use "
                         "--env-backend gymnasium.")  # fmt: skip

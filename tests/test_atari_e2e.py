@@ -150,6 +150,7 @@ def test_resume_restores_network_optimizer_counters_schedule_and_rng(tmp_path):
         ("ppo_atari.py", ["--env-backend", "gym"], ["--env-backend must be"]),
         ("a2c_atari.py", ["--env-backend", "envpool", "--capture-video"], ["envpool renders no frames"]),
         ("ppo_atari.py", ["--env-backend", "ale-vector", "--capture-video"], ["ale-vector renders no frames"]),
+        ("a2c_atari.py", ["--env-backend", "ale-vector", "--async-envs"], ["--async-envs runs the gymnasium backend"]),
         ("a2c_atari.py", ["--optimizer", "adam"], ["--optimizer must be 'rmsprop-tf' or 'rmsprop-torch'"]),
         ("ppo_atari.py", ["--total-timesteps", "100"], ["below one batch"]),
         ("a2c_atari.py", ["--resume", "does/not/exist.pt"], ["does not exist"]),
