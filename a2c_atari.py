@@ -8,7 +8,7 @@ Map of this file, top to bottom:
   main()          set-up, then the loop: rollout -> returns -> update -> log, then finish
   # === Plumbing  runs, checkpoints, resume, errors, progress, the wrappers and env backends, speed set-up
 
-Runs on gymnasium 1.x / ale-py 0.10+ and envpool 1.x; `diff ppo_atari.py a2c_atari.py` shows what differs between
+Runs on gymnasium 1.x / ale-py 0.10+; `diff ppo_atari.py a2c_atari.py` shows what differs between
 the two algorithms. Docs: docs/a2c_atari.md; the algorithm: https://arxiv.org/abs/1602.01783
 """
 
@@ -67,12 +67,12 @@ class Args:
     torch_threads: int = 0  # CPU threads for torch; 0 = share this machine's cores among the runs of these scripts on it
     bf16: bool = False  # opt-in: the CNN's convolutions and hidden layer in bfloat16 (autocast; heads and losses stay float32)
     env_backend: str = "gymnasium"
-    """`gymnasium` (this file's wrappers on ale-py), `envpool` (C++ threads, same preprocessing) or `ale-vector`
-    (ale-py's C++ vector env; unlike gymnasium: FIRE then 0-28 NOOPs at a game's start, one FIRE step after a lost
-    life, the 108k-frame limit counted after the start's NOOPs, a stale newest frame at a game's end, other random
-    streams; see the docs). Video and the evaluation games always run on gymnasium"""
+    """`gymnasium` (this file's wrappers on ale-py) or `ale-vector` (ale-py's C++ vector env, faster; unlike
+    gymnasium: FIRE then 0-28 NOOPs at a game's start, one FIRE step after a lost life, the 108k-frame limit counted
+    after the start's NOOPs, a stale newest frame at a game's end, other random streams; see the docs). Video and the
+    evaluation games always run on gymnasium"""
     async_envs: bool = False  # gymnasium backend: envs in worker processes (AsyncVectorEnv); off = in-process, measured faster
-    envpool_threads: int = 0  # envpool and ale-vector backends: worker threads (0 = one per core this process may use)
+    env_threads: int = 0  # ale-vector backend: worker threads (0 = one per core this process may use)
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases (WANDB_MODE=offline works without network)"""
     wandb_project_name: str = "onefile-rl"  # the wandb's project name
@@ -300,7 +300,7 @@ def main() -> None:
     # A resumed run restarts its games from a reset; a fresh env seed keeps it from replaying the first games.
     env_seed = args.seed + (0 if ckpt is None else ckpt["iteration"]) * args.num_envs
 
-    # NEXT_STEP autoreset (gymnasium 1.x's default, and envpool's): the step after an episode ends returns the next
+    # NEXT_STEP autoreset (gymnasium 1.x's default; ale-vector's too): the step after an episode ends returns the next
     # episode's first obs, reward 0, and ignores its action. Such a "reset step" is not a transition: it is
     # recorded in reset_step_buf and left out of training (see the update). The obs returned at the episode's last
     # step is its true final obs: a truncation is bootstrapped from V(final obs) without any final_obs lookup.
@@ -405,7 +405,7 @@ def main() -> None:
 RESUME_OVERRIDABLE = (
     "total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "runs_dir",
     "checkpoint_interval", "keep_checkpoints", "resume", "eval_checkpoint", "eval_episodes", "eval_interval", "keep_best",
-    "export_checkpoint", "export_dir", "progress", "cuda", "torch_threads", "env_backend", "async_envs", "envpool_threads",
+    "export_checkpoint", "export_dir", "progress", "cuda", "torch_threads", "env_backend", "async_envs", "env_threads",
 )  # fmt: skip
 # A checkpoint written before a flag existed ran with these values (a resume refuses another value typed)
 FLAGS_BEFORE_THEY_EXISTED = {"optimizer": "rmsprop-torch"}  # before --optimizer: torch's RMSprop
@@ -414,7 +414,7 @@ FLAG_RULES = {
     "total_timesteps": ">= 1", "learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gamma": "in [0, 1]",
     "rmsprop_alpha": "in [0, 1)", "rmsprop_eps": "> 0", "log_interval": ">= 1",
     "ent_coef": ">= 0", "vf_coef": ">= 0", "max_grad_norm": "> 0",
-    "seed": ">= 0", "torch_threads": ">= 0", "envpool_threads": ">= 0", "checkpoint_interval": ">= 0",
+    "seed": ">= 0", "torch_threads": ">= 0", "env_threads": ">= 0", "checkpoint_interval": ">= 0",
     "keep_checkpoints": ">= 1", "eval_episodes": ">= 1", "eval_interval": ">= 0",
 }  # fmt: skip
 
@@ -431,7 +431,7 @@ def validate_args(args: Args) -> None:
 
 
 # --- shared: atari-wrappers ---
-# The preprocessing that make_env chains, one small wrapper per step, and the envpool and ale-vector backends that
+# The preprocessing that make_env chains, one small wrapper per step, and the ale-vector backend that
 # do (nearly) the same in C++; then the vector env of any backend.
 ATARI_ID = re.compile(r"^(?:(?P<v4>[A-Za-z]+)NoFrameskip-v4|ALE/(?P<v5>[A-Za-z]+)-v5)$")
 
@@ -560,9 +560,9 @@ def with_reset_steps(info: dict, steps: list) -> dict:
 class GameStatistics(gym.Wrapper):
     """Puts the whole game's score (unclipped, all lives) and length (agent steps) in info["episode"] = {"r", "l"}
     at the step where the game ends (game over or time limit). The length counts only the agent's own steps, not
-    the NOOP and FIRE steps the reset wrappers below take, as envpool does; the score counts the points of those
-    steps too, and a game that ends inside a reset (a NOOP after a lost life, or FIRE) is reported by that reset's
-    info, under next-step autoreset the vector env's reset step: no game is lost or merged into the next one."""
+    the NOOP and FIRE steps the reset wrappers below take; the score counts the points of those steps too, and a
+    game that ends inside a reset (a NOOP after a lost life, or FIRE) is reported by that reset's info, under
+    next-step autoreset the vector env's reset step: no game is lost or merged into the next one."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
@@ -596,7 +596,7 @@ class ClipReward(gym.RewardWrapper):
 
 
 class Resize84(gym.ObservationWrapper):
-    """210x160 grayscale screen -> 84x84 (area interpolation, as the DQN paper and envpool do)."""
+    """210x160 grayscale screen -> 84x84 (area interpolation, as the DQN paper does)."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
@@ -627,52 +627,6 @@ class FrameStack(gym.Wrapper):
         self.frames[:-1] = self.frames[1:]
         self.frames[-1] = obs
         return self.frames.copy(), reward, terminated, truncated, info
-
-
-class EnvpoolAtari:
-    """envpool's C++ Atari pool behind the interface of a gymnasium vector env, with the same preprocessing (noop
-    reset 30, skip 4 with max-pooling, episodic life, FIRE reset, sign-clipped rewards, 84x84 gray, 4 frames,
-    108k frames) and the same episode statistics: infos["episode"]["r"/"l"] where infos["_episode"], the full
-    game's unclipped score and length in agent steps. Autoreset is next-step, as in gymnasium 1.x's default."""
-
-    def __init__(self, env_id: str, num_envs: int, seed: int, num_threads: int):
-        try:
-            import envpool
-        except ImportError:
-            raise UserError("--env-backend envpool: envpool is not installed (it has wheels for Linux x86-64 with "
-                            "Python >= 3.11 only). Use --env-backend gymnasium.") from None  # fmt: skip
-        game, sticky = parse_atari_id(env_id)
-        self.envs = envpool.make(
-            f"{game}-v5", env_type="gymnasium", num_envs=num_envs, seed=seed, num_threads=num_threads,
-            episodic_life=True, reward_clip=True, noop_max=30, frame_skip=4, stack_num=4, img_height=84, img_width=84,
-            gray_scale=True, use_fire_reset=True, repeat_action_probability=sticky,
-            max_episode_steps=MAX_FRAMES_PER_GAME // 4,
-        )  # fmt: skip
-        self.num_envs = num_envs
-        self.single_observation_space = self.envs.observation_space
-        self.single_action_space = self.envs.action_space
-        self.metadata = {"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
-        self.game_return = np.zeros(num_envs)
-
-    def reset(self, seed: Optional[int] = None) -> tuple[np.ndarray, dict]:
-        obs, _ = self.envs.reset()  # envpool is seeded once, at construction
-        self.game_return[:] = 0.0
-        return obs, {}
-
-    def step(self, actions: np.ndarray) -> tuple:
-        obs, reward, terminated, truncated, info = self.envs.step(actions)
-        self.game_return += info["reward"]  # the unclipped reward; `reward` is clipped to its sign
-        game_over = info["terminated"].astype(bool) | truncated  # `terminated` also marks a lost life
-        infos: dict = {}
-        if game_over.any():
-            infos["episode"] = {"r": np.where(game_over, self.game_return, 0.0),
-                                "l": np.where(game_over, info["elapsed_step"], 0)}  # fmt: skip
-            infos["_episode"] = game_over
-            self.game_return[game_over] = 0.0
-        return obs, reward, terminated, truncated, infos
-
-    def close(self) -> None:
-        self.envs.close()
 
 
 class AleVectorAtari:
@@ -749,10 +703,8 @@ def ignoring_stop_signals(thunk: Callable[[], gym.Env]) -> Callable[[], gym.Env]
 
 def make_vector_env(args, video_dir: str, seed: int):
     """The batch of envs for training, on any backend; all use next-step autoreset (see the rollout)."""
-    if args.env_backend == "envpool":
-        return EnvpoolAtari(args.env_id, args.num_envs, seed, args.envpool_threads or usable_cores())
     if args.env_backend == "ale-vector":
-        return AleVectorAtari(args.env_id, args.num_envs, seed, args.envpool_threads or usable_cores())
+        return AleVectorAtari(args.env_id, args.num_envs, seed, args.env_threads or usable_cores())
     thunks = [make_env(args.env_id, i, args.capture_video, video_dir) for i in range(args.num_envs)]
     if args.async_envs:
         thunks = [ignoring_stop_signals(thunk) for thunk in thunks]
@@ -774,21 +726,18 @@ def finished_games(infos: dict) -> list:
 # --- shared: atari-run ---
 def check_backend(args) -> None:
     """The env backend's options, checked before anything starts."""
-    if args.env_backend not in ("gymnasium", "envpool", "ale-vector"):
-        raise UserError(f"--env-backend must be 'gymnasium', 'envpool' or 'ale-vector', not '{args.env_backend}'.")
+    if args.env_backend not in ("gymnasium", "ale-vector"):
+        raise UserError(f"--env-backend must be 'gymnasium' or 'ale-vector', not '{args.env_backend}'.")
     if args.env_backend != "gymnasium" and args.capture_video:
         raise UserError(f"--capture-video records env 0 of the gymnasium backend; {args.env_backend} renders no frames. "
                         "Use --env-backend gymnasium to record video.")  # fmt: skip
     if args.env_backend != "gymnasium" and args.async_envs:
         raise UserError(f"--async-envs runs the gymnasium backend's envs in worker processes; {args.env_backend} steps "
-                        "its envs in its own threads (--envpool-threads). Drop --async-envs, or use --env-backend "
+                        "its envs in its own threads (--env-threads). Drop --async-envs, or use --env-backend "
                         "gymnasium.")  # fmt: skip
     if args.env_backend == "ale-vector" and importlib.util.find_spec("ale_py.vector_env") is None:
         raise UserError("--env-backend ale-vector needs ale-py >= 0.11 (ale_py.vector_env). Upgrade ale-py, or use "
                         "--env-backend gymnasium.")  # fmt: skip
-    if args.env_backend == "envpool" and importlib.util.find_spec("envpool") is None:
-        raise UserError("--env-backend envpool: envpool is not installed (it has wheels for Linux x86-64 with "
-                        "Python >= 3.11 only). Use --env-backend gymnasium.")  # fmt: skip
 
 
 def probe_env(env_id: str) -> tuple[tuple, int]:

@@ -2,7 +2,7 @@
 
     python benchmarks/env_backends.py --reps 3 --out benchmarks/results/atari_env_backends
 
-Backends: `gymnasium` (make_env's wrapper chain, SyncVectorEnv), `envpool` and `ale-vector` (ale-py's AtariVectorEnv),
+Backends: `gymnasium` (make_env's wrapper chain, SyncVectorEnv) and `ale-vector` (ale-py's AtariVectorEnv),
 each built by the scripts' own make_vector_env(), so the figures include our adapters' Python work. A backend that is
 not installed is skipped and named in the report.
 
@@ -10,10 +10,10 @@ not installed is skipped and named in the report.
   random actions, then times `--env-steps` more vector steps; env steps/s = vector steps * num_envs / seconds.
 - **script SPS**: each script in `--scripts` runs with `--env-backend B --total-timesteps N` at two budgets, and the
   marginal steps/s (n2 - n1) / (t2 - t1) removes the start-up costs (imports, env and network creation).
-  `--script-flags` is added to every run (e.g. "--torch-threads 1 --envpool-threads 1").
+  `--script-flags` is added to every run (e.g. "--torch-threads 1 --env-threads 1").
 
 Each round runs the backends one after the other in the same order, so a drifting machine hits them alike; the
-median over rounds is reported, with every round's figure and the ratios to envpool. Measure on an otherwise idle
+median over rounds is reported, with every round's figure and the ratios to gymnasium. Measure on an otherwise idle
 machine: timings taken beside other work are not comparable. Writes <out>.json; prints a table.
 """
 
@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.run import machine_info  # noqa: E402
 
-BACKENDS = ("gymnasium", "envpool", "ale-vector")
+BACKENDS = ("gymnasium", "ale-vector")
 # Run in a fresh interpreter per measurement: one backend's threads and imports do not slow the next one.
 ENV_PROBE = """
 import json, sys, time
@@ -44,7 +44,7 @@ sys.path.insert(0, sys.argv[1])
 import ppo_atari as P
 backend, env_id, num_envs, threads, warmup, steps = sys.argv[2], sys.argv[3], *map(int, sys.argv[4:8])
 P.check_atari_env(env_id)
-envs = P.make_vector_env(P.Args(env_id=env_id, env_backend=backend, num_envs=num_envs, envpool_threads=threads), "", 1)
+envs = P.make_vector_env(P.Args(env_id=env_id, env_backend=backend, num_envs=num_envs, env_threads=threads), "", 1)
 envs.reset(seed=1)
 rng = np.random.default_rng(0)
 actions = rng.integers(0, envs.single_action_space.n, (warmup + steps, num_envs))
@@ -60,7 +60,7 @@ print(json.dumps({"env_steps_per_s": steps * num_envs / seconds}))
 
 
 def installed(backend: str) -> bool:
-    probe = {"gymnasium": "import ale_py", "envpool": "import envpool", "ale-vector": "import ale_py.vector_env"}[backend]
+    probe = {"gymnasium": "import ale_py", "ale-vector": "import ale_py.vector_env"}[backend]
     return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
 
 
@@ -94,7 +94,7 @@ def summary(values: list, reference: Optional[list]) -> dict:
     mid, ref = median(values), median(reference or [])
     out = {"median": None if mid is None else round(mid, 1), "per_rep": [None if v is None else round(v, 1) for v in values]}
     if mid is not None and ref:
-        out["vs_envpool"] = round(mid / ref, 3)
+        out["vs_gymnasium"] = round(mid / ref, 3)
     return out
 
 
@@ -108,7 +108,7 @@ def main() -> int:
     parser.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated, from " + ", ".join(BACKENDS))
     parser.add_argument("--reps", type=int, default=3, help="rounds; the issue asks for at least 3")
     parser.add_argument("--num-envs", type=int, default=8, help="envs of the raw measurement (ppo_atari's default)")
-    parser.add_argument("--env-threads", type=int, default=0, help="envpool / ale-vector threads (0: one per core)")
+    parser.add_argument("--env-threads", type=int, default=0, help="ale-vector threads (0: one per core)")
     parser.add_argument("--warmup", type=int, default=200, help="vector steps before the raw timing")
     parser.add_argument("--env-steps", type=int, default=5_000, help="timed vector steps of the raw measurement")
     parser.add_argument("--scripts", default="ppo_atari.py,a2c_atari.py", help="comma-separated; empty: no script SPS")
@@ -147,11 +147,11 @@ def main() -> int:
         "skipped_not_installed": skipped,
         "raw_env_steps_per_s": {
             "num_envs": args.num_envs, "env_threads": args.env_threads, "timed_vector_steps": args.env_steps,
-            **{b: summary(raw[b], raw.get("envpool")) for b in backends},
+            **{b: summary(raw[b], raw.get("gymnasium")) for b in backends},
         },
         "script_sps": {
             "budgets": [args.n1, args.n2], "flags": args.script_flags,
-            **{s: {b: summary(sps[s][b], sps[s].get("envpool")) for b in backends} for s in scripts},
+            **{s: {b: summary(sps[s][b], sps[s].get("gymnasium")) for b in backends} for s in scripts},
         },
         "machine": machine_info(sys.executable),
     }  # fmt: skip

@@ -150,10 +150,8 @@ def test_ids_map_to_game_and_sticky_actions_and_bad_ids_are_refused():
         P.check_atari_env("NoSuchGameNoFrameskip-v4")
 
 
-@pytest.mark.parametrize("backend", ["gymnasium", "envpool", "ale-vector"])
+@pytest.mark.parametrize("backend", ["gymnasium", "ale-vector"])
 def test_backends_agree_on_observations_and_game_statistics(backend):
-    if backend == "envpool":
-        pytest.importorskip("envpool")
     args = P.Args(env_backend=backend, num_envs=2, async_envs=False)
     envs = P.make_vector_env(args, "", seed=1)
     obs, _ = envs.reset(seed=1)
@@ -278,7 +276,7 @@ def test_ale_vector_finds_the_rom_of_both_id_forms(env_id, actions, fire):
 
 def test_ale_vector_is_repeatable_from_its_seed():
     def play(seed: int) -> list:
-        envs = P.make_vector_env(P.Args(env_backend="ale-vector", num_envs=2, envpool_threads=2), "", seed=seed)
+        envs = P.make_vector_env(P.Args(env_backend="ale-vector", num_envs=2, env_threads=2), "", seed=seed)
         obs, _ = envs.reset(seed=seed)
         rng, trace = np.random.default_rng(0), [obs.sum()]
         for _ in range(300):
