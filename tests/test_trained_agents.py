@@ -257,8 +257,9 @@ def test_sac_keep_best_export_and_replay(tmp_path, script):
     if script == "sac_continuous":
         proc = run_script("sac_continuous.py", *common, "--total-timesteps", 400, "--eval-interval", 100,
                           "--checkpoint-interval", 0, "--save-model")  # fmt: skip
-    else:  # the evaluator runs beside training: best.pt is the snapshot taken when its weights were sent
-        proc = run_ray(*common, "--total-timesteps", 600, "--eval-interval", 150, "--checkpoint-interval", 300,
+    else:  # the evaluator runs beside training: best.pt is the snapshot taken when its weights were sent. It skips an
+        # evaluation while the previous one runs, so a loaded machine gets fewer: 8 chances for the 2 checked below
+        proc = run_ray(*common, "--total-timesteps", 1200, "--eval-interval", 150, "--checkpoint-interval", 300,
                        "--num-rollout-workers", 1, "--worker-batch-steps", 50, script="sac_continuous_ray.py")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
