@@ -70,6 +70,7 @@ SAC_REFERENCE_150K = Comparison(
 SAC_150K = ["sac_continuous_HalfCheetah-v4_150k_zen3_f32_1c1a44c.json", "sac_continuous_HalfCheetah-v4_150k_xeon_f32_seeds34.json"]
 PPO_HC = "ppo_continuous_HalfCheetah-v4_1M.json"
 SAC_1M = "sac_continuous_HalfCheetah-v4_1M_xeon_f32.json"
+PPO_ATARI_GYM = ["ppo_atari_Breakout_1M_fp32_gymnasium.json", "ppo_atari_Breakout_1M_fp32_gymnasium_seed3.json"]
 ROWS = [
     Row("ppo_continuous.py", "HalfCheetah-v4", "1M steps", "", [PPO_HC],
         Comparison("published", "CleanRL `ppo_continuous_action.py`, published", [PPO_HC], seeds=3)),
@@ -84,14 +85,13 @@ ROWS = [
     Row("sac_continuous_ray.py", "HalfCheetah-v4", "150k steps", "`--num-rollout-workers 4`",
         ["sac_continuous_ray_HalfCheetah-v4_150k_4workers.json"],
         Comparison("runs", "`sac_continuous.py`, run here", SAC_150K), smooth=10),
-    Row("ppo_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "", ["ppo_atari_Breakout_1M_fp32_gymnasium.json",
-        "ppo_atari_Breakout_1M_fp32_gymnasium_seed3.json"],
+    Row("ppo_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "", PPO_ATARI_GYM,
         Comparison("published", "CleanRL `ppo_atari.py`, run here", ["ppo_atari_Breakout_1M_fp32_gymnasium.json"], seeds=1),
         smooth=100),
     Row("ppo_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "`--env-backend ale-vector`",
         ["ppo_atari_Breakout_1M_fp32_alevector.json", "ppo_atari_Breakout_1M_fp32_alevector_seed3.json"],
         Comparison("runs", "`ppo_atari.py` on the gymnasium backend, run here",
-                   ["ppo_atari_Breakout_1M_fp32_gymnasium.json", "ppo_atari_Breakout_1M_fp32_gymnasium_seed3.json"]),
+                   PPO_ATARI_GYM),
         smooth=100),
     Row("a2c_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "", ["a2c_atari_Breakout_1M_fp32.json"],
         Comparison("runs", "Stable-Baselines3 `A2C` with the zoo's recipe, run here",
