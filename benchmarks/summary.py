@@ -70,7 +70,9 @@ SAC_REFERENCE_150K = Comparison(
 SAC_150K = ["sac_continuous_HalfCheetah-v4_150k_zen3_f32_1c1a44c.json", "sac_continuous_HalfCheetah-v4_150k_xeon_f32_seeds34.json"]
 PPO_HC = "ppo_continuous_HalfCheetah-v4_1M.json"
 SAC_1M = "sac_continuous_HalfCheetah-v4_1M_xeon_f32.json"
-PPO_ATARI_GYM = ["ppo_atari_Breakout_1M_fp32_gymnasium.json", "ppo_atari_Breakout_1M_fp32_gymnasium_seed3.json"]
+PPO_ATARI_GYM = ["ppo_atari_Breakout_1M_fp32_gymnasium.json"] + [
+    f"ppo_atari_Breakout_1M_fp32_gymnasium_seed{seed}.json" for seed in (3, 4, 5)
+]
 ROWS = [
     Row("ppo_continuous.py", "HalfCheetah-v4", "1M steps", "", [PPO_HC],
         Comparison("published", "CleanRL `ppo_continuous_action.py`, published", [PPO_HC], seeds=3)),
@@ -89,7 +91,8 @@ ROWS = [
         Comparison("published", "CleanRL `ppo_atari.py`, run here", ["ppo_atari_Breakout_1M_fp32_gymnasium.json"], seeds=1),
         smooth=100),
     Row("ppo_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "`--env-backend ale-vector`",
-        ["ppo_atari_Breakout_1M_fp32_alevector.json", "ppo_atari_Breakout_1M_fp32_alevector_seed3.json"],
+        ["ppo_atari_Breakout_1M_fp32_alevector.json"]
+        + [f"ppo_atari_Breakout_1M_fp32_alevector_seed{seed}.json" for seed in (3, 4, 5)],
         Comparison("runs", "`ppo_atari.py` on the gymnasium backend, run here",
                    PPO_ATARI_GYM),
         smooth=100),
