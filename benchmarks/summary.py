@@ -70,9 +70,16 @@ SAC_REFERENCE_150K = Comparison(
 SAC_150K = ["sac_continuous_HalfCheetah-v4_150k_zen3_f32_1c1a44c.json", "sac_continuous_HalfCheetah-v4_150k_xeon_f32_seeds34.json"]
 PPO_HC = "ppo_continuous_HalfCheetah-v4_1M.json"
 SAC_1M = "sac_continuous_HalfCheetah-v4_1M_xeon_f32.json"
-PPO_ATARI_GYM = ["ppo_atari_Breakout_1M_fp32_gymnasium.json"] + [
-    f"ppo_atari_Breakout_1M_fp32_gymnasium_seed{seed}.json" for seed in (3, 4, 5)
-]
+
+
+def ppo_atari_breakout_1m(backend: str) -> list:
+    """The 1M-step Breakout PPO runs on one env backend: seeds 1-2 in one JSON, seeds 3, 4 and 5 one JSON each."""
+    return [f"ppo_atari_Breakout_1M_fp32_{backend}.json"] + [
+        f"ppo_atari_Breakout_1M_fp32_{backend}_seed{seed}.json" for seed in (3, 4, 5)
+    ]
+
+
+PPO_ATARI_GYM = ppo_atari_breakout_1m("gymnasium")
 ROWS = [
     Row("ppo_continuous.py", "HalfCheetah-v4", "1M steps", "", [PPO_HC],
         Comparison("published", "CleanRL `ppo_continuous_action.py`, published", [PPO_HC], seeds=3)),
@@ -91,10 +98,8 @@ ROWS = [
         Comparison("published", "CleanRL `ppo_atari.py`, run here", ["ppo_atari_Breakout_1M_fp32_gymnasium.json"], seeds=1),
         smooth=100),
     Row("ppo_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "`--env-backend ale-vector`",
-        ["ppo_atari_Breakout_1M_fp32_alevector.json"]
-        + [f"ppo_atari_Breakout_1M_fp32_alevector_seed{seed}.json" for seed in (3, 4, 5)],
-        Comparison("runs", "`ppo_atari.py` on the gymnasium backend, run here",
-                   PPO_ATARI_GYM),
+        ppo_atari_breakout_1m("alevector"),
+        Comparison("runs", "`ppo_atari.py` on the gymnasium backend, run here", PPO_ATARI_GYM),
         smooth=100),
     Row("a2c_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "", ["a2c_atari_Breakout_1M_fp32.json"],
         Comparison("runs", "Stable-Baselines3 `A2C` with the zoo's recipe, run here",
