@@ -1,17 +1,16 @@
 """Code every script carries (errors, seeding, env-state capture, checkpoints, logging) sits between
 `# --- shared: NAME ---` and `# --- end shared: NAME ---` markers. Same-named blocks must be identical text in all
-top-level scripts, so copies cannot drift."""
+top-level scripts, so copies cannot drift: edit one copy, then `python tools/sync_shared.py <that script>` copies it
+to the others (the tool holds the marker grammar, extract_blocks, that these tests use)."""
 
-import re
-from itertools import combinations
-from pathlib import Path
+import shutil
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = sorted(p for p in ROOT.glob("*.py"))
-START = re.compile(r"^# --- shared: (?P<name>[\w-]+) ---$")
-END = re.compile(r"^# --- end shared: (?P<name>[\w-]+) ---$")
+from tests.conftest import ROOT
+from tools.sync_shared import HINT, describe, differing_blocks, extract_blocks, load_blocks, scripts_in
+
+SCRIPTS = scripts_in(ROOT)
 # every script carries these blocks: the plumbing below the banner (errors, flag checks, seeding, checkpoints, the
 # run's bookkeeping, keep-best, the export of a trained agent, torch's threads)
 REQUIRED = {"errors", "validation", "seeding", "checkpoint", "run", "keep-best", "export", "threads"}
@@ -30,30 +29,6 @@ FAMILY = {
                      "ppo-losses", *ON_POLICY},  # fmt: skip
     "a2c_atari.py": {"atari-make-env", "nature-cnn", "next-step-autoreset", "atari-wrappers", "atari-run", *ON_POLICY},
 }
-
-
-def extract_blocks(text: str) -> dict:
-    """{name: block text}; raises ValueError on unclosed, nested, mismatched or repeated markers."""
-    blocks, current, lines = {}, None, []
-    for number, line in enumerate(text.splitlines(), 1):
-        start, end = START.match(line), END.match(line)
-        if start:
-            if current is not None:
-                raise ValueError(f"line {number}: block '{start['name']}' starts inside block '{current}'")
-            if start["name"] in blocks:
-                raise ValueError(f"line {number}: block '{start['name']}' appears twice")
-            current, lines = start["name"], []
-        elif end:
-            if end["name"] != current:
-                raise ValueError(f"line {number}: end of '{end['name']}' but the open block is '{current}'")
-            blocks[current], current = "\n".join(lines), None
-        elif current is not None:
-            lines.append(line)
-        elif "--- shared" in line or "--- end shared" in line:
-            raise ValueError(f"line {number}: malformed marker {line!r}")
-    if current is not None:
-        raise ValueError(f"block '{current}' is never closed")
-    return blocks
 
 
 def test_extractor_catches_broken_markers():
@@ -80,14 +55,34 @@ def test_scripts_exist_and_carry_the_required_blocks():
         assert not missing, f"{script.name} lacks shared blocks {sorted(missing)}"
 
 
+def assert_copies_identical(folder) -> None:
+    """The check: every same-named block is identical text in all the folder's scripts, or fail naming each block
+    that differs, the scripts holding each version, and the tool that copies one edited copy to the others."""
+    differing = differing_blocks(load_blocks(folder))
+    if differing:
+        raise AssertionError("\n".join(describe(name, groups) for name, groups in differing.items()) + f"\n{HINT}")
+
+
 def test_same_named_blocks_are_identical_across_scripts():
-    blocks = {script.name: extract_blocks(script.read_text()) for script in SCRIPTS}
-    for (a, blocks_a), (b, blocks_b) in combinations(blocks.items(), 2):
-        for name in blocks_a.keys() & blocks_b.keys():
-            assert blocks_a[name] == blocks_b[name], f"shared block '{name}' differs between {a} and {b}"
+    assert_copies_identical(ROOT)
 
 
-def test_differing_copies_are_detected():
-    a = extract_blocks("# --- shared: seeding ---\nrandom.seed(seed)\n# --- end shared: seeding ---\n")
-    b = extract_blocks("# --- shared: seeding ---\nrandom.seed(seed + 1)\n# --- end shared: seeding ---\n")
-    assert a["seeding"] != b["seeding"]
+def test_differing_copies_are_detected(tmp_path):
+    """The check above, run on copies of the scripts where one script's copy of a block differs: it must fail and
+    name that block and the scripts on both sides."""
+    for script in SCRIPTS:
+        shutil.copy(script, tmp_path / script.name)
+    carriers = sorted(name for name, blocks in load_blocks(tmp_path).items() if "seeding" in blocks)
+    edited = tmp_path / "ppo_atari.py"
+    text = edited.read_text()
+    assert text.count("# --- shared: seeding ---\n") == 1
+    edited.write_text(text.replace("# --- shared: seeding ---\n", "# --- shared: seeding ---\nSEED_OFFSET = 1\n"))
+    with pytest.raises(AssertionError) as failure:
+        assert_copies_identical(tmp_path)
+    report = str(failure.value).splitlines()
+    (line,) = [line for line in report if "'seeding'" in line]
+    assert line.startswith("shared block 'seeding' differs between ")
+    for script in carriers:
+        assert script in line, f"{script} is not named in {line!r}"
+    assert line.endswith(" and ppo_atari.py"), line  # the edited copy, alone in its version
+    assert "python tools/sync_shared.py" in report[-1]
