@@ -4,10 +4,10 @@ Map of this file, top to bottom:
   Args            algorithm flags, then run flags (`python sac_continuous.py --help` lists them)
   make_env        one gymnasium env; episode statistics are kept in the loop, visibly
   Actor, TwinQ    the tanh-squashed Gaussian policy and the two soft Q-networks; its log-density; the soft-Q target
-  ReplayBuffer    transitions (s, a, r, s', terminated); Learner: critic, actor and temperature updates, Polyak
-  rollout         act, step the envs, keep the true final observation at an auto-reset
+  ReplayBuffer    transitions (s, a, r, s', terminated); Learner: its updates, Polyak; gradient_step: their schedule
+  rollout         act through the Actor module, step the envs, keep the true final observation at an auto-reset
   main()          set-up, then the loop: act -> store -> sample a batch -> update -> log, then finish
-  # === Plumbing  runs, checkpoints, errors, progress, evaluation, the bfloat16 probe, the speed set-up
+  # === Plumbing  runs, checkpoints, errors, progress, evaluation, the parameter holder, --bf16, the speed set-up
 The `shared: sac-*` blocks are the parts sac_continuous_ray.py distributes; it carries them verbatim. Runs on
 gymnasium 1.x: at an auto-reset the true final observation is stored, and only a termination (never a time-limit
 truncation) stops bootstrapping. Docs: docs/sac_continuous.md; the algorithm: https://arxiv.org/abs/1812.05905
@@ -67,9 +67,9 @@ class Args:
     torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
     cuda: bool = True  # if toggled, cuda will be used when available
     torch_threads: int = 0  # CPU threads for torch; 0 = share this machine's cores among the runs of these scripts on it
-    bf16: bool = True
-    """bfloat16 matmuls (weights, Adam, losses stay float32) where the CPU has native bfloat16 instructions (AVX512_BF16,
-    AMX) and a start-up probe finds them >= 1.3x faster than float32 (same returns: docs page); else, and --no-bf16: float32"""
+    bf16: bool = False
+    """opt-in: bfloat16 matmuls (weights, Adam, losses stay float32); needs a CPU with native bfloat16 instructions
+    (AVX512_BF16 or AMX), elsewhere refused (emulated bfloat16 is many times slower)"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases (WANDB_MODE=offline works without network)"""
     wandb_project_name: str = "onefile-rl"  # the wandb's project name
@@ -135,8 +135,8 @@ class Actor(nn.Module):
 
 class TwinQ(nn.Module):
     """Both soft Q-networks (obs, action) -> 256 -> 256 -> 1 in one module: each weight is stacked along a leading
-    axis of size 2, and one batched matmul (baddbmm) evaluates both critics. Same functions and initialization as
-    two separate nn.Sequential MLPs, a third of the ops."""
+    axis of size 2 and one batched matmul (baddbmm) evaluates both critics, a third of the ops of two MLPs. Same
+    functions and initialization as two separate nn.Sequential MLPs."""
 
     def __init__(self, obs_dim: int, act_dim: int):
         super().__init__()
@@ -156,10 +156,8 @@ class TwinQ(nn.Module):
         # ReLU in place: baddbmm's backward needs its inputs, not its output, so no new (2, batch, 256) tensor is due
         h = torch.baddbmm(b1, x.expand(2, *x.shape), w1).relu_()
         h = torch.baddbmm(b2, h, w2).relu_()
-        # Output layer in float32, even with --bf16 (.float() is a no-op in float32). Why: Q grows to the hundreds, where
-        # a bfloat16 result (8 significant bits) is off by up to 0.4% (+-1 at Q = 400), and the RMS TD error the critics
-        # learn from is ~3 there (HalfCheetah, 150k steps). One matmul with one output column, not a multiply and a sum:
-        # two passes fewer over h (with in-place ReLUs, -2% per gradient step, benchmarks/update_ab.py, 30 rounds).
+        # Output layer in float32, even with --bf16 (.float() is a no-op in float32): Q grows to the hundreds, where a
+        # bfloat16 result (8 significant bits) would be off by about the TD error the critics learn from (docs page)
         return torch.baddbmm(b3.float(), h.float(), w3.float()).squeeze(-1)
 
 
@@ -174,17 +172,12 @@ LOG_2 = math.log(2.0)
 
 def squashed_gaussian(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor, action_scale: torch.Tensor,
                       action_bias: torch.Tensor, squash_eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Reparameterized sample a = tanh(u) * scale + bias, u = mean + std * noise, and its log-density, summed over
-    action dimensions. Change of variables (SAC paper, appendix C), with tanh's slope floored at eps:
+    """Reparameterized sample a = tanh(u) * scale + bias, u = mean + std * noise, and its log-density summed over
+    action dimensions (change of variables, SAC paper appendix C; tanh's slope floored at eps, 0 = exact: docs page):
         log pi(a|s) = log N(u; mean, std) - sum_i [log scale_i + log(1 - tanh(u_i)^2 + eps)]
         log N(u; mean, std) = sum_i (-noise_i^2 / 2 - log std_i - log sqrt(2 pi))      ((u - mean) / std = noise)
         log(1 - tanh(u)^2) = 2 log 2 - 2 (u + softplus(-2u)),   log(x + eps) = log x + softplus(log eps - log x)
-    eps = 0 is the exact density; the form above is finite even where tanh(u) rounds to +-1 (1 - tanh^2 would be 0).
-    What a floor changes (--squash-eps; the reference SAC adds 1e-6): exactly, -log pi pulls a saturating u back
-    toward 0 with a force 2 * alpha per dimension that never fades; with the floor that pull fades past |u| ~ 7.6
-    (1 - tanh^2 < eps), allowing bang-bang actions. Measured on HalfCheetah at 150k steps over 4 seeds, 1e-6 learned
-    no better than the exact form (docs page, Results), so the default is the exact density. The terms the gradient
-    does not flow through are summed apart: in the actor's loss every op costs a second one in the backward pass."""
+    Finite even where tanh(u) rounds to +-1. Terms without gradient are summed apart (each op costs a backward one)."""
     u = torch.addcmul(mean, log_std.exp(), noise)
     minus_log_slope = 2.0 * (u + nn.functional.softplus(-2.0 * u))  # 2 log 2 - log(1 - tanh(u)^2); 2 log 2 is constant
     if squash_eps > 0.0:  # log(x + eps) = log x + softplus(log eps - log x), with log x = 2 log 2 - minus_log_slope
@@ -272,8 +265,8 @@ class Learner:
     actor: Actor
     qf: TwinQ  # the two critics
     qf_target: TwinQ  # their slowly following copies, for the target y (soft_update)
-    actor_params: list  # the weights each optimizer (and soft_update) moves: the networks' parameters, as
-    qf_params: list  # [one flat tensor] of views (fast_parameters, below the banner)
+    actor_params: list  # the networks' parameters: what each optimizer (and soft_update) moves
+    qf_params: list
     qf_target_params: list
     actor_optimizer: torch.optim.Optimizer
     q_optimizer: torch.optim.Optimizer
@@ -303,10 +296,10 @@ class Learner:
 def make_learner(obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, args, device: torch.device) -> Learner:
     """The networks (the target critics start equal to the critics), an Adam optimizer for each, the temperature."""
     actor = Actor(obs_dim, act_dim).to(device)
+    check_actor(actor, obs_dim, act_dim)  # an edit that broke its sizes stops here, saying what to change (below the banner)
     qf, qf_target = TwinQ(obs_dim, act_dim).to(device), TwinQ(obs_dim, act_dim).to(device)
     qf_target.load_state_dict(qf.state_dict())
-    # speed (below the banner): each network's weights as views of one flat tensor; the same math
-    actor_params, qf_params, qf_target_params = fast_parameters(actor), fast_parameters(qf), fast_parameters(qf_target)
+    actor_params, qf_params, qf_target_params = list(actor.parameters()), list(qf.parameters()), list(qf_target.parameters())
     fused = device.type in ("cpu", "cuda")  # Adam's fused kernel (one op per step) exists there
     # alpha = 1 at the start with autotune, else args.alpha throughout (0: no entropy term)
     log_alpha_0 = 0.0 if args.autotune else (math.log(args.alpha) if args.alpha > 0 else -math.inf)
@@ -345,7 +338,7 @@ def critic_update(learner: Learner, batch: dict, gamma: float) -> torch.Tensor:
         y = soft_q_target(batch["rewards"], batch["terminated"], next_q, next_log_prob, learner.alpha(), gamma)
     q = learner.qf_run(batch["obs"], batch["actions"])
     losses = (q - y).pow(2).mean(1)  # (2,): one MSE per critic
-    learner.q_optimizer.zero_grad(set_to_none=False)  # in place: the flat weights' views keep their gradients
+    learner.q_optimizer.zero_grad()
     losses.sum().backward()
     learner.q_optimizer.step()
     return torch.cat([q.detach().mean(1), losses.detach()])
@@ -360,7 +353,7 @@ def actor_update(learner: Learner, obs: torch.Tensor, autotune: bool) -> torch.T
     # Frozen critics (detached weights): the gradient reaches the action, and through it the actor, not the critics
     q = learner.qf_run(obs, actions, params=learner.qf_frozen).min(0).values
     actor_loss = (alpha * log_prob - q).mean()
-    learner.actor_optimizer.zero_grad(set_to_none=False)
+    learner.actor_optimizer.zero_grad()
     if autotune:
         alpha_loss = (-learner.log_alpha.exp() * (log_prob.detach() + learner.target_entropy)).mean()
         learner.alpha_optimizer.zero_grad()
@@ -379,6 +372,18 @@ def soft_update(target_params: list, params: list, tau: float) -> None:
     with torch.no_grad():
         for target, param in zip(target_params, params):
             target.lerp_(param, tau)
+
+
+def gradient_step(learner: Learner, batch: dict, step: int, args) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Gradient step number `step` (from 1) on one batch: the critics; every policy_frequency steps, policy_frequency
+    actor updates (delayed, as TD3, compensated); every target_network_frequency steps, the targets' Polyak step.
+    Returns critic_update's metrics and actor_update's summed over this step's actor updates (None: none ran)."""
+    critic_metrics, actor_metrics = critic_update(learner, batch, args.gamma), None
+    if step % args.policy_frequency == 0:
+        actor_metrics = sum(actor_update(learner, batch["obs"], args.autotune) for _ in range(args.policy_frequency))
+    if step % args.target_network_frequency == 0:
+        soft_update(learner.qf_target_params, learner.qf_params, args.tau)
+    return critic_metrics, actor_metrics
 
 
 # --- end shared: sac-learner ---
@@ -402,12 +407,14 @@ def true_next_obs(raw_obs: np.ndarray, episode_ended: np.ndarray, infos: dict) -
 
 
 # --- shared: sac-rollout ---
-def policy_actions(obs: np.ndarray, weights: list, noise: Optional[np.ndarray], scale: np.ndarray, bias: np.ndarray):
-    """a = tanh(mean + std * noise) * scale + bias, for one step's observations (the actor on the published weights,
-    as a numpy function: actor_numpy, below the banner); noise=None gives the deterministic action tanh(mean)."""
-    mean, log_std = actor_numpy(obs, weights)
-    u = mean if noise is None else mean + np.exp(log_std) * noise
-    return (np.tanh(u) * scale + bias).astype(np.float32)
+def policy_actions(obs: np.ndarray, actor: nn.Module, noise, scale, bias) -> np.ndarray:
+    """a = tanh(mean + std * noise) * scale + bias for one step's observations: the Actor module itself and
+    squashed_gaussian, in float32 without gradients; noise=None gives the deterministic action (noise 0)."""
+    with torch.no_grad():
+        mean, log_std = actor(torch.as_tensor(obs, dtype=torch.float32))
+        noise = torch.zeros_like(mean) if noise is None else torch.as_tensor(noise, dtype=torch.float32)
+        scale, bias = torch.as_tensor(scale, dtype=torch.float32), torch.as_tensor(bias, dtype=torch.float32)
+        return squashed_gaussian(mean, log_std, noise, scale, bias)[0].numpy()
 
 
 def env_step(envs: gym.vector.VectorEnv, actions: np.ndarray, episode_return: np.ndarray, episode_length: np.ndarray):
@@ -449,7 +456,7 @@ def main() -> None:
     speed_setup()  # speed (below the banner): before torch's first parallel op
     if args.eval_checkpoint or args.export_checkpoint:
         return eval_only(args, device)  # evaluate or export a checkpoint: no training
-    # bfloat16 only where the CPU runs it natively and faster; what actually runs is what the run records
+    # --bf16 only where the CPU has native bfloat16 instructions (else refused); a resumed run keeps its recorded dtype
     args.bf16, compute_note = resolve_bf16(args.bf16, device, cpu_has_native_bf16(), resumed=ckpt is not None)
     args.num_iterations = args.total_timesteps // args.num_envs
     obs_shape, act_shape = probe_env(args.env_id)
@@ -469,74 +476,71 @@ def main() -> None:
     action_scale, action_bias = (action_high - action_low) / 2.0, (action_high + action_low) / 2.0
 
     learner = make_learner(obs_dim, act_dim, action_low, action_high, args, device)
-    holder = ParameterHolder()  # the actor's weights the rollout acts with, and their version (below the banner)
+    holder = ParameterHolder()  # a copy of the actor the rollout acts with, and its version (below the banner)
     buffer = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
     print(f"replay buffer: {args.buffer_size:,} transitions, {buffer.nbytes / 1e6:.1f} MB of arrays "
           f"({buffer.nbytes // args.buffer_size} bytes per transition)")  # fmt: skip
 
-    s = LoopState(raw_obs=envs.reset(seed=args.seed)[0], episode_return=np.zeros(args.num_envs),
-                  episode_length=np.zeros(args.num_envs, np.int64), updates_start=args.learning_starts,
-                  loss_sums=torch.zeros(4, device=device), actor_sums=torch.zeros(3, device=device))  # fmt: skip
+    state = LoopState(raw_obs=envs.reset(seed=args.seed)[0], episode_return=np.zeros(args.num_envs),
+                      episode_length=np.zeros(args.num_envs, np.int64), updates_start=args.learning_starts,
+                      loss_sums=torch.zeros(4, device=device), actor_sums=torch.zeros(3, device=device))  # fmt: skip
     stored = BufferPart(buffer, args.save_buffer)  # in checkpoints only with --save-buffer (it is large)
-    run.attach(s, envs, learner=learner, env_states=EnvStates(envs), replay_buffer=stored)
+    run.attach(state, envs, learner=learner, env_states=EnvStates(envs), replay_buffer=stored)
     if ckpt is not None and not stored.loaded:  # resumed without a buffer: updates pause until it refills
-        s.updates_start = refill_before_updating(s.global_step, args.learning_starts)
-    holder.publish(learner.actor, s.actor_updates)
-    # evaluation: deterministic episodes with the published weights; the Run plays them every --eval-interval env steps
-    run.play = lambda episodes, video_dir=None: evaluate(holder.weights, args.env_id, episodes, args.seed + 10_000, video_dir)
+        state.updates_start = refill_before_updating(state.global_step, args.learning_starts)
+    holder.publish(learner.actor, state.actor_updates)
+    # evaluation: deterministic episodes with the published actor; the Run plays them every --eval-interval env steps
+    run.play = lambda episodes, video_dir=None: evaluate(holder.actor, args.env_id, episodes, args.seed + 10_000, video_dir)
     freeze_startup_objects()  # speed (below the banner): everything set up so far lives to the end of the run
 
-    for iteration in run.iterations(s, args.num_iterations):  # between steps: checkpoints, Ctrl-C, progress
+    for iteration in run.iterations(state, args.num_iterations):  # between steps: checkpoints, Ctrl-C, progress
         # ---- rollout: act (uniform random before learning_starts), step the envs, store the transitions ----
         with run.timer("rollout"):
-            if s.global_step < args.learning_starts:
+            if state.global_step < args.learning_starts:
                 # torch's RNG rather than action_space.sample(): one checkpointed generator for everything
                 uniform = torch.rand((args.num_envs, act_dim)).numpy()
                 actions = (uniform * (action_high - action_low) + action_low).astype(np.float32)
             else:
-                noise = torch.randn((args.num_envs, act_dim)).numpy()
-                actions = policy_actions(s.raw_obs.astype(np.float32), holder.weights, noise, action_scale, action_bias)
-            obs = s.raw_obs
-            s.raw_obs, real_next_obs, rewards, terminations, s.episode_return, s.episode_length, finished = env_step(
-                envs, actions, s.episode_return, s.episode_length
-            )
-            s.global_step += args.num_envs
+                noise = torch.randn((args.num_envs, act_dim))
+                actions = policy_actions(state.raw_obs, holder.actor, noise, action_scale, action_bias)
+            obs = state.raw_obs
+            (state.raw_obs, real_next_obs, rewards, terminations, state.episode_return, state.episode_length,
+             finished) = env_step(envs, actions, state.episode_return, state.episode_length)
+            state.global_step += args.num_envs
             # store terminations, not truncations: a time limit is not a terminal state (next obs = true final obs)
             buffer.add(obs, real_next_obs, actions, rewards, terminations)
             for episode_return, length in finished:
-                run.episode(episode_return, length, s.global_step)
+                run.episode(episode_return, length, state.global_step)
 
         # ---- update: one gradient step per vector step, metrics summed as tensors (no sync) ----
         with run.timer("update"):
-            if s.global_step >= max(s.updates_start, 1):
-                s.grad_steps += 1
+            if state.global_step >= max(state.updates_start, 1):
+                state.grad_steps += 1
                 batch = buffer.sample(args.batch_size, device)
-                s.loss_sums += critic_update(learner, batch, args.gamma)
-                s.window_grad_steps += 1
-                # delayed policy updates: every policy_frequency gradient steps, policy_frequency actor updates
-                if s.grad_steps % args.policy_frequency == 0:
-                    for _ in range(args.policy_frequency):
-                        s.actor_sums += actor_update(learner, batch["obs"], args.autotune)
-                    s.actor_updates += args.policy_frequency
-                    s.window_actor_updates += args.policy_frequency
-                    holder.publish(learner.actor, s.actor_updates)  # the rollout acts with the new weights
-                if s.grad_steps % args.target_network_frequency == 0:
-                    soft_update(learner.qf_target_params, learner.qf_params, args.tau)
+                # the critics; every policy_frequency steps policy_frequency actor updates; the targets' Polyak step
+                critic_metrics, actor_metrics = gradient_step(learner, batch, state.grad_steps, args)
+                state.loss_sums += critic_metrics
+                state.window_grad_steps += 1
+                if actor_metrics is not None:
+                    state.actor_sums += actor_metrics
+                    state.actor_updates += args.policy_frequency
+                    state.window_actor_updates += args.policy_frequency
+                    holder.publish(learner.actor, state.actor_updates)  # the rollout acts with the new actor
 
         # ---- log: at the end of each log window (--log-interval env steps), means over its updates; one sync ----
         if run.log_due():
-            if s.window_grad_steps > 0:
-                q1, q2, loss1, loss2 = (s.loss_sums / s.window_grad_steps).tolist()
-                run.log(s.global_step, {"losses/qf1_values": q1, "losses/qf2_values": q2, "losses/qf1_loss": loss1,
-                                        "losses/qf2_loss": loss2, "losses/qf_loss": (loss1 + loss2) / 2.0})  # fmt: skip
-            if s.window_actor_updates > 0:
-                actor_loss, alpha, alpha_loss = (s.actor_sums / s.window_actor_updates).tolist()
-                run.log(s.global_step, {"losses/actor_loss": actor_loss, "losses/alpha": alpha})
+            if state.window_grad_steps > 0:
+                q1, q2, loss1, loss2 = (state.loss_sums / state.window_grad_steps).tolist()
+                run.log(state.global_step, {"losses/qf1_values": q1, "losses/qf2_values": q2, "losses/qf1_loss": loss1,
+                                            "losses/qf2_loss": loss2, "losses/qf_loss": (loss1 + loss2) / 2.0})  # fmt: skip
+            if state.window_actor_updates > 0:
+                actor_loss, alpha, alpha_loss = (state.actor_sums / state.window_actor_updates).tolist()
+                run.log(state.global_step, {"losses/actor_loss": actor_loss, "losses/alpha": alpha})
                 if args.autotune:
-                    run.log(s.global_step, {"losses/alpha_loss": alpha_loss})
-            s.loss_sums.zero_()
-            s.actor_sums.zero_()
-            s.window_grad_steps = s.window_actor_updates = 0
+                    run.log(state.global_step, {"losses/alpha_loss": alpha_loss})
+            state.loss_sums.zero_()
+            state.actor_sums.zero_()
+            state.window_grad_steps = state.window_actor_updates = 0
 
     run.finish()  # after Ctrl-C: saved, exits; with --save-model: the final agent evaluated (run.play), then saved
     run.close()
@@ -544,7 +548,7 @@ def main() -> None:
 
 # === Plumbing: runs, checkpoints, errors, speed set-up; not needed to follow the algorithm ===
 # What follows makes the script a dependable research tool: flag checks, resume, evaluation, env state capture,
-# checkpoints, TensorBoard / wandb, progress, Ctrl-C, the bfloat16 probe and the speed set-up. The `shared:` blocks
+# checkpoints, TensorBoard / wandb, progress, Ctrl-C, --bf16's check and copies and the speed set-up. The `shared:` blocks
 # are the same text in every script that carries them (tests/test_shared_blocks.py).
 
 # Flags that --resume takes from the command line; every other field comes from the checkpoint.
@@ -614,11 +618,9 @@ def eval_only(args: Args, device: torch.device) -> None:
     obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_shape))
     actor = Actor(obs_dim, act_dim)
     actor.load_state_dict(ckpt["learner"]["actor"])
-    holder = ParameterHolder()
-    holder.publish(actor, ckpt["run_state"]["actor_updates"])
 
     def play(episodes: int, video_dir: Optional[str] = None) -> list:
-        return evaluate(holder.weights, saved.env_id, episodes, saved.seed + 10_000, video_dir)
+        return evaluate(actor, saved.env_id, episodes, saved.seed + 10_000, video_dir)
 
     if args.export_checkpoint:
         return export_sac_actor(args, ckpt, actor, saved.env_id, SCRIPT_NAME, play)
@@ -633,17 +635,30 @@ def eval_only(args: Args, device: torch.device) -> None:
 
 # --- shared: sac-parameters ---
 class ParameterHolder:
-    """The weights the actors act with (numpy copies of the actor's parameters) and their version: the number of
-    actor updates they include. The learner publishes, the rollout and the evaluation read. In a distributed
-    version this object lives in one place and actors fetch `weights` when `version` has moved on."""
+    """The actor the rollout and the evaluation act with, a CPU copy of the learner's Actor module (acting runs the
+    network that trains), and its version: the actor updates it includes. A distributed version ships `weights`
+    (state_dict tensors, copies) when `version` has moved on, and load_weights puts them into its own Actor."""
 
     def __init__(self):
-        self.weights: list = []
+        self.actor: Optional[nn.Module] = None
         self.version = 0
 
-    def publish(self, actor: Actor, version: int) -> None:
-        self.weights = [p.detach().cpu().numpy().copy() for p in actor.parameters()]
+    def publish(self, actor: nn.Module, version: int) -> None:
+        if self.actor is None:
+            self.actor = copy.deepcopy(actor).cpu()
+        else:
+            self.actor.load_state_dict(actor.state_dict())
         self.version = version
+
+    @property
+    def weights(self) -> list:
+        return [value.detach().clone() for value in self.actor.state_dict().values()]
+
+
+def load_weights(actor: nn.Module, weights: list) -> nn.Module:
+    """Put ParameterHolder.weights into `actor`, an Actor of the same sizes (as a state_dict: names, shapes checked)."""
+    actor.load_state_dict(dict(zip(actor.state_dict(), weights)))
+    return actor
 
 
 # --- end shared: sac-parameters ---
@@ -661,8 +676,8 @@ class SacActingPolicy(nn.Module):
         self.register_buffer("bias", torch.as_tensor((high + low) / 2.0, dtype=torch.float32))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        mean, _ = self.actor(obs.to(torch.float32))
-        return torch.tanh(mean) * self.scale + self.bias
+        mean, log_std = self.actor(obs.to(torch.float32))
+        return squashed_gaussian(mean, log_std, torch.zeros_like(mean), self.scale, self.bias)[0]
 
 
 def export_sac_actor(args, ckpt: dict, actor: Actor, env_id: str, script: str, play: Callable[..., list]) -> Path:
@@ -699,9 +714,9 @@ print(total)
 
 
 # --- shared: sac-evaluation ---
-def evaluate(weights: list, env_id: str, episodes: int, seed: int, video_dir: Optional[str] = None) -> list:
-    """Deterministic episodes (tanh of the Gaussian's mean) on a separate env, seeded seed, seed+1, ...; returns
-    their returns. Uses no global RNG, so evaluating during training does not change the training run."""
+def evaluate(actor: nn.Module, env_id: str, episodes: int, seed: int, video_dir: Optional[str] = None) -> list:
+    """Deterministic episodes (tanh of the Gaussian's mean) of `actor` on a separate env, seeded seed, seed+1, ...;
+    returns their returns. Uses no global RNG, so evaluating during training does not change the training run."""
     env = make_env(env_id, 0, video_dir is not None, video_dir or "")()
     low, high = env.action_space.low, env.action_space.high
     scale, bias = (high - low) / 2.0, (high + low) / 2.0
@@ -710,7 +725,7 @@ def evaluate(weights: list, env_id: str, episodes: int, seed: int, video_dir: Op
         obs, _ = env.reset(seed=seed + episode)
         done, total = False, 0.0
         while not done:
-            action = policy_actions(obs.astype(np.float32)[None], weights, None, scale, bias)[0]
+            action = policy_actions(obs[None], actor, None, scale, bias)[0]
             obs, reward, terminated, truncated, _ = env.step(action)
             total += float(reward)
             done = terminated or truncated
@@ -760,13 +775,13 @@ def learner_state(learner: Learner) -> dict:
 
 
 def load_learner_state(learner: Learner, state: dict) -> None:
-    """Restore what learner_state saved (in place: the flat parameters and their optimizers stay the same objects),
-    then refresh the bfloat16 copies of --bf16 from the loaded weights."""
+    """Restore what learner_state saved (in place: the parameters and their optimizers stay the same objects), then
+    refresh the bfloat16 copies of --bf16 from the loaded weights."""
     learner.actor.load_state_dict(state["actor"])
     learner.qf.load_state_dict(state["qf"])
     learner.qf_target.load_state_dict(state["qf_target"])
-    learner.actor_optimizer.load_state_dict(state["actor_optimizer"])
-    learner.q_optimizer.load_state_dict(state["q_optimizer"])
+    learner.actor_optimizer.load_state_dict(per_tensor_adam_state(state["actor_optimizer"], learner.actor_params))
+    learner.q_optimizer.load_state_dict(per_tensor_adam_state(state["q_optimizer"], learner.qf_params))
     learner.log_alpha.data.copy_(state["log_alpha"])
     if learner.alpha_optimizer is not None:
         learner.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
@@ -775,7 +790,38 @@ def load_learner_state(learner: Learner, state: dict) -> None:
             network.refresh()
 
 
-# ---- bfloat16: only where a start-up probe finds it native and faster ----
+def per_tensor_adam_state(saved: dict, params: list) -> dict:
+    """An Adam state_dict for `params` (per tensor). Checkpoints from before issue 31 stepped one flat tensor of all
+    of a network's weights: their moments are split here in the parameters' order, so those runs still resume."""
+    (group,) = saved["param_groups"]
+    if len(group["params"]) != 1 or len(params) == 1:
+        return saved
+    flat = saved["state"].get(group["params"][0])
+    state = {}
+    if flat is not None:
+        pieces = {k: v.split([p.numel() for p in params]) for k, v in flat.items() if k != "step"}
+        state = {i: {"step": flat["step"].clone(), **{k: v[i].view_as(p).clone() for k, v in pieces.items()}}
+                 for i, p in enumerate(params)}  # fmt: skip
+    return {"state": state, "param_groups": [{**group, "params": list(range(len(params)))}]}
+
+
+def check_actor(actor: nn.Module, obs_dim: int, act_dim: int) -> None:
+    """Stop at once, naming what to change, where an edit broke the Actor's sizes (else the first failure would come
+    after learning_starts steps): 64 observations must give a mean and a log-std of shape (64, act_dim) each."""
+    probe = torch.zeros(64, obs_dim, device=next(actor.parameters()).device)  # no RNG: the seeded weights stay the same
+    sizes = (f"Each layer's input size must be the previous layer's output size, the first one's obs_dim = {obs_dim}, "
+             f"and the last layer's output size 2 * act_dim = {2 * act_dim} (mean and log-std).")  # fmt: skip
+    try:
+        with torch.no_grad():
+            mean, log_std = actor(probe)
+    except (RuntimeError, ValueError) as e:
+        raise UserError(f"Actor cannot map observations to actions ({str(e).splitlines()[0]}). {sizes}") from None
+    if mean.shape != (64, act_dim) or log_std.shape != (64, act_dim):
+        raise UserError(f"Actor maps 64 observations to a mean of shape {tuple(mean.shape)} and a log-std of shape "
+                        f"{tuple(log_std.shape)}, not (64, act_dim = {act_dim}) each. {sizes}")  # fmt: skip
+
+
+# ---- bfloat16 (--bf16, opt-in): only where the CPU has native bfloat16 instructions ----
 def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Does this CPU have bfloat16 dot-product instructions (AVX512_BF16 or AMX-BF16)? Read from the CPU flags that
     Linux lists in /proc/cpuinfo; False where that file is missing (other systems)."""
@@ -788,107 +834,36 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
-def bf16_matmul_speedup(rounds: int = 5, calls: int = 10) -> float:
-    """How much faster bfloat16 runs the critics' hidden layer than float32 on this machine, now: float32 time over
-    bfloat16 time of a (2, 256, 256) x (2, 256, 256) batched matmul, with the threads torch uses (best of `rounds`
-    bursts of `calls`, ~40 ms in all). Why measure, not trust the CPU flags: native bfloat16 instructions are not
-    faster everywhere. On the 2-core AMD EPYC (Zen 4) this product ran ~2x faster in bfloat16, and the whole update
-    ~1.5x; on an Intel Xeon (family 6, model 207) with AVX512_BF16 but no AMX, oneDNN's bfloat16 kernel ran at 145
-    GFLOP/s against float32's 282 (one port issues the bfloat16 dot product, two the float32 FMA), and the update
-    took 8.8 ms per gradient step against 5.4 ms in float32."""
-    x32, w32 = torch.randn(2, HIDDEN, HIDDEN), torch.randn(2, HIDDEN, HIDDEN)
-    pairs = {torch.float32: (x32, w32), torch.bfloat16: (x32.bfloat16(), w32.bfloat16())}
-    best = {}
-    for dtype, (x, w) in pairs.items():
-        torch.bmm(x, w)  # the first call builds oneDNN's kernel: not timed
-        best[dtype] = math.inf
-    for _ in range(rounds):
-        for dtype, (x, w) in pairs.items():
-            start = time.perf_counter()
-            for _ in range(calls):
-                torch.bmm(x, w)
-            best[dtype] = min(best[dtype], time.perf_counter() - start)
-    return best[torch.float32] / best[torch.bfloat16]
-
-
-BF16_MIN_SPEEDUP = 1.3  # below this the casts around the bfloat16 matmuls eat the gain
-
-
-def resolve_bf16(
-    requested: bool,
-    device: torch.device,
-    native_bf16: bool,
-    resumed: bool = False,
-    speedup: Callable[[], float] = bf16_matmul_speedup,
-) -> tuple[bool, str]:
-    """Whether the networks compute in bfloat16, and a line saying what runs and why. bfloat16 only where it was
-    measured faster with the same returns: a CPU with native bfloat16 instructions on which `speedup()` (called
-    only then) finds the bfloat16 matmul at least BF16_MIN_SPEEDUP times faster. Why not everywhere: without those
-    instructions bfloat16 is emulated in software; with them it can still be slower (bf16_matmul_speedup); GPUs
-    were not measured. `resumed`: `requested` is what the checkpoint recorded (the dtype its run used), and a
-    resumed run keeps it wherever the instructions exist, without measuring: resuming must not change the numerics."""
+def resolve_bf16(requested: bool, device: torch.device, native_bf16: bool, resumed: bool = False) -> tuple[bool, str]:
+    """Whether the networks compute in bfloat16, and the line that says so. --bf16 is refused up front on another
+    device or a CPU without native bfloat16 instructions (emulated: many times slower). A resumed run keeps the dtype
+    its checkpoint recorded (`requested`), wherever it runs now, and says so: resuming never changes the numerics."""
+    source = "as the checkpoint's run computed" if resumed else ("--bf16" if requested else "--bf16 is opt-in")
     if not requested:
-        return False, "compute: float32 (" + ("as the checkpoint's run computed" if resumed else "--no-bf16") + ")"
-    if device.type != "cpu":
-        return False, f"compute: float32 (--bf16 applies to CPUs with native bfloat16 instructions, not to {device.type})"
-    if not native_bf16:
-        return False, ("compute: float32 (--bf16 applies where the CPU has native bfloat16 instructions, "
-                       "AVX512_BF16 or AMX; this one has neither)")  # fmt: skip
-    on_note = "compute: bfloat16 matmuls, float32 weights, Adam and losses (--no-bf16 for float32 throughout"
-    if resumed:
-        return True, on_note + "; as the checkpoint's run computed)"
-    ratio = speedup()
-    if ratio < BF16_MIN_SPEEDUP:
-        return False, (f"compute: float32 (this CPU has bfloat16 instructions, but a bfloat16 matmul ran {ratio:.2f}x "
-                       f"as fast as float32 here, below the {BF16_MIN_SPEEDUP}x that --bf16 needs)")  # fmt: skip
-    return True, on_note + f"; the bfloat16 matmul ran {ratio:.2f}x as fast as float32 here)"
+        return False, f"compute: float32 ({source})"
+    native = device.type == "cpu" and native_bf16
+    if not native and not resumed:
+        where = "this CPU has neither" if device.type == "cpu" else f"the run would be on {device.type}"
+        raise UserError(f"--bf16 needs a CPU with native bfloat16 instructions (AVX512_BF16 or AMX), and {where}: "
+                        "elsewhere bfloat16 is emulated and many times slower than float32. Drop --bf16.")  # fmt: skip
+    slow = "" if native else f"; not native on this {device.type}: emulated, slower than float32"
+    return True, f"compute: bfloat16 matmuls, float32 weights, Adam and losses ({source}{slow})"
 
 
 # ---- speed set-up: each wraps one step of the algorithm above without changing its math ----
-def fast_parameters(module: nn.Module) -> list:
-    """The parameter list an optimizer (or soft_update) gets: [one flat tensor] whose slices are all of `module`'s
-    parameters (and whose .grad's slices are their .grad). Why: these MLPs are small, so an update costs per-tensor
-    overhead, not arithmetic; with one tensor, Adam is one fused call, Polyak averaging one lerp_ and a bfloat16
-    copy's refresh one copy_. Zero the gradient in place (`optimizer.zero_grad(set_to_none=False)`): set_to_none
-    would cut the views loose."""
-    params = list(module.parameters())
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    flat_grad = torch.zeros_like(flat)
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.data = flat[offset : offset + n].view_as(p)
-        p.grad = flat_grad[offset : offset + n].view_as(p)
-        offset += n
-    flat_param = nn.Parameter(flat)
-    flat_param.grad = flat_grad
-    return [flat_param]
-
-
-def actor_numpy(obs: np.ndarray, weights: list) -> tuple[np.ndarray, np.ndarray]:
-    """The actor MLP in numpy, on ParameterHolder's weights, for acting on one step's observations: (mean, bounded
-    log-std). Why: torch spends ~5 us of dispatch per op on a single observation, numpy ~1 us. Training stays in
-    torch; the tests check both give the same numbers."""
-    w1, b1, w2, b2, w3, b3 = weights
-    h = np.maximum(obs @ w1.T + b1, 0.0)
-    h = np.maximum(h @ w2.T + b2, 0.0)
-    mean, raw = np.split(h @ w3.T + b3, 2, axis=-1)
-    return mean, LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (np.tanh(raw) + 1)
-
-
 class ComputeCopy:
-    """A network as the passes run it in `dtype`: a copy of `module` (flat weights of its own), overwritten from the
-    float32 weights `params` by refresh() (before every call with refresh_at_call). Called like the network, with
-    its inputs cast to `dtype`; Actor and TwinQ return float32 all the same."""
+    """A network as the passes run it in `dtype`: a copy of `module`, overwritten from the float32 module's weights
+    by refresh() (before every call with refresh_at_call). Called like the network, with its inputs cast to `dtype`;
+    Actor and TwinQ return float32 all the same."""
 
-    def __init__(self, module: nn.Module, params: list, dtype: torch.dtype, refresh_at_call: bool = False):
-        self.module = copy.deepcopy(module).to(dtype)
-        self.params, self.copy_params = params, fast_parameters(self.module)
+    def __init__(self, module: nn.Module, dtype: torch.dtype, refresh_at_call: bool = False):
+        self.source, self.module = module, copy.deepcopy(module).to(dtype)
+        self.pairs = list(zip([*self.module.parameters(), *self.module.buffers()], [*module.parameters(), *module.buffers()]))
         self.dtype, self.refresh_at_call = dtype, refresh_at_call
 
     def refresh(self) -> None:
         with torch.no_grad():
-            for low, high in zip(self.copy_params, self.params):
+            for low, high in self.pairs:
                 low.copy_(high)
 
     def __call__(self, *inputs: torch.Tensor, **kwargs):
@@ -898,9 +873,9 @@ class ComputeCopy:
 
 
 class MasterWeightsOptimizer:
-    """The optimizer of float32 weights whose passes ran through a ComputeCopy: zero_grad() zeroes the copy's
-    gradient, step() brings it to the float32 weights, steps them and refreshes the copy. Its state_dict() is the
-    float32 optimizer's: checkpoints are the same with and without --bf16."""
+    """The optimizer of float32 weights whose passes ran through a ComputeCopy: zero_grad() (either form) clears the
+    copy's gradients, step() brings them to the float32 weights, steps those and refreshes the copy. Its state_dict()
+    is the float32 optimizer's: checkpoints are the same with and without --bf16."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, compute: ComputeCopy):
         self.optimizer, self.compute = optimizer, compute
@@ -913,16 +888,12 @@ class MasterWeightsOptimizer:
     def state(self) -> dict:
         return self.optimizer.state
 
-    def zero_grad(self, set_to_none: bool = False) -> None:
-        for low in self.compute.copy_params:
-            if low.grad is not None:
-                low.grad.zero_()  # in place, whatever set_to_none says: a flat copy's views keep their gradients
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.compute.module.zero_grad(set_to_none)
 
     def step(self) -> None:
-        for high, low in zip(self.compute.params, self.compute.copy_params):
-            if high.grad is None:
-                high.grad = torch.zeros_like(high)
-            high.grad.copy_(low.grad)
+        for high, low in zip(self.compute.source.parameters(), self.compute.module.parameters()):
+            high.grad = None if low.grad is None else low.grad.to(high.dtype)
         self.optimizer.step()
         self.compute.refresh()
 
@@ -934,16 +905,12 @@ class MasterWeightsOptimizer:
 
 
 def bf16_copies(learner: Learner) -> None:
-    """--bf16: the forward and backward passes run through bfloat16 copies of the three networks; the weights,
-    Adam's state, the losses and the squashed-Gaussian math stay float32 (only the matmuls and the hidden
-    activations are bfloat16). Each copy is refreshed once per change of its float32 weights: the critics' and the
-    actor's right after their optimizer steps, the targets' at each use (soft_update moves them between uses), all
-    after a checkpoint load (load_learner_state).
-    Why explicit copies, not torch.autocast: autocast casts every weight at every call (and back in the backward
-    pass); one cast of a flat tensor per update costs microseconds, and measured ~13% less time per gradient step."""
-    learner.actor_run = ComputeCopy(learner.actor, learner.actor_params, torch.bfloat16)
-    learner.qf_run = ComputeCopy(learner.qf, learner.qf_params, torch.bfloat16)
-    learner.qf_target_run = ComputeCopy(learner.qf_target, learner.qf_target_params, torch.bfloat16, refresh_at_call=True)
+    """--bf16: the passes run through bfloat16 copies of the three networks (ComputeCopy); weights, Adam's state,
+    losses and the squashed Gaussian stay float32. Each copy is refreshed once per change of its float32 weights:
+    after each optimizer step, the targets' at each use, all after a checkpoint load (why not autocast: docs page)."""
+    learner.actor_run = ComputeCopy(learner.actor, torch.bfloat16)
+    learner.qf_run = ComputeCopy(learner.qf, torch.bfloat16)
+    learner.qf_target_run = ComputeCopy(learner.qf_target, torch.bfloat16, refresh_at_call=True)
     learner.qf_frozen = [p.detach() for p in learner.qf_run.module.parameters()]
     learner.actor_optimizer = MasterWeightsOptimizer(learner.actor_optimizer, learner.actor_run)
     learner.q_optimizer = MasterWeightsOptimizer(learner.q_optimizer, learner.qf_run)
@@ -957,16 +924,9 @@ def speed_setup() -> None:
 
 
 def flush_denormals() -> bool:
-    """Make float32 arithmetic treat and produce denormal numbers (|x| < 1.2e-38) as zero: in this thread, and in
-    the OpenMP threads torch starts later (a thread copies the flag when it starts, so call this before torch's
-    first parallel op). Returns whether it holds in every thread.
-    Why: Adam's first moment of a weight whose gradient stays exactly zero (a weight into or out of a ReLU unit that
-    is dead on every sample) shrinks by beta1 = 0.9 a step, through the denormal range, where each arithmetic op
-    takes a microcode assist tens of times slower. Measured in HalfCheetah training on a 2-core Xeon: from ~1,000
-    gradient steps on, a third of the critics' 144k first moments were denormal at any time; the critics' fused Adam
-    step took 1.69 ms with them and 0.16 ms flushed, and the float32 update in the loop 6.6-7.1 ms per gradient step
-    against 5.7 / 5.7 / 7.1 ms (3 alternating pairs). Flushing changes only values below 1.2e-38 (a moment reaches 0 ~150 steps
-    sooner), and in float64, e.g. MuJoCo's and numpy's in this thread, only those below 2.2e-308."""
+    """Make float32 arithmetic treat and produce denormals (|x| < 1.2e-38) as zero, in this thread and in the OpenMP
+    threads torch starts later (call it before torch's first parallel op); returns whether it holds in every thread.
+    Why: Adam's decaying moments of dead ReLU units crawl through the slow denormal range (measured: docs page)."""
     if not torch.set_flush_denormal(True):
         return False  # a CPU without the flush-to-zero / denormals-are-zero modes
     # The smallest denormal, 1.4e-45, written as its bit pattern: converting a Python float would already flush it
@@ -975,12 +935,9 @@ def flush_denormals() -> bool:
 
 
 def keep_freed_memory() -> None:
-    """Let glibc's malloc reuse freed memory instead of handing it back to the OS.
-    Why: by default glibc maps every block over its mmap threshold (128 KiB to start) fresh from the OS and unmaps
-    it when freed, so each large activation or gradient of an update faults its pages in again. Measured on the
-    2-core test machine: ~420 page faults per gradient step, up to ~20% of the float32 update time, and most of the
-    run-to-run spread. Raising both thresholds (at most 32 MiB for mmap: buffers, e.g. the replay buffer's arrays,
-    are still mapped) removes them. Linux with glibc only; a no-op elsewhere."""
+    """Let glibc's malloc reuse freed memory instead of handing it back to the OS (Linux with glibc; a no-op elsewhere).
+    Why: by default every block over 128 KiB is mapped fresh and unmapped when freed, so each large activation of
+    an update faults its pages in again (measured: docs page). The replay buffer's arrays are still mapped."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -993,12 +950,9 @@ def keep_freed_memory() -> None:
 
 
 def freeze_startup_objects() -> None:
-    """Move every object alive now (modules, envs, the networks) out of the garbage collector's reach.
-    Why: the imports alone leave ~200,000 tracked objects, and each full collection walks them all (~90 ms
-    measured here); the update's many short-lived objects trigger one every few hundred gradient steps. Freezing
-    them took ~10% off the update (3 alternating HalfCheetah runs). Objects created later are collected as usual.
-    At exit they are handed back: extension modules built with nanobind (triton, which torch imports) otherwise
-    print hundreds of "leaked" lines when the interpreter shuts down."""
+    """Move every object alive now (modules, envs, the networks) out of the garbage collector's full collections,
+    which walk them all every few hundred gradient steps (measured: docs page); later objects are collected as usual.
+    Handed back at exit: nanobind modules (triton, imported by torch) otherwise print "leaked" lines at shutdown."""
     gc.collect()
     gc.freeze()
     atexit.register(gc.unfreeze)

@@ -18,12 +18,12 @@ make the run faster, not a different algorithm. --utd-ratio 0 lets both run free
 
 Map of this file, top to bottom:
   Args            SAC flags (as sac_continuous.py), the distribution's, then run flags (`--help` lists them)
-  make_env        one gymnasium env (sac_continuous.py's)
+  make_env, SAC   sac_continuous.py's env, networks, replay buffer, parameter holder, learner (gradient_step), rollout
   Ray actors      BufferShard, ParameterServer, RolloutWorker, Evaluator: plain classes, made remote in main()
+  data flow       Publisher (weights to the parameter server), Sampler (batches from the buffer shards)
   driver helpers  the utd schedule and back-pressure, batch plans, dispatch and weight pulls, the batches in flight
   main()          set-up, then the driver loop: harvest -> dispatch -> learn -> evaluate -> log, then finish
-  # === Plumbing  flag checks, Ray connection, faults, checkpoints, resume, errors, speed set-up; and, as blocks shared
-                  with sac_continuous.py, the SAC itself: networks, losses, learner, replay buffer, rollout, evaluation
+  # === Plumbing  flag checks, Ray connection, faults, checkpoints, resume, evaluation, export, errors, --bf16, speed
 Docs: docs/sac_continuous_ray.md; the algorithm: https://arxiv.org/abs/1812.05905
 """
 
@@ -96,9 +96,9 @@ class Args:
     cuda: bool = True  # if toggled, cuda will be used by the learner when available
     torch_threads: int = 0
     """CPU threads for the learner's torch; 0 = share this machine's cores among the runs of these scripts on it"""
-    bf16: bool = True
-    """bfloat16 matmuls (weights, Adam, losses stay float32) where the CPU has native bfloat16 instructions (AVX512_BF16,
-    AMX) and a start-up probe finds them >= 1.3x faster than float32 (same returns: docs page); else, and --no-bf16: float32"""
+    bf16: bool = False
+    """opt-in: the learner's matmuls in bfloat16 (weights, Adam, losses stay float32); needs a CPU with native bfloat16
+    instructions (AVX512_BF16 or AMX), elsewhere refused (emulated bfloat16 is many times slower)"""
     track: bool = False
     """if toggled, this experiment will be tracked with Weights and Biases (WANDB_MODE=offline works without network)"""
     wandb_project_name: str = "onefile-rl"  # the wandb's project name
@@ -125,9 +125,8 @@ class Args:
     num_iterations: tyro.conf.Suppress[int] = 0  # passes of the driver loop: no fixed number, it ends with `run.last`
 
 
-# The SAC itself (networks, squashed Gaussian, soft Q target, learner and its update, replay buffer, parameter holder,
-# rollout step, evaluation) is sac_continuous.py's, in the `sac-*` blocks below the Plumbing banner: read it there or
-# in sac_continuous.py, where it comes first. make_env is here, where the skeleton has it.
+# The SAC itself: sac_continuous.py's, verbatim (the `sac-*` and episode-boundaries blocks; a test keeps the copies
+# identical). Then where each part runs: the Ray actors, the data flow between them, the driver.
 # --- shared: sac-env ---
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Callable[[], gym.Env]:
     """One environment. Episode statistics are kept on the whole batch in the rollout (vectorized, checkpointable),
@@ -145,6 +144,356 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Call
 
 
 # --- end shared: sac-env ---
+
+
+# --- shared: sac-networks ---
+HIDDEN = 256
+LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+
+class Actor(nn.Module):
+    """obs -> 256 -> 256 -> (mean, raw log-std) of a Gaussian over the pre-tanh action u, ReLU MLP."""
+
+    def __init__(self, obs_dim: int, act_dim: int):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(obs_dim, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 2 * act_dim)
+        )  # one output layer for mean and log-std: the same function as two heads, one matmul
+        self.act_dim = act_dim
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, raw_log_std = self.net(obs).float().split(self.act_dim, dim=-1)  # float32 out, even from bfloat16
+        return mean, bounded_log_std(raw_log_std)
+
+
+class TwinQ(nn.Module):
+    """Both soft Q-networks (obs, action) -> 256 -> 256 -> 1 in one module: each weight is stacked along a leading
+    axis of size 2 and one batched matmul (baddbmm) evaluates both critics, a third of the ops of two MLPs. Same
+    functions and initialization as two separate nn.Sequential MLPs."""
+
+    def __init__(self, obs_dim: int, act_dim: int):
+        super().__init__()
+        sizes = [obs_dim + act_dim, HIDDEN, HIDDEN, 1]
+        for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:]), 1):
+            bound = 1.0 / math.sqrt(fan_in)  # nn.Linear's default initialization: U(-bound, bound), weights and biases
+            w = nn.init.uniform_(torch.empty(2, fan_in, fan_out), -bound, bound)  # x @ w + b, per critic
+            b = nn.init.uniform_(torch.empty(2, 1, fan_out), -bound, bound)
+            self.register_parameter(f"w{i}", nn.Parameter(w))
+            self.register_parameter(f"b{i}", nn.Parameter(b))
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor, params: Optional[list] = None) -> torch.Tensor:
+        """Q1 and Q2 as a (2, batch) tensor. `params` (w1, b1, w2, b2, w3, b3) replaces the module's own, e.g. with
+        detached copies so that the actor's loss does not backpropagate into the critics' weights."""
+        w1, b1, w2, b2, w3, b3 = params if params is not None else self.parameters()
+        x = torch.cat([obs, action], -1)
+        # ReLU in place: baddbmm's backward needs its inputs, not its output, so no new (2, batch, 256) tensor is due
+        h = torch.baddbmm(b1, x.expand(2, *x.shape), w1).relu_()
+        h = torch.baddbmm(b2, h, w2).relu_()
+        # Output layer in float32, even with --bf16 (.float() is a no-op in float32): Q grows to the hundreds, where a
+        # bfloat16 result (8 significant bits) would be off by about the TD error the critics learn from (docs page)
+        return torch.baddbmm(b3.float(), h.float(), w3.float()).squeeze(-1)
+
+
+def bounded_log_std(raw: torch.Tensor) -> torch.Tensor:
+    """Squash the network's raw log-std into [LOG_STD_MIN, LOG_STD_MAX] smoothly (tanh), not by clipping."""
+    return LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(raw) + 1)
+
+
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+LOG_2 = math.log(2.0)
+
+
+def squashed_gaussian(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor, action_scale: torch.Tensor,
+                      action_bias: torch.Tensor, squash_eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Reparameterized sample a = tanh(u) * scale + bias, u = mean + std * noise, and its log-density summed over
+    action dimensions (change of variables, SAC paper appendix C; tanh's slope floored at eps, 0 = exact: docs page):
+        log pi(a|s) = log N(u; mean, std) - sum_i [log scale_i + log(1 - tanh(u_i)^2 + eps)]
+        log N(u; mean, std) = sum_i (-noise_i^2 / 2 - log std_i - log sqrt(2 pi))      ((u - mean) / std = noise)
+        log(1 - tanh(u)^2) = 2 log 2 - 2 (u + softplus(-2u)),   log(x + eps) = log x + softplus(log eps - log x)
+    Finite even where tanh(u) rounds to +-1. Terms without gradient are summed apart (each op costs a backward one)."""
+    u = torch.addcmul(mean, log_std.exp(), noise)
+    minus_log_slope = 2.0 * (u + nn.functional.softplus(-2.0 * u))  # 2 log 2 - log(1 - tanh(u)^2); 2 log 2 is constant
+    if squash_eps > 0.0:  # log(x + eps) = log x + softplus(log eps - log x), with log x = 2 log 2 - minus_log_slope
+        minus_log_slope = minus_log_slope - nn.functional.softplus(math.log(squash_eps) - 2.0 * LOG_2 + minus_log_slope)
+    through_net = minus_log_slope - log_std
+    constant = 0.5 * noise.pow(2).sum(-1) + torch.log(action_scale).sum() + mean.shape[-1] * (LOG_SQRT_2PI + 2.0 * LOG_2)
+    return torch.addcmul(action_bias, torch.tanh(u), action_scale), through_net.sum(-1) - constant
+
+
+def soft_q_target(rewards: torch.Tensor, terminated: torch.Tensor, next_q: torch.Tensor, next_log_prob: torch.Tensor,
+                  alpha: torch.Tensor, gamma: float) -> torch.Tensor:  # fmt: skip
+    """y = r + gamma * (1 - terminated) * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s')),  a' ~ pi(.|s').
+    `next_q` is the target critics' (2, batch) output. Only a termination stops bootstrapping: at a time-limit
+    truncation s' is the true final observation and the value beyond it is real."""
+    soft_value = next_q.min(0).values - alpha * next_log_prob
+    return rewards + gamma * (1.0 - terminated) * soft_value
+
+
+# --- end shared: sac-networks ---
+
+
+# --- shared: sac-replay-buffer ---
+class ReplayBuffer:
+    """Preallocated circular storage of transitions (s, a, r, s', terminated), float32.
+
+    `next_obs` is the true next observation (the final one at an auto-reset, never the next episode's first), and
+    the done flag is `terminated` only: a time-limit truncation must still bootstrap. One float32 row per transition
+    holds all five fields side by side, so sampling a batch is one gather of rows (not one per field); `arrays` are
+    numpy views of each field's columns (cheap writes from the rollout), `rows` a torch view of the same memory."""
+
+    FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated")
+
+    def __init__(self, capacity: int, obs_dim: int, act_dim: int):
+        self.capacity, self.pos, self.size = capacity, 0, 0
+        widths = (obs_dim, obs_dim, act_dim, 0, 0)  # 0: a scalar per transition (reward, done flag), one column
+        rows = np.zeros((capacity, 2 * obs_dim + act_dim + 2), np.float32)
+        self.columns, start = {}, 0
+        for name, width in zip(self.FIELDS, widths):
+            self.columns[name] = slice(start, start + width) if width else start
+            start += max(width, 1)
+        self.arrays = {name: rows[:, column] for name, column in self.columns.items()}
+        self.rows = torch.from_numpy(rows)
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows.numel() * self.rows.element_size()
+
+    def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, terminated: np.ndarray):
+        """Store a batch of n transitions (one per env), wrapping around and overwriting the oldest."""
+        n = len(rewards)
+        idx = (self.pos + np.arange(n)) % self.capacity if self.pos + n > self.capacity else slice(self.pos, self.pos + n)
+        for name, value in zip(self.FIELDS, (obs, next_obs, actions, rewards, terminated)):
+            self.arrays[name][idx] = value
+        self.pos = (self.pos + n) % self.capacity
+        self.size = min(self.size + n, self.capacity)
+
+    def sample(self, batch_size: int, device: torch.device) -> dict:
+        """Uniform with replacement over the stored transitions (torch's global RNG: checkpointed, reproducible).
+        The fields are column views of one gathered (batch_size, row width) tensor."""
+        idx = torch.randint(0, self.size, (batch_size,))
+        rows = self.rows.index_select(0, idx).to(device, non_blocking=True)
+        return {name: rows[:, column] for name, column in self.columns.items()}
+
+    def state_dict(self) -> dict:
+        """The stored part as torch tensors (copies), with the write position: loads with weights_only=True."""
+        return {"capacity": self.capacity, "pos": self.pos, "size": self.size,
+                **{k: torch.from_numpy(v[: self.size].copy()) for k, v in self.arrays.items()}}  # fmt: skip
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["capacity"] != self.capacity:
+            raise ValueError(f"buffer capacity {state['capacity']} != {self.capacity}")
+        for k in self.FIELDS:
+            self.arrays[k][: state["size"]] = state[k].numpy()
+        self.pos, self.size = state["pos"], state["size"]
+
+
+# --- end shared: sac-replay-buffer ---
+
+
+# --- shared: sac-parameters ---
+class ParameterHolder:
+    """The actor the rollout and the evaluation act with, a CPU copy of the learner's Actor module (acting runs the
+    network that trains), and its version: the actor updates it includes. A distributed version ships `weights`
+    (state_dict tensors, copies) when `version` has moved on, and load_weights puts them into its own Actor."""
+
+    def __init__(self):
+        self.actor: Optional[nn.Module] = None
+        self.version = 0
+
+    def publish(self, actor: nn.Module, version: int) -> None:
+        if self.actor is None:
+            self.actor = copy.deepcopy(actor).cpu()
+        else:
+            self.actor.load_state_dict(actor.state_dict())
+        self.version = version
+
+    @property
+    def weights(self) -> list:
+        return [value.detach().clone() for value in self.actor.state_dict().values()]
+
+
+def load_weights(actor: nn.Module, weights: list) -> nn.Module:
+    """Put ParameterHolder.weights into `actor`, an Actor of the same sizes (as a state_dict: names, shapes checked)."""
+    actor.load_state_dict(dict(zip(actor.state_dict(), weights)))
+    return actor
+
+
+# --- end shared: sac-parameters ---
+
+
+# --- shared: sac-learner ---
+@dataclass
+class Learner:
+    """Everything the update changes: the networks, their optimizers and the entropy temperature."""
+
+    actor: Actor
+    qf: TwinQ  # the two critics
+    qf_target: TwinQ  # their slowly following copies, for the target y (soft_update)
+    actor_params: list  # the networks' parameters: what each optimizer (and soft_update) moves
+    qf_params: list
+    qf_target_params: list
+    actor_optimizer: torch.optim.Optimizer
+    q_optimizer: torch.optim.Optimizer
+    log_alpha: torch.Tensor  # log of the entropy temperature; trained only with autotune
+    alpha_optimizer: Optional[torch.optim.Optimizer]
+    target_entropy: float
+    squash_eps: float  # floor on tanh's slope in the log-prob (squashed_gaussian)
+    action_scale: torch.Tensor  # (high - low) / 2
+    action_bias: torch.Tensor  # (high + low) / 2
+    # The networks as the forward and backward passes run them: the three above, or with --bf16 bfloat16 copies of
+    # them (bf16_copies, below the banner; the optimizers then step the float32 weights from the copies' gradients).
+    actor_run: Callable
+    qf_run: Callable
+    qf_target_run: Callable
+    qf_frozen: list  # detached views of qf_run's weights: the actor's loss reads the critics through them
+
+    def alpha(self) -> torch.Tensor:
+        return self.log_alpha.detach().exp()
+
+    def state_dict(self) -> dict:  # a checkpoint part (Run.attach): learner_state, below the banner
+        return learner_state(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        load_learner_state(self, state)
+
+
+def make_learner(obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, args, device: torch.device) -> Learner:
+    """The networks (the target critics start equal to the critics), an Adam optimizer for each, the temperature."""
+    actor = Actor(obs_dim, act_dim).to(device)
+    check_actor(actor, obs_dim, act_dim)  # an edit that broke its sizes stops here, saying what to change (below the banner)
+    qf, qf_target = TwinQ(obs_dim, act_dim).to(device), TwinQ(obs_dim, act_dim).to(device)
+    qf_target.load_state_dict(qf.state_dict())
+    actor_params, qf_params, qf_target_params = list(actor.parameters()), list(qf.parameters()), list(qf_target.parameters())
+    fused = device.type in ("cpu", "cuda")  # Adam's fused kernel (one op per step) exists there
+    # alpha = 1 at the start with autotune, else args.alpha throughout (0: no entropy term)
+    log_alpha_0 = 0.0 if args.autotune else (math.log(args.alpha) if args.alpha > 0 else -math.inf)
+    log_alpha = torch.full((1,), log_alpha_0, device=device, requires_grad=args.autotune)
+    learner = Learner(
+        actor=actor, qf=qf, qf_target=qf_target, actor_params=actor_params, qf_params=qf_params,
+        qf_target_params=qf_target_params,
+        actor_optimizer=torch.optim.Adam(actor_params, lr=args.policy_lr, fused=fused),
+        q_optimizer=torch.optim.Adam(qf_params, lr=args.q_lr, fused=fused),
+        log_alpha=log_alpha,
+        alpha_optimizer=torch.optim.Adam([log_alpha], lr=args.q_lr, fused=fused) if args.autotune else None,
+        target_entropy=-float(act_dim), squash_eps=args.squash_eps,
+        action_scale=torch.tensor((high - low) / 2.0, dtype=torch.float32, device=device),
+        action_bias=torch.tensor((high + low) / 2.0, dtype=torch.float32, device=device),
+        actor_run=actor, qf_run=qf, qf_target_run=qf_target,
+        qf_frozen=[p.detach() for p in qf.parameters()],  # views: they follow every update of the critics
+    )  # fmt: skip
+    if args.bf16:
+        bf16_copies(learner)  # speed (below the banner): the passes run through bfloat16 copies of the networks
+    return learner
+
+
+def sample_action(learner: Learner, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """a ~ pi(.|s) (reparameterized: differentiable in the actor's weights) and log pi(a|s)."""
+    mean, log_std = learner.actor_run(obs)
+    noise = torch.randn_like(mean)
+    return squashed_gaussian(mean, log_std, noise, learner.action_scale, learner.action_bias, learner.squash_eps)
+
+
+def critic_update(learner: Learner, batch: dict, gamma: float) -> torch.Tensor:
+    """One gradient step on both critics: L_i = E[(Q_i(s, a) - y)^2], y from soft_q_target (the target critics and
+    a fresh a' ~ pi(.|s')). Returns [mean Q1, mean Q2, L1, L2] as a detached tensor (no sync)."""
+    with torch.no_grad():
+        next_actions, next_log_prob = sample_action(learner, batch["next_obs"])
+        next_q = learner.qf_target_run(batch["next_obs"], next_actions)
+        y = soft_q_target(batch["rewards"], batch["terminated"], next_q, next_log_prob, learner.alpha(), gamma)
+    q = learner.qf_run(batch["obs"], batch["actions"])
+    losses = (q - y).pow(2).mean(1)  # (2,): one MSE per critic
+    learner.q_optimizer.zero_grad()
+    losses.sum().backward()
+    learner.q_optimizer.step()
+    return torch.cat([q.detach().mean(1), losses.detach()])
+
+
+def actor_update(learner: Learner, obs: torch.Tensor, autotune: bool) -> torch.Tensor:
+    """One gradient step on the actor, then (autotune) on the temperature. Returns [actor loss, alpha, alpha loss].
+    L_pi    = E_s[ alpha * log pi(a|s) - min(Q1, Q2)(s, a) ],  a = tanh-squashed reparameterized sample
+    L_alpha = E_s[ -alpha * (log pi(a|s) + target_entropy) ]   (log pi detached: only alpha moves)"""
+    alpha = learner.alpha()
+    actions, log_prob = sample_action(learner, obs)
+    # Frozen critics (detached weights): the gradient reaches the action, and through it the actor, not the critics
+    q = learner.qf_run(obs, actions, params=learner.qf_frozen).min(0).values
+    actor_loss = (alpha * log_prob - q).mean()
+    learner.actor_optimizer.zero_grad()
+    if autotune:
+        alpha_loss = (-learner.log_alpha.exp() * (log_prob.detach() + learner.target_entropy)).mean()
+        learner.alpha_optimizer.zero_grad()
+    else:
+        alpha_loss = torch.zeros((), device=obs.device)
+    # One backward pass for both losses: they share no parameter (alpha and log pi enter each other's detached)
+    (actor_loss + alpha_loss).backward()
+    learner.actor_optimizer.step()
+    if autotune:
+        learner.alpha_optimizer.step()
+    return torch.stack([actor_loss.detach(), alpha.reshape(()), alpha_loss.detach()])
+
+
+def soft_update(target_params: list, params: list, tau: float) -> None:
+    """Polyak averaging, in place: theta' <- tau * theta + (1 - tau) * theta'."""
+    with torch.no_grad():
+        for target, param in zip(target_params, params):
+            target.lerp_(param, tau)
+
+
+def gradient_step(learner: Learner, batch: dict, step: int, args) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Gradient step number `step` (from 1) on one batch: the critics; every policy_frequency steps, policy_frequency
+    actor updates (delayed, as TD3, compensated); every target_network_frequency steps, the targets' Polyak step.
+    Returns critic_update's metrics and actor_update's summed over this step's actor updates (None: none ran)."""
+    critic_metrics, actor_metrics = critic_update(learner, batch, args.gamma), None
+    if step % args.policy_frequency == 0:
+        actor_metrics = sum(actor_update(learner, batch["obs"], args.autotune) for _ in range(args.policy_frequency))
+    if step % args.target_network_frequency == 0:
+        soft_update(learner.qf_target_params, learner.qf_params, args.tau)
+    return critic_metrics, actor_metrics
+
+
+# --- end shared: sac-learner ---
+
+
+# --- shared: episode-boundaries ---
+def true_next_obs(raw_obs: np.ndarray, episode_ended: np.ndarray, infos: dict) -> np.ndarray:
+    """The real next observation of each env's transition under same-step autoreset: `raw_obs`, except where the
+    episode ended at this step: there `raw_obs` already holds the next episode's first observation, and the last
+    observation of the finished episode is in infos["final_obs"]. Never mix the two: that would be a transition
+    across an auto-reset."""
+    if not episode_ended.any():
+        return raw_obs
+    real = np.array(raw_obs)
+    for i in np.flatnonzero(episode_ended):
+        real[i] = infos["final_obs"][i]
+    return real
+
+
+# --- end shared: episode-boundaries ---
+
+
+# --- shared: sac-rollout ---
+def policy_actions(obs: np.ndarray, actor: nn.Module, noise, scale, bias) -> np.ndarray:
+    """a = tanh(mean + std * noise) * scale + bias for one step's observations: the Actor module itself and
+    squashed_gaussian, in float32 without gradients; noise=None gives the deterministic action (noise 0)."""
+    with torch.no_grad():
+        mean, log_std = actor(torch.as_tensor(obs, dtype=torch.float32))
+        noise = torch.zeros_like(mean) if noise is None else torch.as_tensor(noise, dtype=torch.float32)
+        scale, bias = torch.as_tensor(scale, dtype=torch.float32), torch.as_tensor(bias, dtype=torch.float32)
+        return squashed_gaussian(mean, log_std, noise, scale, bias)[0].numpy()
+
+
+def env_step(envs: gym.vector.VectorEnv, actions: np.ndarray, episode_return: np.ndarray, episode_length: np.ndarray):
+    """Step the envs once. Returns (obs to act on next, true next obs of this transition, rewards, terminations,
+    new episode_return, new episode_length, [(return, length) of each episode that ended])."""
+    raw_obs, rewards, terminations, truncations, infos = envs.step(actions)
+    ended = terminations | truncations
+    episode_return, episode_length = episode_return + rewards, episode_length + 1
+    finished = [(float(episode_return[i]), int(episode_length[i])) for i in np.flatnonzero(ended)]
+    real_next = true_next_obs(raw_obs, ended, infos)
+    episode_return, episode_length = np.where(ended, 0.0, episode_return), np.where(ended, 0, episode_length)
+    return raw_obs, real_next, rewards, terminations, episode_return, episode_length, finished
+
+
+# --- end shared: sac-rollout ---
 
 
 # ---- the Ray actors: plain classes, made remote in main() (so the tests can also run them in-process) ----
@@ -176,34 +525,34 @@ class BufferShard:
 
 
 class ParameterServer:
-    """The parameter holder as an actor: the learner publishes (weights, version), workers pull when it moved on.
-    Ray restarts it if it dies, empty: the driver's Publisher then publishes the newest weights again."""
+    """Where the workers find the actor's weights (ParameterHolder.weights): the learner publishes (weights, version),
+    workers pull when it moved on. Ray restarts it if it dies, empty: the driver's Publisher then publishes again."""
 
     def __init__(self):
-        self.holder = ParameterHolder()
+        self.weights, self.version = None, -1
 
     def publish(self, weights: list, version: int) -> int:
-        self.holder.weights, self.holder.version = weights, version
+        self.weights, self.version = weights, version
         return os.getpid()  # a new pid tells the driver this is a restarted server
 
     def pull(self, have_version: int) -> Optional[tuple]:
         """(weights, version) when newer than `have_version`, else None: an up-to-date worker receives nothing."""
-        if self.holder.weights and self.holder.version > have_version:
-            return self.holder.weights, self.holder.version
+        if self.weights is not None and self.version > have_version:
+            return self.weights, self.version
         return None
 
     def status(self) -> tuple[int, int]:
         """(pid, version held; -1 = no weights: a fresh or restarted server)."""
-        return os.getpid(), self.holder.version if self.holder.weights else -1
+        return os.getpid(), self.version if self.weights is not None else -1
 
 
 WEIGHTS_WAIT_S = 600.0  # how long a worker without weights waits for the first publish before it gives up
 
 
 class RolloutWorker:
-    """Steps its own vector env with the newest weights it pulled (when the driver asks: pull_due) and returns
-    batches of true transitions: same-step autoreset, the final observation at a reset, `terminated` as the done flag
-    (the shared sac-rollout and episode-boundaries blocks, as in sac_continuous.py)."""
+    """Steps its own vector env with its own Actor module, on the newest weights it pulled (when the driver asks:
+    pull_due), and returns batches of true transitions: same-step autoreset, the final observation at a reset,
+    `terminated` as the done flag (the shared sac-rollout and episode-boundaries blocks, as in sac_continuous.py)."""
 
     def __init__(self, index: int, env_id: str, num_envs: int, seed: int, param_server):
         """`param_server`: the parameter server's actor name (looked up in Ray), or the object itself in-process."""
@@ -234,8 +583,8 @@ class RolloutWorker:
         self.raw_obs, _ = self.envs.reset(seed=seed)
         self.episode_return = np.zeros(num_envs)
         self.episode_length = np.zeros(num_envs, np.int64)
-        self.weights: list = []
-        self.version = -1
+        self.actor = Actor(self.obs_dim, self.act_dim)  # the script's own class: acting runs the network that trains
+        self.version = -1  # the weights' version in self.actor; -1: none pulled yet
 
     def info(self) -> dict:
         return {"pid": os.getpid(), "host": socket.gethostname(), "node": node_id()}
@@ -243,7 +592,7 @@ class RolloutWorker:
     def sync_weights(self) -> None:
         """Pull the newest weights if the server holds newer ones. A worker with none waits for the first publish.
         Why: a fresh or restarted worker can start before anything is published, and a restarted parameter server is
-        empty until the driver publishes again; acting on an empty weights list crashed the worker."""
+        empty until the driver publishes again."""
         deadline = time.monotonic() + WEIGHTS_WAIT_S
         while True:
             try:
@@ -251,8 +600,9 @@ class RolloutWorker:
             except self.server_down:  # restarting: Ray brings it back, and the driver publishes to it again
                 pulled = None
             if pulled is not None:
-                self.weights, self.version = pulled
-            if self.weights:
+                weights, self.version = pulled
+                load_weights(self.actor, weights)
+            if self.version >= 0:
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"rollout worker {self.index}: no weights published in {WEIGHTS_WAIT_S:.0f} s")
@@ -275,11 +625,11 @@ class RolloutWorker:
             if t < num_random:
                 actions = (self.rng.random((e, self.act_dim)) * (self.high - self.low) + self.low).astype(np.float32)
             else:
-                if t == num_random and (pull or not self.weights):  # one pull per batch, before its first policy step
+                if t == num_random and (pull or self.version < 0):  # one pull per batch, before its first policy step
                     self.sync_weights()
                 version = self.version
                 noise = self.rng.standard_normal((e, self.act_dim))
-                actions = policy_actions(self.raw_obs.astype(np.float32), self.weights, noise, self.scale, self.bias)
+                actions = policy_actions(self.raw_obs, self.actor, noise, self.scale, self.bias)
             obs = self.raw_obs
             self.raw_obs, real_next_obs, rewards, terminations, self.episode_return, self.episode_length, ended = env_step(
                 self.envs, actions, self.episode_return, self.episode_length
@@ -294,15 +644,106 @@ class RolloutWorker:
 
 
 class Evaluator:
-    """Deterministic evaluation episodes (the shared sac-evaluation block) in its own process."""
+    """Deterministic evaluation episodes (the shared sac-evaluation block) of its own Actor module, on the weights it
+    is sent, in its own process."""
 
-    def __init__(self, env_id: str, episodes: int, seed: int):
+    def __init__(self, env_id: str, obs_dim: int, act_dim: int, episodes: int, seed: int):
         quiet_mujoco_warnings()
         torch.set_num_threads(1)
-        self.env_id, self.episodes, self.seed = env_id, episodes, seed
+        self.env_id, self.episodes, self.seed, self.actor = env_id, episodes, seed, Actor(obs_dim, act_dim)
 
     def run(self, weights: list, step: int) -> tuple[int, list]:
-        return step, evaluate(weights, self.env_id, self.episodes, self.seed)
+        return step, evaluate(load_weights(self.actor, weights), self.env_id, self.episodes, self.seed)
+
+
+# ---- the data flow: weights from the learner to the workers (Publisher), batches from the shards (Sampler) ----
+class Publisher:
+    """The driver's end of the parameter server: publishes the actor's weights when their version moved on, and
+    again when the server comes back from a restart (Ray restarts it empty: its weights die with its process). It
+    tells a restart by the pid each publish returns, and, while nothing is published, asks every second."""
+
+    def __init__(self, server, actor: nn.Module, version: int):
+        self.server, self.holder, self.pid = server, ParameterHolder(), None
+        self.pending, self.asked = None, time.monotonic()  # the last publish or status call, and when
+        self.looked = 0.0  # when check() last looked (at most every 0.2 s: a look costs a Ray call, a pass ~1 update)
+        self.version = -1
+        self.publish(actor, version)
+
+    def publish(self, actor: nn.Module, version: int) -> None:
+        if version != self.version:
+            self.holder.publish(actor, version)
+            self.pending, self.version = self.server.publish.remote(self.holder.weights, version), version
+
+    def check(self) -> None:
+        """Non-blocking: look at the last call's answer; a new pid (or a failed call) publishes the weights again."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        if time.monotonic() - self.looked < 0.2:
+            return
+        self.looked = time.monotonic()
+        if self.pending is None:
+            if time.monotonic() - self.asked > 1.0:
+                self.pending, self.asked = self.server.status.remote(), time.monotonic()
+            return
+        if not ray.wait([self.pending], timeout=0)[0]:
+            return
+        try:
+            answer = ray.get(self.pending)
+            pid = answer[0] if isinstance(answer, tuple) else answer
+        except RayActorError:  # died during the call: ask the restarted one
+            pid = -1
+        self.pending = None
+        if pid == -1 or (self.pid is not None and pid != self.pid):
+            if pid != -1:
+                print(f"the parameter server is back (restarted by Ray, pid {pid}): weights of version "
+                      f"{self.holder.version} published to it again", file=sys.stderr)  # fmt: skip
+            self.pending = self.server.publish.remote(self.holder.weights, self.holder.version)
+        self.pid = self.pid if pid == -1 else pid
+
+
+def shard_sample_counts(sizes: list, n: int) -> list:
+    """How many of n uniform draws each shard serves: multinomial in proportion to the shards' sizes, so that
+    sampling each shard uniformly is uniform over all stored transitions (torch's global RNG, seeded)."""
+    if len(sizes) == 1:
+        return [n]
+    draws = torch.multinomial(torch.tensor(sizes, dtype=torch.float64), n, replacement=True)
+    return torch.bincount(draws, minlength=len(sizes)).tolist()
+
+
+class Sampler:
+    """The learner's end of the buffer: asks the shard(s) for `per_request` batches at once and keeps the next request
+    in flight while the learner trains on the current one (prefetch), so the learner rarely waits on Ray."""
+
+    def __init__(self, shards: list, batch_size: int, per_request: int, device: torch.device):
+        self.shards, self.batch_size, self.per_request, self.device = shards, batch_size, per_request, device
+        self.ready: deque = deque()
+        self.pending: Optional[list] = None
+
+    def next(self, sizes: list) -> dict:
+        if not self.ready:
+            import ray
+            from ray.exceptions import RayActorError
+
+            if self.pending is None:
+                self.pending = self._request(sizes)
+            try:
+                parts = ray.get(self.pending)
+            except RayActorError as e:
+                raise ShardLost(None, e) from None
+            self.pending = self._request(sizes)  # prefetch the next group now
+            merged = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
+            if len(parts) > 1:  # shard by shard -> shuffle, so each batch mixes the shards
+                order = torch.randperm(len(merged["rewards"]))
+                merged = {k: v[order] for k, v in merged.items()}
+            for i in range(self.per_request):
+                rows = slice(i * self.batch_size, (i + 1) * self.batch_size)
+                self.ready.append({k: v[rows].to(self.device, non_blocking=True) for k, v in merged.items()})
+        return self.ready.popleft()
+
+    def _request(self, sizes: list) -> list:
+        counts = shard_sample_counts(sizes, self.batch_size * self.per_request)
+        return [shard.sample.remote(c) for shard, c in zip(self.shards, counts) if c > 0]
 
 
 # ---- the driver's helpers: the utd ratio, batch plans, dispatch and weight pulls, the batches in flight ----
@@ -447,18 +888,18 @@ class LoopState:
     worker_restarts: int = 0  # rollout workers restarted by Ray so far
 
 
-def updates_owed(s: LoopState, utd: float, total: int) -> int:
+def updates_owed(state: LoopState, utd: float, total: int) -> int:
     """Gradient steps the learner owes now under the schedule. utd 0 (asynchronous): one at a time, from the first
     stored transition at updates_start for as long as env steps are still being collected."""
     if utd == 0:
-        return int(max(s.updates_start, 1) <= s.global_step < total)
-    return max(s.updates_base + updates_due(s.global_step, s.updates_start, utd) - s.grad_steps, 0)
+        return int(max(state.updates_start, 1) <= state.global_step < total)
+    return max(state.updates_base + updates_due(state.global_step, state.updates_start, utd) - state.grad_steps, 0)
 
 
-def new_window(s: LoopState) -> dict:
-    """A log window's start: its time and counters (its rates are the differences), and its batches' staleness."""
-    return {"time": time.time(), "step": s.global_step, "grad_steps": s.grad_steps, "actor_updates": s.actor_updates,
-            "stale": []}  # fmt: skip
+def new_window(state: LoopState) -> dict:
+    """A log window'state start: its time and counters (its rates are the differences), and its batches' staleness."""
+    return {"time": time.time(), "step": state.global_step, "grad_steps": state.grad_steps,
+            "actor_updates": state.actor_updates, "stale": []}  # fmt: skip
 
 
 LOSS_NAMES = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss")
@@ -472,7 +913,7 @@ def main() -> None:
     speed_setup()  # speed (below the banner): before torch's first parallel op
     if args.eval_checkpoint or args.export_checkpoint:
         return eval_only(args, device)  # evaluate (deterministic episodes) or export a checkpoint in this process, no Ray
-    # the compute dtype actually used is what the run records (args.json, hparams, checkpoints)
+    # --bf16 only where the CPU has native bfloat16 instructions (else refused); a resumed run keeps its recorded dtype
     args.bf16, compute_note = resolve_bf16(args.bf16, device, cpu_has_native_bf16(), resumed=ckpt is not None)
     args.num_iterations = sys.maxsize  # the driver loop has no fixed number of passes: it ends by setting run.last
     total = args.total_timesteps - args.total_timesteps % args.envs_per_worker  # whole vector steps of every worker
@@ -497,14 +938,14 @@ def main() -> None:
     here, spread = placement(ray)  # (below the banner) node affinity to this node; SPREAD over the cluster
     shards = [ray.remote(BufferShard).options(num_cpus=0, scheduling_strategy=here).remote(shard_capacity, obs_dim,
               act_dim, args.seed + 7 + i) for i in range(args.num_buffer_shards)]  # fmt: skip
-    s = LoopState(updates_start=args.learning_starts)  # the first gradient step once learning_starts steps are in
+    state = LoopState(updates_start=args.learning_starts)  # the first gradient step once learning_starts steps are in
     shard_states = ShardStates(shards, args.save_buffer)
-    run.attach(s, RaySession(ray), learner=learner, replay_buffers=shard_states)
+    run.attach(state, RaySession(ray), learner=learner, replay_buffers=shard_states)
     if ckpt is not None and ckpt["replay_buffers"] is None:
-        s.updates_start = s.global_step + max(args.learning_starts, 1)  # the first sample needs a stored transition
-        s.updates_base = s.grad_steps
+        state.updates_start = state.global_step + max(args.learning_starts, 1)  # the first sample needs a stored transition
+        state.updates_base = state.grad_steps
         print(f"warning: the checkpoint holds no replay buffer (saved without --save-buffer): the buffer starts empty, "
-              f"and updates pause until {args.learning_starts} new transitions are in it (step {s.updates_start}). "
+              f"and updates pause until {args.learning_starts} new transitions are in it (step {state.updates_start}). "
               "Acting continues with the trained policy.", file=sys.stderr)  # fmt: skip
 
     # ---- the other Ray actors: parameter server, rollout workers, evaluator ----
@@ -512,19 +953,20 @@ def main() -> None:
     # restarted empty if it dies (its calls retried): the Publisher then publishes the newest weights to it again
     param_server = ray.remote(ParameterServer).options(name=param_server_name, num_cpus=0, max_restarts=-1,
                                                        max_task_retries=-1, scheduling_strategy=here).remote()  # fmt: skip
-    publisher = Publisher(param_server, learner.actor, s.actor_updates)  # its ParameterHolder: the weights sent
+    publisher = Publisher(param_server, learner.actor, state.actor_updates)  # its ParameterHolder: the weights sent
     holder = publisher.holder
     # Workers: restarted by Ray when their process dies (max_restarts=-1); their in-flight batch then fails
     # (max_task_retries=0) and the driver hands those steps to the next batch, so nothing is counted twice.
     worker_class = ray.remote(RolloutWorker).options(num_cpus=1, max_restarts=-1, max_task_retries=0,
                                                      scheduling_strategy=spread)  # fmt: skip
-    workers = [worker_class.remote(i, args.env_id, args.envs_per_worker, args.seed + 1_000 * i + s.global_step,
+    workers = [worker_class.remote(i, args.env_id, args.envs_per_worker, args.seed + 1_000 * i + state.global_step,
                                    param_server_name) for i in range(args.num_rollout_workers)]  # fmt: skip
     evaluator_class = ray.remote(Evaluator).options(num_cpus=0, max_restarts=-1, max_task_retries=0,
                                                     scheduling_strategy=spread)  # rarely busy  # fmt: skip
-    evaluator = evaluator_class.remote(args.env_id, args.eval_episodes, args.seed + 10_000) if args.eval_interval else None
+    evaluator = (evaluator_class.remote(args.env_id, obs_dim, act_dim, args.eval_episodes, args.seed + 10_000)
+                 if args.eval_interval else None)  # fmt: skip
     shard_sizes = ray.get([shard.size.remote() for shard in shards])
-    batches = Batches(workers, s.global_step, args.weight_sync_interval)
+    batches = Batches(workers, state.global_step, args.weight_sync_interval)
     print(f"ray: {args.num_rollout_workers} rollout workers x {args.envs_per_worker} envs (pids "
           f"{' '.join(map(str, batches.pids))} on nodes {' '.join(short(n) for n in batches.nodes)}), "
           f"{args.num_buffer_shards} buffer "
@@ -539,74 +981,71 @@ def main() -> None:
     utd = 0.0 if args.pause_learner else args.utd_ratio  # the coupling of collection to the learner (0: none)
     lead_steps = args.num_rollout_workers * args.worker_batch_steps * args.envs_per_worker  # one batch per worker
     eval_ref, eval_snapshot = None, None
-    next_eval = (s.global_step // args.eval_interval + 1) * args.eval_interval if evaluator else 0
+    next_eval = (state.global_step // args.eval_interval + 1) * args.eval_interval if evaluator else 0
     loss_sums = torch.zeros(len(LOSS_NAMES), device=device)  # summed over the log window's gradient steps
     actor_sums = torch.zeros(len(ACTOR_NAMES), device=device)  # summed over its actor updates
-    window = new_window(s)
+    window = new_window(state)
     freeze_startup_objects()  # speed (below the banner): everything set up so far lives to the end of the run
-    start_time, start_step = time.time(), s.global_step
+    start_time, start_step = time.time(), state.global_step
 
     with stop_on_task_error(run, shard_states):  # (below the banner) a failed Ray task: checkpoint, one paragraph
-        for _ in run.iterations(s, args.num_iterations):  # one pass: harvest, dispatch, learn, evaluate, log
+        for _ in run.iterations(state, args.num_iterations):  # one pass: harvest, dispatch, learn, evaluate, log
             # ---- harvest: count each batch its shard stored, note its episodes and its staleness ----
             for index, steps, stats in batches.harvest(shards):
-                s.worker_restarts += stats["restarted"]
+                state.worker_restarts += stats["restarted"]
                 shard = index % args.num_buffer_shards
                 shard_sizes[shard] = min(shard_sizes[shard] + steps, shard_capacity)
-                s.global_step += steps
+                state.global_step += steps
                 if stats["version"] >= 0:  # actor updates between the weights that collected it and the learner's now
-                    window["stale"].append(s.actor_updates - stats["version"])
+                    window["stale"].append(state.actor_updates - stats["version"])
                 for episode_return, length in stats["episodes"]:
-                    run.episode(episode_return, length, s.global_step)
+                    run.episode(episode_return, length, state.global_step)
 
             # ---- dispatch: new batches, to the least busy worker idle longest, as far as the utd ratio allows ----
             while (index := pick_worker(batches.busy, batches.last_start, MAX_IN_FLIGHT)) is not None:
                 steps, random_steps = next_batch_plan(batches.dispatched, total, args.learning_starts,
                                                       args.envs_per_worker, args.worker_batch_steps)  # fmt: skip
-                env_steps, made = steps * args.envs_per_worker, s.grad_steps - s.updates_base  # made: this schedule's
-                if steps == 0 or not collection_allowed(batches.dispatched, env_steps, made, s.updates_start, utd,
+                env_steps, made = steps * args.envs_per_worker, state.grad_steps - state.updates_base  # made: this schedule's
+                if steps == 0 or not collection_allowed(batches.dispatched, env_steps, made, state.updates_start, utd,
                                                         lead_steps):  # fmt: skip
                     break
-                publisher.publish(learner.actor, s.actor_updates)  # at a batch's start, not at each update: ~0.3 MB
+                publisher.publish(learner.actor, state.actor_updates)  # at a batch's start, not at each update: ~0.3 MB
                 # the worker pulls first if pull_due: a newer version, and --weight-sync-interval global env steps passed
-                batches.start(index, steps, random_steps, env_steps, s.global_step, publisher.version)
+                batches.start(index, steps, random_steps, env_steps, state.global_step, publisher.version)
             publisher.check()  # a restarted parameter server is empty: publish to it again
 
             # ---- learn: the gradient steps owed (as sac_continuous.py's loop, batches from the shards) ----
-            owed = 0 if args.pause_learner else updates_owed(s, args.utd_ratio, total)
+            owed = 0 if args.pause_learner else updates_owed(state, args.utd_ratio, total)
             with run.timer("update"):
                 # one per pass while the workers collect (they are served between two); all that remain once every
                 # env step is in, so that the last pass logs and saves after the last update
-                for _ in range(owed if s.global_step >= total else min(owed, 1)):
-                    batch = sampler.next(shard_sizes)
-                    s.grad_steps += 1
-                    loss_sums += critic_update(learner, batch, args.gamma)
-                    # delayed: every policy_frequency gradient steps, policy_frequency actor updates
-                    if s.grad_steps % args.policy_frequency == 0:
-                        for _ in range(args.policy_frequency):
-                            actor_sums += actor_update(learner, batch["obs"], args.autotune)
-                        s.actor_updates += args.policy_frequency
-                    if s.grad_steps % args.target_network_frequency == 0:
-                        soft_update(learner.qf_target_params, learner.qf_params, args.tau)
-            if owed == 0 and s.global_step < total:
+                for _ in range(owed if state.global_step >= total else min(owed, 1)):
+                    state.grad_steps += 1
+                    critic_metrics, actor_metrics = gradient_step(learner, sampler.next(shard_sizes), state.grad_steps, args)
+                    loss_sums += critic_metrics
+                    if actor_metrics is not None:  # delayed: policy_frequency actor updates every policy_frequency steps
+                        actor_sums += actor_metrics
+                        state.actor_updates += args.policy_frequency
+            if owed == 0 and state.global_step < total:
                 batches.wait(timeout=0.2)  # nothing to learn: wait for a worker
 
             # ---- evaluation: log a finished one; start one every --eval-interval env steps ----
             if eval_ref is not None and ray.wait([eval_ref], timeout=0)[0]:
                 log_evaluation(run, eval_ref, eval_snapshot)
                 eval_ref = None
-            if evaluator is not None and s.global_step >= next_eval:
+            if evaluator is not None and state.global_step >= next_eval:
                 if eval_ref is None:  # the previous evaluation still running: skip this one rather than queue up
-                    holder.publish(learner.actor, s.actor_updates)
-                    eval_ref = evaluator.run.remote(holder.weights, s.global_step)
+                    holder.publish(learner.actor, state.actor_updates)
+                    eval_ref = evaluator.run.remote(holder.weights, state.global_step)
                     eval_snapshot = run.checkpoint(best=True) if args.keep_best else None  # best.pt if it scores best
-                next_eval = (s.global_step // args.eval_interval + 1) * args.eval_interval
+                next_eval = (state.global_step // args.eval_interval + 1) * args.eval_interval
 
             # ---- log: losses averaged over the window's updates, speeds over its wall time (one sync per window) ----
-            run.last = s.global_step >= total  # every env step is in, and (above) every update owed is done
+            run.last = state.global_step >= total  # every env step is in, and (above) every update owed is done
             if run.log_due():
                 elapsed = max(time.time() - window["time"], 1e-9)
-                grad_steps, actor_updates = s.grad_steps - window["grad_steps"], s.actor_updates - window["actor_updates"]
+                grad_steps = state.grad_steps - window["grad_steps"]
+                actor_updates = state.actor_updates - window["actor_updates"]
                 metrics = {}
                 if grad_steps > 0:
                     q_means = (loss_sums / grad_steps).tolist()
@@ -616,32 +1055,33 @@ def main() -> None:
                     for name, value in zip(ACTOR_NAMES, (actor_sums / actor_updates).tolist()):
                         if name != "alpha_loss" or args.autotune:
                             metrics[f"losses/{name}"] = value
-                metrics["charts/env_steps_per_second"] = (s.global_step - window["step"]) / elapsed
+                metrics["charts/env_steps_per_second"] = (state.global_step - window["step"]) / elapsed
                 metrics["charts/updates_per_second"] = grad_steps / elapsed
                 metrics["charts/learner_busy"] = run.phase_time.get("update", 0.0) / elapsed  # sampling + updating
                 if window["stale"]:
                     metrics["charts/weight_staleness"] = float(np.mean(window["stale"]))
                     metrics["charts/weight_staleness_max"] = float(np.max(window["stale"]))
-                metrics["charts/worker_restarts"] = s.worker_restarts
-                run.log(s.global_step, metrics)
+                metrics["charts/worker_restarts"] = state.worker_restarts
+                run.log(state.global_step, metrics)
                 loss_sums.zero_()
                 actor_sums.zero_()
-                window = new_window(s)
+                window = new_window(state)
 
     if run.stopped:
-        print(f"stopping: {batches.dispatched - s.global_step} env steps in flight are dropped (never counted: a resumed "
+        print(f"stopping: {batches.dispatched - state.global_step} env steps in flight are dropped (never counted: a resumed "
               "run collects them again)", file=sys.stderr)  # fmt: skip
     else:
         wall = time.time() - start_time
         if eval_ref is not None:  # the last periodic evaluation
             log_evaluation(run, eval_ref, eval_snapshot, timeout=600)
         stored = sum(ray.get([shard.size.remote() for shard in shards]))
-        print(f"done: {s.global_step} env steps ({s.worker_restarts} worker restarts), {stored} transitions in the buffer, "
-              f"{s.grad_steps} gradient updates in {wall:.1f} s: {(s.global_step - start_step) / wall:.1f} env steps/s")  # fmt: skip
+        print(f"done: {state.global_step} env steps ({state.worker_restarts} worker restarts), {stored} transitions in the "
+              f"buffer, {state.grad_steps} gradient updates in {wall:.1f} s: "
+              f"{(state.global_step - start_step) / wall:.1f} env steps/s")  # fmt: skip
     if run.finish():  # after Ctrl-C: saved, Ray shut down, exits; with --save-model: the final checkpoint, evaluated
-        holder.publish(learner.actor, s.actor_updates)
+        holder.publish(learner.actor, state.actor_updates)
         video_dir = str(run.dir / "videos" / "eval") if args.capture_video else None
-        returns_eval = evaluate(holder.weights, args.env_id, args.eval_episodes, args.seed + 10_000, video_dir)
+        returns_eval = evaluate(holder.actor, args.env_id, args.eval_episodes, args.seed + 10_000, video_dir)
         run.evaluated(returns_eval)  # logged; with --keep-best, best.pt if it scores best
         print(f"eval: {np.mean(returns_eval):.2f} +- {np.std(returns_eval):.2f} over {len(returns_eval)} episodes")
     run.close()  # and Ray with it
@@ -649,9 +1089,8 @@ def main() -> None:
 
 # === Plumbing: runs, checkpoints, errors, speed set-up; not needed to follow the algorithm ===
 # What follows makes the script a dependable research tool: flag checks, the Ray connection, resume, evaluation of a
-# checkpoint, checkpoints, TensorBoard / wandb, progress, Ctrl-C, and the speed set-up. Then the SAC itself, as
-# sac_continuous.py has it (the `sac-*` blocks). The `shared:` blocks are the same text in every script that has them
-# (tests/test_shared_blocks.py).
+# checkpoint, checkpoints, TensorBoard / wandb, progress, Ctrl-C, --bf16 and the speed set-up. The `shared:` blocks
+# are the same text in every script that has them (tests/test_shared_blocks.py).
 
 # Flags that --resume takes from the command line; every other field comes from the checkpoint. The cluster layout
 # (workers, envs per worker, weight sync, address) may change between runs: a resumed run may be bigger or smaller.
@@ -810,95 +1249,6 @@ def placement(ray) -> tuple:
     return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False), "SPREAD"
 
 
-class Publisher:
-    """The driver's end of the parameter server: publishes the actor's weights when their version moved on, and
-    again when the server comes back from a restart (Ray restarts it empty: its weights die with its process). It
-    tells a restart by the pid each publish returns, and, while nothing is published, asks every second."""
-
-    def __init__(self, server, actor: nn.Module, version: int):
-        self.server, self.holder, self.pid = server, ParameterHolder(), None
-        self.pending, self.asked = None, time.monotonic()  # the last publish or status call, and when
-        self.looked = 0.0  # when check() last looked (at most every 0.2 s: a look costs a Ray call, a pass ~1 update)
-        self.version = -1
-        self.publish(actor, version)
-
-    def publish(self, actor: nn.Module, version: int) -> None:
-        if version != self.version:
-            self.holder.publish(actor, version)
-            self.pending, self.version = self.server.publish.remote(self.holder.weights, version), version
-
-    def check(self) -> None:
-        """Non-blocking: look at the last call's answer; a new pid (or a failed call) publishes the weights again."""
-        import ray
-        from ray.exceptions import RayActorError
-
-        if time.monotonic() - self.looked < 0.2:
-            return
-        self.looked = time.monotonic()
-        if self.pending is None:
-            if time.monotonic() - self.asked > 1.0:
-                self.pending, self.asked = self.server.status.remote(), time.monotonic()
-            return
-        if not ray.wait([self.pending], timeout=0)[0]:
-            return
-        try:
-            answer = ray.get(self.pending)
-            pid = answer[0] if isinstance(answer, tuple) else answer
-        except RayActorError:  # died during the call: ask the restarted one
-            pid = -1
-        self.pending = None
-        if pid == -1 or (self.pid is not None and pid != self.pid):
-            if pid != -1:
-                print(f"the parameter server is back (restarted by Ray, pid {pid}): weights of version "
-                      f"{self.holder.version} published to it again", file=sys.stderr)  # fmt: skip
-            self.pending = self.server.publish.remote(self.holder.weights, self.holder.version)
-        self.pid = self.pid if pid == -1 else pid
-
-
-def shard_sample_counts(sizes: list, n: int) -> list:
-    """How many of n uniform draws each shard serves: multinomial in proportion to the shards' sizes, so that
-    sampling each shard uniformly is uniform over all stored transitions (torch's global RNG, seeded)."""
-    if len(sizes) == 1:
-        return [n]
-    draws = torch.multinomial(torch.tensor(sizes, dtype=torch.float64), n, replacement=True)
-    return torch.bincount(draws, minlength=len(sizes)).tolist()
-
-
-class Sampler:
-    """The learner's end of the buffer: asks the shard(s) for `per_request` batches at once and keeps the next request
-    in flight while the learner trains on the current one (prefetch), so the learner rarely waits on Ray."""
-
-    def __init__(self, shards: list, batch_size: int, per_request: int, device: torch.device):
-        self.shards, self.batch_size, self.per_request, self.device = shards, batch_size, per_request, device
-        self.ready: deque = deque()
-        self.pending: Optional[list] = None
-
-    def next(self, sizes: list) -> dict:
-        if not self.ready:
-            import ray
-            from ray.exceptions import RayActorError
-
-            if self.pending is None:
-                self.pending = self._request(sizes)
-            try:
-                parts = ray.get(self.pending)
-            except RayActorError as e:
-                raise ShardLost(None, e) from None
-            self.pending = self._request(sizes)  # prefetch the next group now
-            merged = {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
-            if len(parts) > 1:  # shard by shard -> shuffle, so each batch mixes the shards
-                order = torch.randperm(len(merged["rewards"]))
-                merged = {k: v[order] for k, v in merged.items()}
-            for i in range(self.per_request):
-                rows = slice(i * self.batch_size, (i + 1) * self.batch_size)
-                self.ready.append({k: v[rows].to(self.device, non_blocking=True) for k, v in merged.items()})
-        return self.ready.popleft()
-
-    def _request(self, sizes: list) -> list:
-        counts = shard_sample_counts(sizes, self.batch_size * self.per_request)
-        return [shard.sample.remote(c) for shard, c in zip(self.shards, counts) if c > 0]
-
-
 class ShardLost(Exception):
     """A replay buffer shard died (its `add` or `sample` failed with a dead actor): its transitions are gone."""
 
@@ -957,11 +1307,9 @@ def eval_only(args: Args, device: torch.device) -> None:
     check_checkpoint_matches(ckpt, path, SCRIPT_NAME, {"obs_shape": list(obs_shape), "act_shape": list(act_shape)})
     actor = Actor(int(np.prod(obs_shape)), int(np.prod(act_shape)))
     actor.load_state_dict(ckpt["learner"]["actor"])
-    holder = ParameterHolder()
-    holder.publish(actor, ckpt["run_state"]["actor_updates"])
 
     def play(episodes: int, video_dir: Optional[str] = None) -> list:
-        return evaluate(holder.weights, saved.env_id, episodes, saved.seed + 10_000, video_dir)
+        return evaluate(actor, saved.env_id, episodes, saved.seed + 10_000, video_dir)
 
     if args.export_checkpoint:
         return export_sac_actor(args, ckpt, actor, saved.env_id, SCRIPT_NAME, play)
@@ -972,319 +1320,6 @@ def eval_only(args: Args, device: torch.device) -> None:
     writer.close()
     print(f"eval {saved.env_id} at step {ckpt['global_step']}: {np.mean(returns):.2f} +- {np.std(returns):.2f} "
           f"over {len(returns)} episodes")  # fmt: skip
-
-
-# --- shared: sac-networks ---
-HIDDEN = 256
-LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
-
-
-class Actor(nn.Module):
-    """obs -> 256 -> 256 -> (mean, raw log-std) of a Gaussian over the pre-tanh action u, ReLU MLP."""
-
-    def __init__(self, obs_dim: int, act_dim: int):
-        super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(obs_dim, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 2 * act_dim)
-        )  # one output layer for mean and log-std: the same function as two heads, one matmul
-        self.act_dim = act_dim
-
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean, raw_log_std = self.net(obs).float().split(self.act_dim, dim=-1)  # float32 out, even from bfloat16
-        return mean, bounded_log_std(raw_log_std)
-
-
-class TwinQ(nn.Module):
-    """Both soft Q-networks (obs, action) -> 256 -> 256 -> 1 in one module: each weight is stacked along a leading
-    axis of size 2, and one batched matmul (baddbmm) evaluates both critics. Same functions and initialization as
-    two separate nn.Sequential MLPs, a third of the ops."""
-
-    def __init__(self, obs_dim: int, act_dim: int):
-        super().__init__()
-        sizes = [obs_dim + act_dim, HIDDEN, HIDDEN, 1]
-        for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:]), 1):
-            bound = 1.0 / math.sqrt(fan_in)  # nn.Linear's default initialization: U(-bound, bound), weights and biases
-            w = nn.init.uniform_(torch.empty(2, fan_in, fan_out), -bound, bound)  # x @ w + b, per critic
-            b = nn.init.uniform_(torch.empty(2, 1, fan_out), -bound, bound)
-            self.register_parameter(f"w{i}", nn.Parameter(w))
-            self.register_parameter(f"b{i}", nn.Parameter(b))
-
-    def forward(self, obs: torch.Tensor, action: torch.Tensor, params: Optional[list] = None) -> torch.Tensor:
-        """Q1 and Q2 as a (2, batch) tensor. `params` (w1, b1, w2, b2, w3, b3) replaces the module's own, e.g. with
-        detached copies so that the actor's loss does not backpropagate into the critics' weights."""
-        w1, b1, w2, b2, w3, b3 = params if params is not None else self.parameters()
-        x = torch.cat([obs, action], -1)
-        # ReLU in place: baddbmm's backward needs its inputs, not its output, so no new (2, batch, 256) tensor is due
-        h = torch.baddbmm(b1, x.expand(2, *x.shape), w1).relu_()
-        h = torch.baddbmm(b2, h, w2).relu_()
-        # Output layer in float32, even with --bf16 (.float() is a no-op in float32). Why: Q grows to the hundreds, where
-        # a bfloat16 result (8 significant bits) is off by up to 0.4% (+-1 at Q = 400), and the RMS TD error the critics
-        # learn from is ~3 there (HalfCheetah, 150k steps). One matmul with one output column, not a multiply and a sum:
-        # two passes fewer over h (with in-place ReLUs, -2% per gradient step, benchmarks/update_ab.py, 30 rounds).
-        return torch.baddbmm(b3.float(), h.float(), w3.float()).squeeze(-1)
-
-
-def bounded_log_std(raw: torch.Tensor) -> torch.Tensor:
-    """Squash the network's raw log-std into [LOG_STD_MIN, LOG_STD_MAX] smoothly (tanh), not by clipping."""
-    return LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (torch.tanh(raw) + 1)
-
-
-LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
-LOG_2 = math.log(2.0)
-
-
-def squashed_gaussian(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor, action_scale: torch.Tensor,
-                      action_bias: torch.Tensor, squash_eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Reparameterized sample a = tanh(u) * scale + bias, u = mean + std * noise, and its log-density, summed over
-    action dimensions. Change of variables (SAC paper, appendix C), with tanh's slope floored at eps:
-        log pi(a|s) = log N(u; mean, std) - sum_i [log scale_i + log(1 - tanh(u_i)^2 + eps)]
-        log N(u; mean, std) = sum_i (-noise_i^2 / 2 - log std_i - log sqrt(2 pi))      ((u - mean) / std = noise)
-        log(1 - tanh(u)^2) = 2 log 2 - 2 (u + softplus(-2u)),   log(x + eps) = log x + softplus(log eps - log x)
-    eps = 0 is the exact density; the form above is finite even where tanh(u) rounds to +-1 (1 - tanh^2 would be 0).
-    What a floor changes (--squash-eps; the reference SAC adds 1e-6): exactly, -log pi pulls a saturating u back
-    toward 0 with a force 2 * alpha per dimension that never fades; with the floor that pull fades past |u| ~ 7.6
-    (1 - tanh^2 < eps), allowing bang-bang actions. Measured on HalfCheetah at 150k steps over 4 seeds, 1e-6 learned
-    no better than the exact form (docs page, Results), so the default is the exact density. The terms the gradient
-    does not flow through are summed apart: in the actor's loss every op costs a second one in the backward pass."""
-    u = torch.addcmul(mean, log_std.exp(), noise)
-    minus_log_slope = 2.0 * (u + nn.functional.softplus(-2.0 * u))  # 2 log 2 - log(1 - tanh(u)^2); 2 log 2 is constant
-    if squash_eps > 0.0:  # log(x + eps) = log x + softplus(log eps - log x), with log x = 2 log 2 - minus_log_slope
-        minus_log_slope = minus_log_slope - nn.functional.softplus(math.log(squash_eps) - 2.0 * LOG_2 + minus_log_slope)
-    through_net = minus_log_slope - log_std
-    constant = 0.5 * noise.pow(2).sum(-1) + torch.log(action_scale).sum() + mean.shape[-1] * (LOG_SQRT_2PI + 2.0 * LOG_2)
-    return torch.addcmul(action_bias, torch.tanh(u), action_scale), through_net.sum(-1) - constant
-
-
-def soft_q_target(rewards: torch.Tensor, terminated: torch.Tensor, next_q: torch.Tensor, next_log_prob: torch.Tensor,
-                  alpha: torch.Tensor, gamma: float) -> torch.Tensor:  # fmt: skip
-    """y = r + gamma * (1 - terminated) * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s')),  a' ~ pi(.|s').
-    `next_q` is the target critics' (2, batch) output. Only a termination stops bootstrapping: at a time-limit
-    truncation s' is the true final observation and the value beyond it is real."""
-    soft_value = next_q.min(0).values - alpha * next_log_prob
-    return rewards + gamma * (1.0 - terminated) * soft_value
-
-
-# --- end shared: sac-networks ---
-
-
-# --- shared: sac-replay-buffer ---
-class ReplayBuffer:
-    """Preallocated circular storage of transitions (s, a, r, s', terminated), float32.
-
-    `next_obs` is the true next observation (the final one at an auto-reset, never the next episode's first), and
-    the done flag is `terminated` only: a time-limit truncation must still bootstrap. One float32 row per transition
-    holds all five fields side by side, so sampling a batch is one gather of rows (not one per field); `arrays` are
-    numpy views of each field's columns (cheap writes from the rollout), `rows` a torch view of the same memory."""
-
-    FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated")
-
-    def __init__(self, capacity: int, obs_dim: int, act_dim: int):
-        self.capacity, self.pos, self.size = capacity, 0, 0
-        widths = (obs_dim, obs_dim, act_dim, 0, 0)  # 0: a scalar per transition (reward, done flag), one column
-        rows = np.zeros((capacity, 2 * obs_dim + act_dim + 2), np.float32)
-        self.columns, start = {}, 0
-        for name, width in zip(self.FIELDS, widths):
-            self.columns[name] = slice(start, start + width) if width else start
-            start += max(width, 1)
-        self.arrays = {name: rows[:, column] for name, column in self.columns.items()}
-        self.rows = torch.from_numpy(rows)
-
-    @property
-    def nbytes(self) -> int:
-        return self.rows.numel() * self.rows.element_size()
-
-    def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, terminated: np.ndarray):
-        """Store a batch of n transitions (one per env), wrapping around and overwriting the oldest."""
-        n = len(rewards)
-        idx = (self.pos + np.arange(n)) % self.capacity if self.pos + n > self.capacity else slice(self.pos, self.pos + n)
-        for name, value in zip(self.FIELDS, (obs, next_obs, actions, rewards, terminated)):
-            self.arrays[name][idx] = value
-        self.pos = (self.pos + n) % self.capacity
-        self.size = min(self.size + n, self.capacity)
-
-    def sample(self, batch_size: int, device: torch.device) -> dict:
-        """Uniform with replacement over the stored transitions (torch's global RNG: checkpointed, reproducible).
-        The fields are column views of one gathered (batch_size, row width) tensor."""
-        idx = torch.randint(0, self.size, (batch_size,))
-        rows = self.rows.index_select(0, idx).to(device, non_blocking=True)
-        return {name: rows[:, column] for name, column in self.columns.items()}
-
-    def state_dict(self) -> dict:
-        """The stored part as torch tensors (copies), with the write position: loads with weights_only=True."""
-        return {"capacity": self.capacity, "pos": self.pos, "size": self.size,
-                **{k: torch.from_numpy(v[: self.size].copy()) for k, v in self.arrays.items()}}  # fmt: skip
-
-    def load_state_dict(self, state: dict) -> None:
-        if state["capacity"] != self.capacity:
-            raise ValueError(f"buffer capacity {state['capacity']} != {self.capacity}")
-        for k in self.FIELDS:
-            self.arrays[k][: state["size"]] = state[k].numpy()
-        self.pos, self.size = state["pos"], state["size"]
-
-
-# --- end shared: sac-replay-buffer ---
-
-
-# --- shared: sac-parameters ---
-class ParameterHolder:
-    """The weights the actors act with (numpy copies of the actor's parameters) and their version: the number of
-    actor updates they include. The learner publishes, the rollout and the evaluation read. In a distributed
-    version this object lives in one place and actors fetch `weights` when `version` has moved on."""
-
-    def __init__(self):
-        self.weights: list = []
-        self.version = 0
-
-    def publish(self, actor: Actor, version: int) -> None:
-        self.weights = [p.detach().cpu().numpy().copy() for p in actor.parameters()]
-        self.version = version
-
-
-# --- end shared: sac-parameters ---
-
-
-# --- shared: sac-learner ---
-@dataclass
-class Learner:
-    """Everything the update changes: the networks, their optimizers and the entropy temperature."""
-
-    actor: Actor
-    qf: TwinQ  # the two critics
-    qf_target: TwinQ  # their slowly following copies, for the target y (soft_update)
-    actor_params: list  # the weights each optimizer (and soft_update) moves: the networks' parameters, as
-    qf_params: list  # [one flat tensor] of views (fast_parameters, below the banner)
-    qf_target_params: list
-    actor_optimizer: torch.optim.Optimizer
-    q_optimizer: torch.optim.Optimizer
-    log_alpha: torch.Tensor  # log of the entropy temperature; trained only with autotune
-    alpha_optimizer: Optional[torch.optim.Optimizer]
-    target_entropy: float
-    squash_eps: float  # floor on tanh's slope in the log-prob (squashed_gaussian)
-    action_scale: torch.Tensor  # (high - low) / 2
-    action_bias: torch.Tensor  # (high + low) / 2
-    # The networks as the forward and backward passes run them: the three above, or with --bf16 bfloat16 copies of
-    # them (bf16_copies, below the banner; the optimizers then step the float32 weights from the copies' gradients).
-    actor_run: Callable
-    qf_run: Callable
-    qf_target_run: Callable
-    qf_frozen: list  # detached views of qf_run's weights: the actor's loss reads the critics through them
-
-    def alpha(self) -> torch.Tensor:
-        return self.log_alpha.detach().exp()
-
-    def state_dict(self) -> dict:  # a checkpoint part (Run.attach): learner_state, below the banner
-        return learner_state(self)
-
-    def load_state_dict(self, state: dict) -> None:
-        load_learner_state(self, state)
-
-
-def make_learner(obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, args, device: torch.device) -> Learner:
-    """The networks (the target critics start equal to the critics), an Adam optimizer for each, the temperature."""
-    actor = Actor(obs_dim, act_dim).to(device)
-    qf, qf_target = TwinQ(obs_dim, act_dim).to(device), TwinQ(obs_dim, act_dim).to(device)
-    qf_target.load_state_dict(qf.state_dict())
-    # speed (below the banner): each network's weights as views of one flat tensor; the same math
-    actor_params, qf_params, qf_target_params = fast_parameters(actor), fast_parameters(qf), fast_parameters(qf_target)
-    fused = device.type in ("cpu", "cuda")  # Adam's fused kernel (one op per step) exists there
-    # alpha = 1 at the start with autotune, else args.alpha throughout (0: no entropy term)
-    log_alpha_0 = 0.0 if args.autotune else (math.log(args.alpha) if args.alpha > 0 else -math.inf)
-    log_alpha = torch.full((1,), log_alpha_0, device=device, requires_grad=args.autotune)
-    learner = Learner(
-        actor=actor, qf=qf, qf_target=qf_target, actor_params=actor_params, qf_params=qf_params,
-        qf_target_params=qf_target_params,
-        actor_optimizer=torch.optim.Adam(actor_params, lr=args.policy_lr, fused=fused),
-        q_optimizer=torch.optim.Adam(qf_params, lr=args.q_lr, fused=fused),
-        log_alpha=log_alpha,
-        alpha_optimizer=torch.optim.Adam([log_alpha], lr=args.q_lr, fused=fused) if args.autotune else None,
-        target_entropy=-float(act_dim), squash_eps=args.squash_eps,
-        action_scale=torch.tensor((high - low) / 2.0, dtype=torch.float32, device=device),
-        action_bias=torch.tensor((high + low) / 2.0, dtype=torch.float32, device=device),
-        actor_run=actor, qf_run=qf, qf_target_run=qf_target,
-        qf_frozen=[p.detach() for p in qf.parameters()],  # views: they follow every update of the critics
-    )  # fmt: skip
-    if args.bf16:
-        bf16_copies(learner)  # speed (below the banner): the passes run through bfloat16 copies of the networks
-    return learner
-
-
-def sample_action(learner: Learner, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """a ~ pi(.|s) (reparameterized: differentiable in the actor's weights) and log pi(a|s)."""
-    mean, log_std = learner.actor_run(obs)
-    noise = torch.randn_like(mean)
-    return squashed_gaussian(mean, log_std, noise, learner.action_scale, learner.action_bias, learner.squash_eps)
-
-
-def critic_update(learner: Learner, batch: dict, gamma: float) -> torch.Tensor:
-    """One gradient step on both critics: L_i = E[(Q_i(s, a) - y)^2], y from soft_q_target (the target critics and
-    a fresh a' ~ pi(.|s')). Returns [mean Q1, mean Q2, L1, L2] as a detached tensor (no sync)."""
-    with torch.no_grad():
-        next_actions, next_log_prob = sample_action(learner, batch["next_obs"])
-        next_q = learner.qf_target_run(batch["next_obs"], next_actions)
-        y = soft_q_target(batch["rewards"], batch["terminated"], next_q, next_log_prob, learner.alpha(), gamma)
-    q = learner.qf_run(batch["obs"], batch["actions"])
-    losses = (q - y).pow(2).mean(1)  # (2,): one MSE per critic
-    learner.q_optimizer.zero_grad(set_to_none=False)  # in place: the flat weights' views keep their gradients
-    losses.sum().backward()
-    learner.q_optimizer.step()
-    return torch.cat([q.detach().mean(1), losses.detach()])
-
-
-def actor_update(learner: Learner, obs: torch.Tensor, autotune: bool) -> torch.Tensor:
-    """One gradient step on the actor, then (autotune) on the temperature. Returns [actor loss, alpha, alpha loss].
-    L_pi    = E_s[ alpha * log pi(a|s) - min(Q1, Q2)(s, a) ],  a = tanh-squashed reparameterized sample
-    L_alpha = E_s[ -alpha * (log pi(a|s) + target_entropy) ]   (log pi detached: only alpha moves)"""
-    alpha = learner.alpha()
-    actions, log_prob = sample_action(learner, obs)
-    # Frozen critics (detached weights): the gradient reaches the action, and through it the actor, not the critics
-    q = learner.qf_run(obs, actions, params=learner.qf_frozen).min(0).values
-    actor_loss = (alpha * log_prob - q).mean()
-    learner.actor_optimizer.zero_grad(set_to_none=False)
-    if autotune:
-        alpha_loss = (-learner.log_alpha.exp() * (log_prob.detach() + learner.target_entropy)).mean()
-        learner.alpha_optimizer.zero_grad()
-    else:
-        alpha_loss = torch.zeros((), device=obs.device)
-    # One backward pass for both losses: they share no parameter (alpha and log pi enter each other's detached)
-    (actor_loss + alpha_loss).backward()
-    learner.actor_optimizer.step()
-    if autotune:
-        learner.alpha_optimizer.step()
-    return torch.stack([actor_loss.detach(), alpha.reshape(()), alpha_loss.detach()])
-
-
-def soft_update(target_params: list, params: list, tau: float) -> None:
-    """Polyak averaging, in place: theta' <- tau * theta + (1 - tau) * theta'."""
-    with torch.no_grad():
-        for target, param in zip(target_params, params):
-            target.lerp_(param, tau)
-
-
-# --- end shared: sac-learner ---
-
-
-# --- shared: sac-rollout ---
-def policy_actions(obs: np.ndarray, weights: list, noise: Optional[np.ndarray], scale: np.ndarray, bias: np.ndarray):
-    """a = tanh(mean + std * noise) * scale + bias, for one step's observations (the actor on the published weights,
-    as a numpy function: actor_numpy, below the banner); noise=None gives the deterministic action tanh(mean)."""
-    mean, log_std = actor_numpy(obs, weights)
-    u = mean if noise is None else mean + np.exp(log_std) * noise
-    return (np.tanh(u) * scale + bias).astype(np.float32)
-
-
-def env_step(envs: gym.vector.VectorEnv, actions: np.ndarray, episode_return: np.ndarray, episode_length: np.ndarray):
-    """Step the envs once. Returns (obs to act on next, true next obs of this transition, rewards, terminations,
-    new episode_return, new episode_length, [(return, length) of each episode that ended])."""
-    raw_obs, rewards, terminations, truncations, infos = envs.step(actions)
-    ended = terminations | truncations
-    episode_return, episode_length = episode_return + rewards, episode_length + 1
-    finished = [(float(episode_return[i]), int(episode_length[i])) for i in np.flatnonzero(ended)]
-    real_next = true_next_obs(raw_obs, ended, infos)
-    episode_return, episode_length = np.where(ended, 0.0, episode_return), np.where(ended, 0, episode_length)
-    return raw_obs, real_next, rewards, terminations, episode_return, episode_length, finished
-
-
-# --- end shared: sac-rollout ---
 
 
 # --- shared: sac-export ---
@@ -1299,8 +1334,8 @@ class SacActingPolicy(nn.Module):
         self.register_buffer("bias", torch.as_tensor((high + low) / 2.0, dtype=torch.float32))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        mean, _ = self.actor(obs.to(torch.float32))
-        return torch.tanh(mean) * self.scale + self.bias
+        mean, log_std = self.actor(obs.to(torch.float32))
+        return squashed_gaussian(mean, log_std, torch.zeros_like(mean), self.scale, self.bias)[0]
 
 
 def export_sac_actor(args, ckpt: dict, actor: Actor, env_id: str, script: str, play: Callable[..., list]) -> Path:
@@ -1337,9 +1372,9 @@ print(total)
 
 
 # --- shared: sac-evaluation ---
-def evaluate(weights: list, env_id: str, episodes: int, seed: int, video_dir: Optional[str] = None) -> list:
-    """Deterministic episodes (tanh of the Gaussian's mean) on a separate env, seeded seed, seed+1, ...; returns
-    their returns. Uses no global RNG, so evaluating during training does not change the training run."""
+def evaluate(actor: nn.Module, env_id: str, episodes: int, seed: int, video_dir: Optional[str] = None) -> list:
+    """Deterministic episodes (tanh of the Gaussian's mean) of `actor` on a separate env, seeded seed, seed+1, ...;
+    returns their returns. Uses no global RNG, so evaluating during training does not change the training run."""
     env = make_env(env_id, 0, video_dir is not None, video_dir or "")()
     low, high = env.action_space.low, env.action_space.high
     scale, bias = (high - low) / 2.0, (high + low) / 2.0
@@ -1348,7 +1383,7 @@ def evaluate(weights: list, env_id: str, episodes: int, seed: int, video_dir: Op
         obs, _ = env.reset(seed=seed + episode)
         done, total = False, 0.0
         while not done:
-            action = policy_actions(obs.astype(np.float32)[None], weights, None, scale, bias)[0]
+            action = policy_actions(obs[None], actor, None, scale, bias)[0]
             obs, reward, terminated, truncated, _ = env.step(action)
             total += float(reward)
             done = terminated or truncated
@@ -1398,13 +1433,13 @@ def learner_state(learner: Learner) -> dict:
 
 
 def load_learner_state(learner: Learner, state: dict) -> None:
-    """Restore what learner_state saved (in place: the flat parameters and their optimizers stay the same objects),
-    then refresh the bfloat16 copies of --bf16 from the loaded weights."""
+    """Restore what learner_state saved (in place: the parameters and their optimizers stay the same objects), then
+    refresh the bfloat16 copies of --bf16 from the loaded weights."""
     learner.actor.load_state_dict(state["actor"])
     learner.qf.load_state_dict(state["qf"])
     learner.qf_target.load_state_dict(state["qf_target"])
-    learner.actor_optimizer.load_state_dict(state["actor_optimizer"])
-    learner.q_optimizer.load_state_dict(state["q_optimizer"])
+    learner.actor_optimizer.load_state_dict(per_tensor_adam_state(state["actor_optimizer"], learner.actor_params))
+    learner.q_optimizer.load_state_dict(per_tensor_adam_state(state["q_optimizer"], learner.qf_params))
     learner.log_alpha.data.copy_(state["log_alpha"])
     if learner.alpha_optimizer is not None:
         learner.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
@@ -1413,7 +1448,38 @@ def load_learner_state(learner: Learner, state: dict) -> None:
             network.refresh()
 
 
-# ---- bfloat16: only where a start-up probe finds it native and faster ----
+def per_tensor_adam_state(saved: dict, params: list) -> dict:
+    """An Adam state_dict for `params` (per tensor). Checkpoints from before issue 31 stepped one flat tensor of all
+    of a network's weights: their moments are split here in the parameters' order, so those runs still resume."""
+    (group,) = saved["param_groups"]
+    if len(group["params"]) != 1 or len(params) == 1:
+        return saved
+    flat = saved["state"].get(group["params"][0])
+    state = {}
+    if flat is not None:
+        pieces = {k: v.split([p.numel() for p in params]) for k, v in flat.items() if k != "step"}
+        state = {i: {"step": flat["step"].clone(), **{k: v[i].view_as(p).clone() for k, v in pieces.items()}}
+                 for i, p in enumerate(params)}  # fmt: skip
+    return {"state": state, "param_groups": [{**group, "params": list(range(len(params)))}]}
+
+
+def check_actor(actor: nn.Module, obs_dim: int, act_dim: int) -> None:
+    """Stop at once, naming what to change, where an edit broke the Actor's sizes (else the first failure would come
+    after learning_starts steps): 64 observations must give a mean and a log-std of shape (64, act_dim) each."""
+    probe = torch.zeros(64, obs_dim, device=next(actor.parameters()).device)  # no RNG: the seeded weights stay the same
+    sizes = (f"Each layer's input size must be the previous layer's output size, the first one's obs_dim = {obs_dim}, "
+             f"and the last layer's output size 2 * act_dim = {2 * act_dim} (mean and log-std).")  # fmt: skip
+    try:
+        with torch.no_grad():
+            mean, log_std = actor(probe)
+    except (RuntimeError, ValueError) as e:
+        raise UserError(f"Actor cannot map observations to actions ({str(e).splitlines()[0]}). {sizes}") from None
+    if mean.shape != (64, act_dim) or log_std.shape != (64, act_dim):
+        raise UserError(f"Actor maps 64 observations to a mean of shape {tuple(mean.shape)} and a log-std of shape "
+                        f"{tuple(log_std.shape)}, not (64, act_dim = {act_dim}) each. {sizes}")  # fmt: skip
+
+
+# ---- bfloat16 (--bf16, opt-in): only where the CPU has native bfloat16 instructions ----
 def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Does this CPU have bfloat16 dot-product instructions (AVX512_BF16 or AMX-BF16)? Read from the CPU flags that
     Linux lists in /proc/cpuinfo; False where that file is missing (other systems)."""
@@ -1426,107 +1492,36 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
-def bf16_matmul_speedup(rounds: int = 5, calls: int = 10) -> float:
-    """How much faster bfloat16 runs the critics' hidden layer than float32 on this machine, now: float32 time over
-    bfloat16 time of a (2, 256, 256) x (2, 256, 256) batched matmul, with the threads torch uses (best of `rounds`
-    bursts of `calls`, ~40 ms in all). Why measure, not trust the CPU flags: native bfloat16 instructions are not
-    faster everywhere. On the 2-core AMD EPYC (Zen 4) this product ran ~2x faster in bfloat16, and the whole update
-    ~1.5x; on an Intel Xeon (family 6, model 207) with AVX512_BF16 but no AMX, oneDNN's bfloat16 kernel ran at 145
-    GFLOP/s against float32's 282 (one port issues the bfloat16 dot product, two the float32 FMA), and the update
-    took 8.8 ms per gradient step against 5.4 ms in float32."""
-    x32, w32 = torch.randn(2, HIDDEN, HIDDEN), torch.randn(2, HIDDEN, HIDDEN)
-    pairs = {torch.float32: (x32, w32), torch.bfloat16: (x32.bfloat16(), w32.bfloat16())}
-    best = {}
-    for dtype, (x, w) in pairs.items():
-        torch.bmm(x, w)  # the first call builds oneDNN's kernel: not timed
-        best[dtype] = math.inf
-    for _ in range(rounds):
-        for dtype, (x, w) in pairs.items():
-            start = time.perf_counter()
-            for _ in range(calls):
-                torch.bmm(x, w)
-            best[dtype] = min(best[dtype], time.perf_counter() - start)
-    return best[torch.float32] / best[torch.bfloat16]
-
-
-BF16_MIN_SPEEDUP = 1.3  # below this the casts around the bfloat16 matmuls eat the gain
-
-
-def resolve_bf16(
-    requested: bool,
-    device: torch.device,
-    native_bf16: bool,
-    resumed: bool = False,
-    speedup: Callable[[], float] = bf16_matmul_speedup,
-) -> tuple[bool, str]:
-    """Whether the networks compute in bfloat16, and a line saying what runs and why. bfloat16 only where it was
-    measured faster with the same returns: a CPU with native bfloat16 instructions on which `speedup()` (called
-    only then) finds the bfloat16 matmul at least BF16_MIN_SPEEDUP times faster. Why not everywhere: without those
-    instructions bfloat16 is emulated in software; with them it can still be slower (bf16_matmul_speedup); GPUs
-    were not measured. `resumed`: `requested` is what the checkpoint recorded (the dtype its run used), and a
-    resumed run keeps it wherever the instructions exist, without measuring: resuming must not change the numerics."""
+def resolve_bf16(requested: bool, device: torch.device, native_bf16: bool, resumed: bool = False) -> tuple[bool, str]:
+    """Whether the networks compute in bfloat16, and the line that says so. --bf16 is refused up front on another
+    device or a CPU without native bfloat16 instructions (emulated: many times slower). A resumed run keeps the dtype
+    its checkpoint recorded (`requested`), wherever it runs now, and says so: resuming never changes the numerics."""
+    source = "as the checkpoint's run computed" if resumed else ("--bf16" if requested else "--bf16 is opt-in")
     if not requested:
-        return False, "compute: float32 (" + ("as the checkpoint's run computed" if resumed else "--no-bf16") + ")"
-    if device.type != "cpu":
-        return False, f"compute: float32 (--bf16 applies to CPUs with native bfloat16 instructions, not to {device.type})"
-    if not native_bf16:
-        return False, ("compute: float32 (--bf16 applies where the CPU has native bfloat16 instructions, "
-                       "AVX512_BF16 or AMX; this one has neither)")  # fmt: skip
-    on_note = "compute: bfloat16 matmuls, float32 weights, Adam and losses (--no-bf16 for float32 throughout"
-    if resumed:
-        return True, on_note + "; as the checkpoint's run computed)"
-    ratio = speedup()
-    if ratio < BF16_MIN_SPEEDUP:
-        return False, (f"compute: float32 (this CPU has bfloat16 instructions, but a bfloat16 matmul ran {ratio:.2f}x "
-                       f"as fast as float32 here, below the {BF16_MIN_SPEEDUP}x that --bf16 needs)")  # fmt: skip
-    return True, on_note + f"; the bfloat16 matmul ran {ratio:.2f}x as fast as float32 here)"
+        return False, f"compute: float32 ({source})"
+    native = device.type == "cpu" and native_bf16
+    if not native and not resumed:
+        where = "this CPU has neither" if device.type == "cpu" else f"the run would be on {device.type}"
+        raise UserError(f"--bf16 needs a CPU with native bfloat16 instructions (AVX512_BF16 or AMX), and {where}: "
+                        "elsewhere bfloat16 is emulated and many times slower than float32. Drop --bf16.")  # fmt: skip
+    slow = "" if native else f"; not native on this {device.type}: emulated, slower than float32"
+    return True, f"compute: bfloat16 matmuls, float32 weights, Adam and losses ({source}{slow})"
 
 
 # ---- speed set-up: each wraps one step of the algorithm above without changing its math ----
-def fast_parameters(module: nn.Module) -> list:
-    """The parameter list an optimizer (or soft_update) gets: [one flat tensor] whose slices are all of `module`'s
-    parameters (and whose .grad's slices are their .grad). Why: these MLPs are small, so an update costs per-tensor
-    overhead, not arithmetic; with one tensor, Adam is one fused call, Polyak averaging one lerp_ and a bfloat16
-    copy's refresh one copy_. Zero the gradient in place (`optimizer.zero_grad(set_to_none=False)`): set_to_none
-    would cut the views loose."""
-    params = list(module.parameters())
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    flat_grad = torch.zeros_like(flat)
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.data = flat[offset : offset + n].view_as(p)
-        p.grad = flat_grad[offset : offset + n].view_as(p)
-        offset += n
-    flat_param = nn.Parameter(flat)
-    flat_param.grad = flat_grad
-    return [flat_param]
-
-
-def actor_numpy(obs: np.ndarray, weights: list) -> tuple[np.ndarray, np.ndarray]:
-    """The actor MLP in numpy, on ParameterHolder's weights, for acting on one step's observations: (mean, bounded
-    log-std). Why: torch spends ~5 us of dispatch per op on a single observation, numpy ~1 us. Training stays in
-    torch; the tests check both give the same numbers."""
-    w1, b1, w2, b2, w3, b3 = weights
-    h = np.maximum(obs @ w1.T + b1, 0.0)
-    h = np.maximum(h @ w2.T + b2, 0.0)
-    mean, raw = np.split(h @ w3.T + b3, 2, axis=-1)
-    return mean, LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (np.tanh(raw) + 1)
-
-
 class ComputeCopy:
-    """A network as the passes run it in `dtype`: a copy of `module` (flat weights of its own), overwritten from the
-    float32 weights `params` by refresh() (before every call with refresh_at_call). Called like the network, with
-    its inputs cast to `dtype`; Actor and TwinQ return float32 all the same."""
+    """A network as the passes run it in `dtype`: a copy of `module`, overwritten from the float32 module's weights
+    by refresh() (before every call with refresh_at_call). Called like the network, with its inputs cast to `dtype`;
+    Actor and TwinQ return float32 all the same."""
 
-    def __init__(self, module: nn.Module, params: list, dtype: torch.dtype, refresh_at_call: bool = False):
-        self.module = copy.deepcopy(module).to(dtype)
-        self.params, self.copy_params = params, fast_parameters(self.module)
+    def __init__(self, module: nn.Module, dtype: torch.dtype, refresh_at_call: bool = False):
+        self.source, self.module = module, copy.deepcopy(module).to(dtype)
+        self.pairs = list(zip([*self.module.parameters(), *self.module.buffers()], [*module.parameters(), *module.buffers()]))
         self.dtype, self.refresh_at_call = dtype, refresh_at_call
 
     def refresh(self) -> None:
         with torch.no_grad():
-            for low, high in zip(self.copy_params, self.params):
+            for low, high in self.pairs:
                 low.copy_(high)
 
     def __call__(self, *inputs: torch.Tensor, **kwargs):
@@ -1536,9 +1531,9 @@ class ComputeCopy:
 
 
 class MasterWeightsOptimizer:
-    """The optimizer of float32 weights whose passes ran through a ComputeCopy: zero_grad() zeroes the copy's
-    gradient, step() brings it to the float32 weights, steps them and refreshes the copy. Its state_dict() is the
-    float32 optimizer's: checkpoints are the same with and without --bf16."""
+    """The optimizer of float32 weights whose passes ran through a ComputeCopy: zero_grad() (either form) clears the
+    copy's gradients, step() brings them to the float32 weights, steps those and refreshes the copy. Its state_dict()
+    is the float32 optimizer's: checkpoints are the same with and without --bf16."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, compute: ComputeCopy):
         self.optimizer, self.compute = optimizer, compute
@@ -1551,16 +1546,12 @@ class MasterWeightsOptimizer:
     def state(self) -> dict:
         return self.optimizer.state
 
-    def zero_grad(self, set_to_none: bool = False) -> None:
-        for low in self.compute.copy_params:
-            if low.grad is not None:
-                low.grad.zero_()  # in place, whatever set_to_none says: a flat copy's views keep their gradients
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.compute.module.zero_grad(set_to_none)
 
     def step(self) -> None:
-        for high, low in zip(self.compute.params, self.compute.copy_params):
-            if high.grad is None:
-                high.grad = torch.zeros_like(high)
-            high.grad.copy_(low.grad)
+        for high, low in zip(self.compute.source.parameters(), self.compute.module.parameters()):
+            high.grad = None if low.grad is None else low.grad.to(high.dtype)
         self.optimizer.step()
         self.compute.refresh()
 
@@ -1572,16 +1563,12 @@ class MasterWeightsOptimizer:
 
 
 def bf16_copies(learner: Learner) -> None:
-    """--bf16: the forward and backward passes run through bfloat16 copies of the three networks; the weights,
-    Adam's state, the losses and the squashed-Gaussian math stay float32 (only the matmuls and the hidden
-    activations are bfloat16). Each copy is refreshed once per change of its float32 weights: the critics' and the
-    actor's right after their optimizer steps, the targets' at each use (soft_update moves them between uses), all
-    after a checkpoint load (load_learner_state).
-    Why explicit copies, not torch.autocast: autocast casts every weight at every call (and back in the backward
-    pass); one cast of a flat tensor per update costs microseconds, and measured ~13% less time per gradient step."""
-    learner.actor_run = ComputeCopy(learner.actor, learner.actor_params, torch.bfloat16)
-    learner.qf_run = ComputeCopy(learner.qf, learner.qf_params, torch.bfloat16)
-    learner.qf_target_run = ComputeCopy(learner.qf_target, learner.qf_target_params, torch.bfloat16, refresh_at_call=True)
+    """--bf16: the passes run through bfloat16 copies of the three networks (ComputeCopy); weights, Adam's state,
+    losses and the squashed Gaussian stay float32. Each copy is refreshed once per change of its float32 weights:
+    after each optimizer step, the targets' at each use, all after a checkpoint load (why not autocast: docs page)."""
+    learner.actor_run = ComputeCopy(learner.actor, torch.bfloat16)
+    learner.qf_run = ComputeCopy(learner.qf, torch.bfloat16)
+    learner.qf_target_run = ComputeCopy(learner.qf_target, torch.bfloat16, refresh_at_call=True)
     learner.qf_frozen = [p.detach() for p in learner.qf_run.module.parameters()]
     learner.actor_optimizer = MasterWeightsOptimizer(learner.actor_optimizer, learner.actor_run)
     learner.q_optimizer = MasterWeightsOptimizer(learner.q_optimizer, learner.qf_run)
@@ -1595,16 +1582,9 @@ def speed_setup() -> None:
 
 
 def flush_denormals() -> bool:
-    """Make float32 arithmetic treat and produce denormal numbers (|x| < 1.2e-38) as zero: in this thread, and in
-    the OpenMP threads torch starts later (a thread copies the flag when it starts, so call this before torch's
-    first parallel op). Returns whether it holds in every thread.
-    Why: Adam's first moment of a weight whose gradient stays exactly zero (a weight into or out of a ReLU unit that
-    is dead on every sample) shrinks by beta1 = 0.9 a step, through the denormal range, where each arithmetic op
-    takes a microcode assist tens of times slower. Measured in HalfCheetah training on a 2-core Xeon: from ~1,000
-    gradient steps on, a third of the critics' 144k first moments were denormal at any time; the critics' fused Adam
-    step took 1.69 ms with them and 0.16 ms flushed, and the float32 update in the loop 6.6-7.1 ms per gradient step
-    against 5.7 / 5.7 / 7.1 ms (3 alternating pairs). Flushing changes only values below 1.2e-38 (a moment reaches 0 ~150 steps
-    sooner), and in float64, e.g. MuJoCo's and numpy's in this thread, only those below 2.2e-308."""
+    """Make float32 arithmetic treat and produce denormals (|x| < 1.2e-38) as zero, in this thread and in the OpenMP
+    threads torch starts later (call it before torch's first parallel op); returns whether it holds in every thread.
+    Why: Adam's decaying moments of dead ReLU units crawl through the slow denormal range (measured: docs page)."""
     if not torch.set_flush_denormal(True):
         return False  # a CPU without the flush-to-zero / denormals-are-zero modes
     # The smallest denormal, 1.4e-45, written as its bit pattern: converting a Python float would already flush it
@@ -1613,12 +1593,9 @@ def flush_denormals() -> bool:
 
 
 def keep_freed_memory() -> None:
-    """Let glibc's malloc reuse freed memory instead of handing it back to the OS.
-    Why: by default glibc maps every block over its mmap threshold (128 KiB to start) fresh from the OS and unmaps
-    it when freed, so each large activation or gradient of an update faults its pages in again. Measured on the
-    2-core test machine: ~420 page faults per gradient step, up to ~20% of the float32 update time, and most of the
-    run-to-run spread. Raising both thresholds (at most 32 MiB for mmap: buffers, e.g. the replay buffer's arrays,
-    are still mapped) removes them. Linux with glibc only; a no-op elsewhere."""
+    """Let glibc's malloc reuse freed memory instead of handing it back to the OS (Linux with glibc; a no-op elsewhere).
+    Why: by default every block over 128 KiB is mapped fresh and unmapped when freed, so each large activation of
+    an update faults its pages in again (measured: docs page). The replay buffer's arrays are still mapped."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -1631,35 +1608,15 @@ def keep_freed_memory() -> None:
 
 
 def freeze_startup_objects() -> None:
-    """Move every object alive now (modules, envs, the networks) out of the garbage collector's reach.
-    Why: the imports alone leave ~200,000 tracked objects, and each full collection walks them all (~90 ms
-    measured here); the update's many short-lived objects trigger one every few hundred gradient steps. Freezing
-    them took ~10% off the update (3 alternating HalfCheetah runs). Objects created later are collected as usual.
-    At exit they are handed back: extension modules built with nanobind (triton, which torch imports) otherwise
-    print hundreds of "leaked" lines when the interpreter shuts down."""
+    """Move every object alive now (modules, envs, the networks) out of the garbage collector's full collections,
+    which walk them all every few hundred gradient steps (measured: docs page); later objects are collected as usual.
+    Handed back at exit: nanobind modules (triton, imported by torch) otherwise print "leaked" lines at shutdown."""
     gc.collect()
     gc.freeze()
     atexit.register(gc.unfreeze)
 
 
 # --- end shared: sac-run ---
-
-
-# --- shared: episode-boundaries ---
-def true_next_obs(raw_obs: np.ndarray, episode_ended: np.ndarray, infos: dict) -> np.ndarray:
-    """The real next observation of each env's transition under same-step autoreset: `raw_obs`, except where the
-    episode ended at this step: there `raw_obs` already holds the next episode's first observation, and the last
-    observation of the finished episode is in infos["final_obs"]. Never mix the two: that would be a transition
-    across an auto-reset."""
-    if not episode_ended.any():
-        return raw_obs
-    real = np.array(raw_obs)
-    for i in np.flatnonzero(episode_ended):
-        real[i] = infos["final_obs"][i]
-    return real
-
-
-# --- end shared: episode-boundaries ---
 
 
 # --- shared: run ---

@@ -35,12 +35,9 @@ def test_short_run_reaches_the_update_logs_every_tag_and_writes_complete_checkpo
     assert "eval:" in proc.stdout and "peak RSS" in proc.stdout
     assert "leaked" not in proc.stderr, "objects frozen out of the collector must be handed back at exit"
     run_dir = only_run_dir(tmp_path)
-    # --bf16 is on by default; what actually ran (bfloat16 or float32, per CPU and its measured speed) is printed
-    # and recorded, the same in both places
-    bf16_ran = json.loads((run_dir / "args.json").read_text())["bf16"]
-    assert ("compute: bfloat16" if bf16_ran else "compute: float32") in proc.stdout
-    if not sac.cpu_has_native_bf16():
-        assert bf16_ran is False
+    # --bf16 is opt-in: float32 on every machine, printed and recorded
+    assert "compute: float32 (--bf16 is opt-in)" in proc.stdout
+    assert json.loads((run_dir / "args.json").read_text())["bf16"] is False
     for tag in LOSS_TAGS + CHART_TAGS + ["eval/episodic_return"]:
         assert scalars(run_dir, tag), f"tag {tag} missing"
     # every 100 steps (--log-interval), from the first update on
@@ -135,9 +132,12 @@ def test_resume_with_buffer_continues_exactly_like_an_uninterrupted_run(tmp_path
 def test_bf16_resume_continues_exactly(tmp_path):
     """With --bf16 the passes run on bfloat16 copies that a checkpoint does not hold: they are rebuilt from the
     float32 weights, so the resumed run still logs the same losses as the uninterrupted one."""
+    if not sac.cpu_has_native_bf16():
+        pytest.skip("--bf16 needs a CPU with native bfloat16 instructions (AVX512_BF16 or AMX); this one has neither")
     full_runs, part_runs = tmp_path / "full", tmp_path / "part"
     args = [*RESUME_ARGS, "--save-buffer", "--bf16"]
-    assert run_script(SCRIPT, *args, "--runs-dir", full_runs).returncode == 0
+    full_proc = run_script(SCRIPT, *args, "--runs-dir", full_runs)
+    assert full_proc.returncode == 0, full_proc.stderr
     first = run_script(SCRIPT, *args, "--total-timesteps", "300", "--runs-dir", part_runs)
     assert first.returncode == 0, first.stderr
     part = only_run_dir(part_runs)
@@ -145,10 +145,42 @@ def test_bf16_resume_continues_exactly(tmp_path):
                       "--torch-threads", "1")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     full = only_run_dir(full_runs)
+    # bfloat16 really ran, in all three processes, and the runs record it
+    for out in (full_proc, first):
+        assert "compute: bfloat16 matmuls, float32 weights, Adam and losses (--bf16)" in out.stdout, out.stdout
+    assert "compute: bfloat16" in proc.stdout and "as the checkpoint's run computed" in proc.stdout, proc.stdout
+    assert json.loads((full / "args.json").read_text())["bf16"] is True
     for tag in LOSS_TAGS:
         expected = scalars(full, tag)
         assert any(s > 300 for s in expected), tag
         assert scalars(part, tag) == pytest.approx(expected, rel=1e-6, abs=1e-9), tag
+
+
+def test_bf16_is_refused_where_the_cpu_lacks_native_instructions(tmp_path):
+    """--bf16 (opt-in) on a CPU without native bfloat16 instructions stops at once, naming them; nothing is written."""
+    if sac.cpu_has_native_bf16():
+        pytest.skip("this CPU has native bfloat16 instructions: --bf16 runs here")
+    proc = run_script(SCRIPT, "--env-id", "Pendulum-v1", "--bf16", "--runs-dir", tmp_path, timeout=120)
+    assert_clean_error(proc, "--bf16 needs a CPU with native bfloat16 instructions", "Drop --bf16")
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_checkpoint_that_ran_bf16_resumes_in_bf16_on_any_cpu(tmp_path, uninterrupted_run):
+    """A checkpoint records the dtype its run computed in (args.bf16); resuming keeps it, here on a CPU that may lack
+    native bfloat16 instructions (then it says so: emulated). The losses after the resume differ from float32's."""
+    run_dir = tmp_path / uninterrupted_run.name
+    shutil.copytree(uninterrupted_run, run_dir)
+    path = run_dir / "checkpoints" / "step_0000000300.pt"
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["args"]["bf16"] = True  # as a run that computed in bfloat16 recorded it
+    torch.save(ckpt, path)
+    proc = run_script(SCRIPT, "--resume", path, "--total-timesteps", "400", "--torch-threads", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "compute: bfloat16 matmuls" in proc.stdout and "as the checkpoint's run computed" in proc.stdout, proc.stdout
+    assert ("emulated" in proc.stdout) != sac.cpu_has_native_bf16(), proc.stdout
+    float32 = scalars(uninterrupted_run, "losses/qf1_loss")[400]
+    resumed = scalars(sorted(run_dir.glob("events.out.tfevents.*"))[-1], "losses/qf1_loss")[400]
+    assert resumed != pytest.approx(float32, rel=1e-6), "the resumed steps must have run in bfloat16"
 
 
 def test_resume_without_buffer_warns_and_refills_before_updating(tmp_path, uninterrupted_run):

@@ -103,6 +103,24 @@ def test_worker_acts_randomly_first_then_with_the_weights_it_pulls_when_told():
     assert batch["actions"].shape == (4, 1) and np.abs(batch["actions"]).max() <= 2.0  # Pendulum's bounds
 
 
+def test_worker_acts_through_its_own_actor_module_on_the_pulled_weights():
+    """The worker loads the published weights into an Actor of the script's class and acts through it and
+    squashed_gaussian (sac-rollout's policy_actions): no second copy of the network's math."""
+    torch.manual_seed(3)
+    actor = sr.Actor(3, 1)
+    server, holder = sr.ParameterServer(), sr.ParameterHolder()
+    holder.publish(actor, 5)
+    server.publish(holder.weights, 5)
+    worker = sr.RolloutWorker(0, "Pendulum-v1", 1, 1, server)
+    batch, stats = worker.collect(3, 0, True)
+    assert stats["version"] == 5 and type(worker.actor) is sr.Actor
+    torch.testing.assert_close(list(worker.actor.parameters()), list(actor.parameters()), rtol=0, atol=0)
+    noise = np.random.default_rng([1, 1]).standard_normal((3, 1, 1))  # the worker's own generator, seeded [seed, 1]
+    for t in range(3):
+        expected = sr.policy_actions(batch["obs"][t : t + 1], actor, noise[t], worker.scale, worker.bias)
+        np.testing.assert_allclose(batch["actions"][t : t + 1], expected, rtol=1e-6, atol=1e-6)
+
+
 def test_a_worker_without_weights_waits_for_a_late_publisher():
     """A fresh worker (or one whose parameter server came back empty) waits for the first publish, instead of acting
     on an empty weights list (the "not enough values to unpack" crash)."""

@@ -23,7 +23,7 @@ def make_learner(obs_dim=3, act_dim=2, low=-2.0, high=2.0, **overrides) -> sac.L
 
 
 def flat(module) -> torch.Tensor:
-    """All of a network's weights as one vector (read through its own parameters, whatever fast_parameters did)."""
+    """All of a network's weights as one vector."""
     return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
 
 
@@ -120,37 +120,45 @@ def test_twin_q_is_two_independent_mlps():
     assert qf.w2.abs().max() <= 1 / math.sqrt(256) and qf.w1.abs().max() <= 1 / math.sqrt(7)  # nn.Linear's init
 
 
-def test_numpy_actor_acts_like_the_torch_actor():
+def test_acting_runs_the_actor_module_and_the_squashed_gaussian():
+    """policy_actions is the Actor module itself and squashed_gaussian (no second copy of the network's math): the
+    same actions as the training path's sample, and tanh(mean) without noise."""
     torch.manual_seed(0)
     actor = sac.Actor(17, 6)
-    holder = sac.ParameterHolder()
-    holder.publish(actor, version=3)
-    assert holder.version == 3
-    obs = np.random.default_rng(0).normal(size=(4, 17)).astype(np.float32)
-    noise = np.random.default_rng(1).normal(size=(4, 6)).astype(np.float32)
+    with torch.no_grad():  # weights as after some training: non-zero biases, a non-tiny output layer
+        for p in actor.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    obs = np.random.default_rng(0).normal(size=(64, 17)) * 3  # float64, as MuJoCo returns them
+    noise = torch.from_numpy(np.random.default_rng(1).normal(size=(64, 6)).astype(np.float32))
     scale, bias = np.full(6, 2.0, np.float32), np.full(6, 0.5, np.float32)
     with torch.no_grad():
-        mean, log_std = actor(torch.from_numpy(obs))
-        scale_t, bias_t = torch.from_numpy(scale), torch.from_numpy(bias)
-        expected, _ = sac.squashed_gaussian(mean, log_std, torch.from_numpy(noise), scale_t, bias_t)
-    actions = sac.policy_actions(obs, holder.weights, noise, scale, bias)
-    np.testing.assert_allclose(actions, expected.numpy(), rtol=1e-5, atol=1e-5)
+        mean, log_std = actor(torch.from_numpy(obs).float())
+        expected, _ = sac.squashed_gaussian(mean, log_std, noise, torch.from_numpy(scale), torch.from_numpy(bias))
+    actions = sac.policy_actions(obs, actor, noise, scale, bias)
+    assert actions.dtype == np.float32
+    np.testing.assert_allclose(actions, expected.numpy(), rtol=1e-6, atol=1e-6)
     deterministic = np.tanh(mean.numpy()) * scale + bias
-    np.testing.assert_allclose(sac.policy_actions(obs, holder.weights, None, scale, bias), deterministic, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(sac.policy_actions(obs, actor, None, scale, bias), deterministic, rtol=1e-5, atol=1e-5)
 
 
-def test_parameter_holder_publishes_snapshots():
+def test_parameter_holder_publishes_snapshots_that_workers_load():
     learner = make_learner()
     holder = sac.ParameterHolder()
-    holder.publish(learner.actor, 0)
-    before = [w.copy() for w in holder.weights]
+    holder.publish(learner.actor, 3)
+    assert holder.version == 3 and type(holder.actor) is sac.Actor and holder.actor is not learner.actor
+    before = holder.weights
     with torch.no_grad():
         for p in learner.actor.parameters():
             p.add_(1.0)
-    for a, b in zip(before, holder.weights):
-        np.testing.assert_array_equal(a, b)  # a copy: the actors act with the published version until the next one
-    holder.publish(learner.actor, 1)
-    np.testing.assert_allclose(holder.weights[0], before[0] + 1.0)
+    for a, b in zip(before, holder.actor.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)  # a copy: acting uses the published version until the next
+    holder.publish(learner.actor, 4)
+    torch.testing.assert_close(flat(holder.actor), flat(learner.actor), rtol=0, atol=0)
+    # what a distributed version ships, loaded into an Actor of its own
+    other = sac.load_weights(sac.Actor(3, 2), holder.weights)
+    torch.testing.assert_close(flat(other), flat(learner.actor), rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        sac.load_weights(sac.Actor(5, 2), holder.weights)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -175,7 +183,6 @@ def test_soft_update_is_polyak_averaging():
     sac.soft_update(learner.qf_target_params, learner.qf_params, 0.005)
     # read through the target network's own (per-layer) parameters: they see the new values
     torch.testing.assert_close(flat(learner.qf_target), 0.005 * flat(learner.qf) + 0.995 * before)
-    torch.testing.assert_close(learner.qf_target.w1.reshape(-1), learner.qf_target_params[0][: learner.qf_target.w1.numel()])
     sac.soft_update(learner.qf_target_params, learner.qf_params, 1.0)
     torch.testing.assert_close(flat(learner.qf_target), flat(learner.qf))
 
@@ -224,7 +231,6 @@ def test_actor_update_does_not_touch_the_critics_and_tunes_alpha():
     assert out.shape == (3,) and out[1].item() == pytest.approx(1.0)  # alpha = exp(0) before the first step
     torch.testing.assert_close(flat(learner.qf), critic_before)
     assert no_grad_in(learner.qf), "the actor's loss must not leave gradients in the critics"
-    assert learner.qf_params[0].grad.abs().sum() == 0  # nor in their flat gradient, which q_optimizer steps with
     assert not torch.equal(flat(learner.actor), actor_before)
     # the initial policy's entropy (std ~ e^-1.5 on [-2, 2]^2) is far above the target -|A| = -2: alpha goes down
     assert learner.alpha().item() < 1.0
@@ -357,39 +363,26 @@ def test_cpu_has_native_bf16_reads_the_cpu_flags(tmp_path):
     assert not sac.cpu_has_native_bf16(str(tmp_path / "missing"))  # not Linux: float32
 
 
-def test_resolve_bf16_only_where_native_and_measured_faster():
-    """--bf16 is on by default; it takes effect only on a CPU with native bfloat16 instructions where the bfloat16
-    matmul measured at start-up is at least BF16_MIN_SPEEDUP times faster, and a resume keeps the recorded dtype."""
+def test_bf16_is_opt_in_and_refused_where_not_native():
+    """--bf16 is off by default; asked for on another device or a CPU without native bfloat16 instructions it is
+    refused up front (UserError), never silently replaced. No timing decides: the same command computes the same way
+    on every machine that accepts it. A resume keeps the dtype its checkpoint recorded, and says where it is emulated."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    calls = []
-
-    def measured(ratio):
-        return lambda: calls.append(ratio) or ratio
-
-    assert sac.resolve_bf16(True, cpu, native_bf16=True, speedup=measured(2.0))[0] is True
-    on, note = sac.resolve_bf16(True, cpu, native_bf16=True, speedup=measured(0.51))
-    assert on is False and "0.51x" in note  # the Intel Xeon without AMX: bfloat16 instructions, slower matmul
-    assert sac.resolve_bf16(True, cpu, native_bf16=True, speedup=measured(sac.BF16_MIN_SPEEDUP))[0] is True
-    assert calls == [2.0, 0.51, sac.BF16_MIN_SPEEDUP]
-    on, note = sac.resolve_bf16(True, cpu, native_bf16=False, speedup=measured(9.0))
-    assert on is False and "has neither" in note
-    assert sac.resolve_bf16(True, cuda, native_bf16=True, speedup=measured(9.0))[0] is False
-    assert sac.resolve_bf16(False, cpu, native_bf16=True, speedup=measured(9.0)) == (False, "compute: float32 (--no-bf16)")
-    # on a resume the flag comes from the checkpoint: the note must not blame a --no-bf16 nobody passed, and a run
-    # that computed in bfloat16 goes on in bfloat16 whatever a measurement would say now (same numerics)
+    assert sac.Args().bf16 is False
+    assert sac.resolve_bf16(False, cpu, native_bf16=True) == (False, "compute: float32 (--bf16 is opt-in)")
+    on, note = sac.resolve_bf16(True, cpu, native_bf16=True)
+    assert on is True and note.startswith("compute: bfloat16") and "(--bf16)" in note
+    with pytest.raises(sac.UserError, match="this CPU has neither"):
+        sac.resolve_bf16(True, cpu, native_bf16=False)
+    with pytest.raises(sac.UserError, match="on cuda"):
+        sac.resolve_bf16(True, cuda, native_bf16=True)
+    # on a resume `requested` is the checkpoint's recorded dtype: kept, whatever this machine has
     assert sac.resolve_bf16(False, cpu, True, resumed=True) == (False, "compute: float32 (as the checkpoint's run computed)")
-    on, note = sac.resolve_bf16(True, cpu, True, resumed=True, speedup=measured(0.5))
-    assert on is True and "as the checkpoint's run computed" in note
-    assert calls == [2.0, 0.51, sac.BF16_MIN_SPEEDUP], "the probe runs only when it decides something"
-    assert sac.Args().bf16 is True
-
-
-def test_bf16_matmul_speedup_measures_this_machine():
-    """A ratio of two timings of the same product: positive and finite, and the same call path the scripts use.
-    No tighter bound holds everywhere: a CPU without bfloat16 instructions emulates it (0.008x on a 2-core AMD EPYC
-    Zen 3), and AMX runs it many times faster than float32."""
-    ratio = sac.bf16_matmul_speedup(rounds=2, calls=2)
-    assert 0.0 < ratio < 100.0 and math.isfinite(ratio)
+    on, note = sac.resolve_bf16(True, cpu, True, resumed=True)
+    assert on is True and "as the checkpoint's run computed" in note and "emulated" not in note
+    on, note = sac.resolve_bf16(True, cpu, False, resumed=True)
+    assert on is True and "emulated" in note
+    assert not hasattr(sac, "bf16_matmul_speedup") and not hasattr(sac, "BF16_MIN_SPEEDUP")
 
 
 def test_bf16_keeps_float32_state_and_close_values():
@@ -490,7 +483,7 @@ def test_actor_and_alpha_losses_in_one_backward_pass_equal_two_separate_steps(sq
     noise, scale, bias = torch.randn_like(mean), manual.action_scale, manual.action_bias
     actions, log_prob = sac.squashed_gaussian(mean, log_std, noise, scale, bias, squash_eps)
     q = manual.qf(batch["obs"], actions, params=[p.detach() for p in manual.qf.parameters()]).min(0).values
-    manual.actor_optimizer.zero_grad(set_to_none=False)
+    manual.actor_optimizer.zero_grad()
     (manual.alpha() * log_prob - q).mean().backward()
     manual.actor_optimizer.step()
     manual.alpha_optimizer.zero_grad()
@@ -502,45 +495,71 @@ def test_actor_and_alpha_losses_in_one_backward_pass_equal_two_separate_steps(sq
 
 
 @pytest.mark.parametrize("bf16", [False, True])
-def test_the_learner_trains_the_same_without_flat_parameters(monkeypatch, bf16):
-    """fast_parameters is a speed wrapper only: with it replaced by the plain parameter list (the algorithm text
-    unchanged), make_learner, critic_update, actor_update and soft_update run and give the same weights, bfloat16
-    copies included (their optimizers then step per-tensor lists). Adam is elementwise, so one flat tensor and six
-    per-layer tensors differ only by summation order in the backward pass, if at all."""
-    batch = random_batch()
-    fast = make_learner(bf16=bf16)
-    monkeypatch.setattr(sac, "fast_parameters", lambda module: list(module.parameters()))
-    plain = make_learner(bf16=bf16)
-    assert len(plain.qf_params) == 6 and len(fast.qf_params) == 1
-    for learner in (fast, plain):
+def test_every_form_of_zero_grad_trains_the_same(bf16):
+    """The optimizers take the networks' own parameters, so zero_grad(), zero_grad(set_to_none=True) and
+    zero_grad(set_to_none=False) all train, and alike; with --bf16 too (MasterWeightsOptimizer)."""
+    batch, trained, initial = random_batch(), [], make_learner(bf16=bf16)
+    for form in ({}, {"set_to_none": True}, {"set_to_none": False}):
+        learner = make_learner(bf16=bf16)
+        for optimizer in (learner.actor_optimizer, learner.q_optimizer):
+            optimizer.zero_grad = lambda zero_grad=optimizer.zero_grad, form=form: zero_grad(**form)
+        assert learner.qf_params == list(learner.qf.parameters()) and len(learner.qf_params) == 6
         torch.manual_seed(7)
         for step in range(1, 5):
-            sac.critic_update(learner, batch, 0.99)
-            if step % 2 == 0:
-                sac.actor_update(learner, batch["obs"], autotune=True)
-            sac.soft_update(learner.qf_target_params, learner.qf_params, 0.05)
-    for name in ("actor", "qf", "qf_target"):
-        torch.testing.assert_close(flat(getattr(plain, name)), flat(getattr(fast, name)), rtol=1e-5, atol=1e-6, msg=name)
-    torch.testing.assert_close(plain.log_alpha, fast.log_alpha)
-    assert plain.state_dict()["q_optimizer"]["state"][0]["step"] == fast.state_dict()["q_optimizer"]["state"][0]["step"] == 4
+            sac.gradient_step(learner, batch, step, sac.Args(tau=0.05))
+        for name in ("actor", "qf", "qf_target"):  # every parameter tensor moved
+            for p, p0 in zip(getattr(learner, name).parameters(), getattr(initial, name).parameters()):
+                assert not torch.equal(p, p0), f"{form}: a parameter of {name} did not move"
+        trained.append(torch.cat([flat(learner.actor), flat(learner.qf), flat(learner.qf_target), learner.log_alpha]))
+    torch.testing.assert_close(trained[1], trained[0], rtol=0, atol=0)
+    torch.testing.assert_close(trained[2], trained[0], rtol=1e-6, atol=1e-7)  # a zeroed gradient: + 0 in the sum
 
 
-def test_flat_parameters_are_views_with_gradients_in_place():
-    """fast_parameters: the module's own parameters and gradients are slices of the one flat tensor and its .grad,
-    so the optimizer stepping the flat tensor moves the module, and zero_grad(set_to_none=False) keeps them tied."""
+def test_gradient_step_runs_the_delayed_schedule(monkeypatch):
+    """Critics every step; every policy_frequency steps policy_frequency actor updates, summed; the targets every
+    target_network_frequency steps. One function for both SAC scripts."""
+    calls = []
+    for name in ("critic_update", "actor_update", "soft_update"):
+        real = getattr(sac, name)
+        monkeypatch.setattr(sac, name, lambda *a, real=real, name=name: calls.append(name) or real(*a))
+    learner, batch = make_learner(), random_batch()
+    args = sac.Args(policy_frequency=2, target_network_frequency=3)
+    actor_sums = []
+    for step in range(1, 7):
+        calls.append(step)
+        _, actor_metrics = sac.gradient_step(learner, batch, step, args)
+        actor_sums.append(actor_metrics)
+    assert calls == [1, "critic_update", 2, "critic_update", "actor_update", "actor_update", 3, "critic_update",
+                     "soft_update", 4, "critic_update", "actor_update", "actor_update", 5, "critic_update", 6,
+                     "critic_update", "actor_update", "actor_update", "soft_update"]  # fmt: skip
+    assert [m is None for m in actor_sums] == [True, False, True, False, True, False]
+    assert actor_sums[1].shape == (3,) and actor_sums[1][1].item() < 2.0  # alpha summed over 2 updates, below 1 each
+
+
+def test_checkpoints_of_one_flat_parameter_resume_per_tensor():
+    """Checkpoints written before issue 31 hold each network's Adam state for one flat tensor of all its weights:
+    per_tensor_adam_state splits the moments per parameter, so the resumed optimizer takes the same next step."""
     torch.manual_seed(0)
     qf = sac.TwinQ(3, 2)
-    before = flat(qf)
-    (flat_param,) = sac.fast_parameters(qf)
-    torch.testing.assert_close(flat_param.detach(), before, rtol=0, atol=0)
-    optimizer = torch.optim.Adam([flat_param], lr=0.1, fused=True)
-    for _ in range(2):
-        optimizer.zero_grad(set_to_none=False)
-        qf(torch.randn(4, 3), torch.randn(4, 2)).sum().backward()
-        torch.testing.assert_close(flat_param.grad, torch.cat([p.grad.reshape(-1) for p in qf.parameters()]), rtol=0, atol=0)
-        optimizer.step()
-        torch.testing.assert_close(flat(qf), flat_param.detach(), rtol=0, atol=0)
-    assert not torch.equal(flat(qf), before)
+    flat_param = torch.nn.Parameter(flat(qf).clone())
+    old = torch.optim.Adam([flat_param], lr=1e-3)
+    for _ in range(3):
+        flat_param.grad = torch.randn_like(flat_param)
+        old.step()
+    with torch.no_grad():
+        for p, piece in zip(qf.parameters(), flat_param.split([p.numel() for p in qf.parameters()])):
+            p.copy_(piece.view_as(p))
+    new = torch.optim.Adam(qf.parameters(), lr=1e-3)
+    new.load_state_dict(sac.per_tensor_adam_state(old.state_dict(), list(qf.parameters())))
+    grad = torch.randn_like(flat_param)
+    flat_param.grad = grad
+    for p, piece in zip(qf.parameters(), grad.split([p.numel() for p in qf.parameters()])):
+        p.grad = piece.view_as(p).clone()
+    old.step()
+    new.step()
+    torch.testing.assert_close(flat(qf), flat_param.detach(), rtol=0, atol=0)
+    same = sac.per_tensor_adam_state(new.state_dict(), list(qf.parameters()))
+    assert same == new.state_dict()  # a per-tensor state passes through unchanged
 
 
 FAULTS_PER_ROUND = """
