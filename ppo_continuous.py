@@ -349,8 +349,8 @@ def main() -> None:
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
 
     agent = Agent(obs_dim, act_dim).to(device)
-    params = fast_parameters(agent)  # speed (below the banner): all weights as views of one tensor, same math
-    optimizer = torch.optim.Adam(params, lr=args.learning_rate, eps=1e-5, fused=True)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
+    acting = acting_path(agent.actor_mean, obs_dim, act_dim)  # speed, below the banner: numpy mirror, checked here
     obs_rms, return_rms = RunningMeanStd(shape=(obs_dim,)), RunningMeanStd(shape=())
 
     # ---- storage: everything indexed "at step t" of the rollout ----
@@ -377,7 +377,7 @@ def main() -> None:
 
         # ---- rollout: act with the current policy, record transitions ----
         with run.timer("rollout"):
-            policy_mean = acting_copy(agent.actor_mean)  # mu(s) for one step's obs (speed: numpy, below the banner)
+            policy_mean = acting(agent.actor_mean)  # mu(s) of one step's obs, with this rollout's weights
             # a = mu(s) + sigma * eps, eps ~ N(0, I): the noise for the whole rollout in one draw of torch's RNG
             std = agent.actor_logstd.detach().exp().cpu().numpy()
             noise = torch.randn((args.num_steps, args.num_envs, act_dim)).numpy()
@@ -453,9 +453,9 @@ def main() -> None:
                     )  # fmt: skip
                     # L = L^CLIP - c_ent * H + c_v * L^V
                     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-                    optimizer.zero_grad(set_to_none=False)
+                    optimizer.zero_grad()
                     loss.backward()
-                    grad_norm = nn.utils.clip_grad_norm_(params, args.max_grad_norm)  # norm before clipping
+                    grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)  # norm before clipping
                     optimizer.step()
                     loss_sums += torch.stack([pg_loss.detach(), v_loss.detach(), entropy.detach(), grad_norm])
                 epoch_kl = kl_diagnostics(log_ratios, args.clip_coef)  # the epoch's mean over its minibatches
@@ -636,40 +636,78 @@ print(total)
 """
 
 
-# ---- speed set-up: each wraps one step of the algorithm above without changing its math ----
-def fast_parameters(module: nn.Module) -> list:
-    """The optimizer's parameter list: [one flat tensor] whose slices are all of `module`'s parameters (and whose
-    .grad's slices are their .grad). Why: these MLPs are tiny, so the update costs per-tensor overhead, not
-    arithmetic; with one tensor, gradient clipping is two ops and Adam one fused call. Zero the gradient in place
-    (`optimizer.zero_grad(set_to_none=False)`): set_to_none would cut the views loose."""
-    params = list(module.parameters())
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    flat_grad = torch.zeros_like(flat)
-    offset = 0
-    for p in params:
-        n = p.numel()
-        p.data = flat[offset : offset + n].view_as(p)
-        p.grad = flat_grad[offset : offset + n].view_as(p)
-        offset += n
-    flat_param = nn.Parameter(flat)
-    flat_param.grad = flat_grad
-    return [flat_param]
+# ---- speed set-up: the rollout's acting path, derived from the module it stands for ----
+# Why: on one step's observation torch's per-op dispatch costs several times what numpy's does (docs, "Acting");
+# training, batched, stays in torch. NUMPY_LAYERS: layer type -> (layer -> its numpy function).
+NUMPY_LAYERS = {
+    nn.Linear: lambda m: numpy_linear(m.weight, m.bias),
+    nn.Tanh: lambda m: np.tanh,
+    nn.ReLU: lambda m: lambda x: np.maximum(x, 0.0),
+    nn.Identity: lambda m: lambda x: x,
+    nn.Sigmoid: lambda m: lambda x: 0.5 * np.tanh(0.5 * x) + 0.5,  # = 1 / (1 + e^-x), without overflow
+    nn.LeakyReLU: lambda m: lambda x: np.where(x >= 0, x, m.negative_slope * x),
+    nn.ELU: lambda m: lambda x: np.where(x > 0, x, m.alpha * np.expm1(np.minimum(x, 0.0))),
+}
 
 
-def mlp_numpy(x: np.ndarray, weights: list) -> np.ndarray:
-    """The actor-mean MLP (Linear-Tanh-Linear-Tanh-Linear) in numpy; tests check it gives the torch actor's mean."""
-    w1, b1, w2, b2, w3, b3 = weights
-    h = np.tanh(x @ w1.T + b1)
-    h = np.tanh(h @ w2.T + b2)
-    return h @ w3.T + b3
+def numpy_linear(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> Callable[[np.ndarray], np.ndarray]:
+    """x W^T + b in numpy, with copies of the weights as they are now (an update later does not change them)."""
+    w = weight.detach().cpu().numpy().copy()
+    b = 0.0 if bias is None else bias.detach().cpu().numpy().copy()
+    return lambda x: x @ w.T + b
 
 
-def acting_copy(actor_mean: nn.Sequential) -> Callable[[np.ndarray], np.ndarray]:
-    """actor_mean as a numpy function of one step's observations, with the weights it has now (a rollout's policy).
-    Why: torch spends ~5 us of dispatch per op on a (1, 17) input, numpy ~1 us; acting is ~60% of a step's
-    non-env time. Training (batched, autograd) stays in torch."""
-    weights = [p.detach().cpu().numpy() for p in actor_mean.parameters()]
-    return lambda obs: mlp_numpy(obs, weights)
+def numpy_mirror(module: nn.Sequential) -> Callable[[np.ndarray], np.ndarray]:
+    """`module` as a numpy function of a batch: its layers in order, each through NUMPY_LAYERS, current weights."""
+    layers = [NUMPY_LAYERS[type(layer)](layer) for layer in module]
+
+    def forward(x: np.ndarray) -> np.ndarray:
+        for layer in layers:
+            x = layer(x)
+        return x
+
+    return forward
+
+
+def torch_acting(module: nn.Module) -> Callable[[np.ndarray], np.ndarray]:
+    """`module` itself as a function of numpy observations (float32 in, numpy out, no gradient)."""
+    device = next(module.parameters()).device
+
+    def forward(x: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return module(torch.as_tensor(x, dtype=torch.float32, device=device)).cpu().numpy()
+
+    return forward
+
+
+def mirror_gap(module: nn.Module) -> Optional[str]:
+    """Why numpy_mirror cannot compute `module` (None where it can): it walks a plain nn.Sequential's layers."""
+    if not isinstance(module, nn.Sequential) or type(module).forward is not nn.Sequential.forward:
+        return f"the numpy mirror walks an nn.Sequential's layers; {type(module).__name__} has its own forward"
+    unknown = [type(layer).__name__ for layer in module if type(layer) not in NUMPY_LAYERS]
+    return f"the numpy mirror does not know {', '.join(unknown)}" if unknown else None
+
+
+def acting_path(module: nn.Module, obs_dim: int, act_dim: int) -> Callable[[nn.Module], Callable]:
+    """How the rollout computes `module` (the actor's mean): numpy_mirror where it knows every layer and agrees with
+    the module on 64 fixed observations, else torch_acting, said in one line. Refuses sizes that do not fit the env."""
+    probe = np.random.default_rng(0).normal(size=(64, obs_dim)).astype(np.float32)  # own generator: run RNGs untouched
+    try:
+        expected = torch_acting(module)(probe)
+    except RuntimeError as e:  # torch's size mismatch: say which sizes must agree
+        raise UserError(f"agent.actor_mean cannot compute a batch of observations of size obs_dim = {obs_dim} "
+                        f"({str(e).splitlines()[0]}). Each layer's input size must be the previous layer's output "
+                        "size, and the first layer's input size obs_dim.") from None  # fmt: skip
+    if expected.shape != (64, act_dim):
+        raise UserError(f"agent.actor_mean maps 64 observations to an array of shape {tuple(expected.shape)}, not "
+                        f"(64, act_dim = {act_dim}): its last layer's output size must be act_dim.")  # fmt: skip
+    gap = mirror_gap(module)
+    if gap is None and not np.allclose(numpy_mirror(module)(probe), expected, rtol=1e-5, atol=1e-5):
+        gap = "the numpy mirror disagrees with it on 64 test observations"
+    if gap is None:
+        return numpy_mirror
+    print(f"acting: through the torch module ({gap})")
+    return torch_acting
 
 
 # --- shared: run ---

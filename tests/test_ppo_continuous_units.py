@@ -2,11 +2,13 @@
 
 import math
 import pickle
+import random
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+import torch.nn as nn
 
 import ppo_continuous as ppo
 import tests.fake_envs  # noqa: F401  (registers Counting-v0 and friends)
@@ -166,44 +168,107 @@ def test_explained_variance_and_annealed():
     assert ppo.annealed(10, 10, 1e-3) == pytest.approx(1e-4)
 
 
-def test_flat_parameters_train_like_plain_adam():
-    """fast_parameters + one fused Adam + clipping on the flat grad == torch's Adam and clip_grad_norm_ per tensor."""
-    torch.manual_seed(0)
-    plain, flat_agent = ppo.Agent(4, 2), ppo.Agent(4, 2)
-    flat_agent.load_state_dict(plain.state_dict())
-    params = ppo.fast_parameters(flat_agent)
-    assert len(params) == 1
-    flat = params[0]
-    opt_plain = torch.optim.Adam(plain.parameters(), lr=1e-2, eps=1e-5, foreach=False)
-    opt_flat = torch.optim.Adam(params, lr=1e-2, eps=1e-5, fused=True)
-    x = torch.randn(16, 4)
-    for _ in range(5):
-        opt_plain.zero_grad()
-        loss = (plain.actor_mean(x) ** 2).sum() + plain.get_value(x).sum() + plain.actor_logstd.sum()
-        loss.backward()
-        norm_plain = torch.nn.utils.clip_grad_norm_(plain.parameters(), 0.5)
-        opt_plain.step()
-        opt_flat.zero_grad(set_to_none=False)  # as main() does: in place, the views stay attached
-        loss = (flat_agent.actor_mean(x) ** 2).sum() + flat_agent.get_value(x).sum() + flat_agent.actor_logstd.sum()
-        loss.backward()
-        norm_flat = torch.nn.utils.clip_grad_norm_([flat], 0.5)
-        opt_flat.step()
-        torch.testing.assert_close(norm_flat, norm_plain, rtol=1e-5, atol=1e-6)  # summation order differs
-    for (name, a), b in zip(plain.state_dict().items(), flat_agent.state_dict().values()):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
-
-
-def test_mlp_numpy_acts_like_the_torch_actor():
-    torch.manual_seed(0)
-    agent = ppo.Agent(17, 6)
-    with torch.no_grad():  # non-trivial output layer (its init std is 0.01)
-        agent.actor_mean[4].weight.mul_(100.0)
-    x = np.random.default_rng(0).normal(size=(3, 17)).astype(np.float32)
-    weights = [p.detach().numpy() for p in agent.actor_mean.parameters()]
+def trained_like(module: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """`module` with every parameter perturbed (non-zero biases, a non-tiny output layer), as after some training."""
+    torch.manual_seed(seed)
     with torch.no_grad():
-        expected = agent.actor_mean(torch.from_numpy(x)).numpy()
-    np.testing.assert_allclose(ppo.mlp_numpy(x, weights), expected, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(ppo.acting_copy(agent.actor_mean)(x), expected, rtol=1e-5, atol=1e-6)  # what the loop calls
+        for p in module.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return module
+
+
+def module_output(module: torch.nn.Module, x: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return module(torch.from_numpy(x)).numpy()
+
+
+OBS = np.random.default_rng(0).normal(size=(64, 17)).astype(np.float32) * 3
+
+
+ACTIVATIONS = [nn.Tanh(), nn.ReLU(), nn.Identity(), nn.Sigmoid(), nn.LeakyReLU(0.2), nn.ELU(0.7)]
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_numpy_mirror_computes_the_module(activation, capsys):
+    """Each layer the mirror knows, in an actor_mean-like stack (one Linear without bias), with trained-like weights."""
+    actor = trained_like(nn.Sequential(nn.Linear(17, 64), activation, nn.Linear(64, 64, bias=False), activation,
+                                       nn.Linear(64, 6)))  # fmt: skip
+    acting = ppo.acting_path(actor, 17, 6)
+    assert acting is ppo.numpy_mirror and capsys.readouterr().out == ""
+    np.testing.assert_allclose(acting(actor)(OBS), module_output(actor, OBS), rtol=1e-5, atol=1e-5)
+
+
+def test_acting_path_of_the_agent_is_the_mirror_with_the_current_weights(capsys):
+    agent = ppo.Agent(17, 6)
+    acting = ppo.acting_path(agent.actor_mean, 17, 6)  # as main() calls it: once, at set-up
+    assert acting is ppo.numpy_mirror and capsys.readouterr().out == ""
+    before = acting(agent.actor_mean)  # a rollout's policy: the weights it was built with, copied
+    expected_before = module_output(agent.actor_mean, OBS)
+    trained_like(agent)  # an update
+    np.testing.assert_allclose(before(OBS), expected_before, rtol=1e-5, atol=1e-5)
+    after = acting(agent.actor_mean)  # the next rollout's policy
+    np.testing.assert_allclose(after(OBS), module_output(agent.actor_mean, OBS), rtol=1e-5, atol=1e-5)
+
+
+class Doubled(nn.Module):
+    """A layer of the student's own."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 2 * x
+
+
+class SkipFirst(nn.Sequential):
+    """A Sequential whose forward is not Sequential's."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) + x[:, :1]
+
+
+class NotSequential(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(17, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.linear(x))
+
+
+@pytest.mark.parametrize("actor, reason", [
+    (nn.Sequential(nn.Linear(17, 64), nn.LayerNorm(64), nn.Tanh(), nn.Linear(64, 6)), "does not know LayerNorm"),
+    (nn.Sequential(nn.Linear(17, 64), nn.Dropout(0.0), Doubled(), nn.Linear(64, 6)), "does not know Dropout, Doubled"),
+    (SkipFirst(nn.Linear(17, 64), nn.Tanh(), nn.Linear(64, 6)), "SkipFirst has its own forward"),
+    (NotSequential(), "NotSequential has its own forward"),
+])  # fmt: skip
+def test_acting_falls_back_to_the_module_saying_why_in_one_line(actor, reason, capsys):
+    actor = trained_like(actor)
+    acting = ppo.acting_path(actor, 17, 6)
+    printed = capsys.readouterr().out.splitlines()
+    assert acting is ppo.torch_acting
+    assert len(printed) == 1 and printed[0].startswith("acting: through the torch module (") and reason in printed[0]
+    np.testing.assert_array_equal(acting(actor)(OBS), module_output(actor, OBS))
+
+
+def test_acting_check_at_start_falls_back_when_the_mirror_disagrees(monkeypatch, capsys):
+    monkeypatch.setitem(ppo.NUMPY_LAYERS, nn.Tanh, lambda m: np.sin)  # a mirror that no longer computes Tanh
+    assert ppo.acting_path(ppo.Agent(17, 6).actor_mean, 17, 6) is ppo.torch_acting
+    said = "acting: through the torch module (the numpy mirror disagrees with it on 64 test observations)\n"
+    assert capsys.readouterr().out == said
+
+
+def test_acting_check_draws_from_no_run_rng():
+    """The check at start has its own generator: a run's numbers are the same with or without it."""
+    agent = ppo.Agent(17, 6)
+    before = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+    ppo.acting_path(agent.actor_mean, 17, 6)
+    after = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+    assert torch.equal(before[0], after[0]) and np.array_equal(before[1], after[1]) and before[2] == after[2]
+
+
+def test_acting_check_refuses_sizes_that_do_not_fit():
+    with pytest.raises(ppo.UserError, match=r"actor_mean cannot compute .* input size"):
+        ppo.acting_path(nn.Sequential(nn.Linear(17, 128), nn.Tanh(), nn.Linear(64, 6)), 17, 6)
+    with pytest.raises(ppo.UserError, match=r"shape \(64, 2\), not \(64, act_dim = 6\)"):
+        ppo.acting_path(nn.Sequential(nn.Linear(17, 64), nn.Tanh(), nn.Linear(64, 2)), 17, 6)
 
 
 # ---------------------------------------------------------------------------------------------------------------
