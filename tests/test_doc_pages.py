@@ -1,17 +1,22 @@
 """The doc pages in docs/ hold what the scripts hold: every function or class an "Implementation details" list
-names exists in that script, every flags table is the one the script's Args gives, and every TensorBoard tag a
-page names is one the script writes. Each check is also shown to fail on a wrong page (the *_catches_* tests)."""
+names exists in that script, every flags table is the one the script's Args gives, and the TensorBoard tags a page
+names are the tags a short real run of the script writes, both ways. Each check is also shown to fail on a wrong page
+(the *_catches_* tests)."""
 
 import ast
 import importlib.util
+import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.conftest import ROOT, only_run_dir, run_script
 SCRIPTS = ("ppo_continuous", "ppo_atari", "a2c_atari", "sac_continuous", "sac_continuous_ray")
 
 
@@ -167,70 +172,119 @@ class Args:
     assert "the learning rate \\| with a pipe" in generator.markdown_table(rows)
 
 
-# ---- (3) every TensorBoard tag a page names is one the script writes ----
+# ---- (3) every TensorBoard tag a page names is one a real run of its script writes, and the converse ----
 TAG = re.compile(r"(?<![/\w])((?:charts|losses|eval)/[A-Za-z0-9_<>]+)")  # not the eval/ in runs/<run>/eval/
+GAME = "BreakoutNoFrameskip-v4"
+# One short real run per script, enough to write every tag the script has: its first episodes end (the Atari runs
+# play a few hundred agent steps per env: a random player's Breakout game lasts 116 or more) and learning starts;
+# --save-model evaluates at the end (eval/episodic_return); --keep-best then logs eval/best_return (that final
+# evaluation) and, with --eval-interval left at 0, charts/best_training_return (the training returns, at the end).
+# SAC's --autotune, on by default, logs losses/alpha_loss. Tags written only under a flag these runs leave out: none
+# (--track mirrors the same tags to wandb).
+REAL_RUN_FLAGS = {
+    "ppo_continuous": ["--env-id", "Pendulum-v1", "--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "1",
+                       "--total-timesteps", "256"],
+    "ppo_atari": ["--env-id", GAME, "--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs",
+                  "1", "--total-timesteps", "512"],
+    "a2c_atari": ["--env-id", GAME, "--num-envs", "2", "--num-steps", "5", "--log-interval", "2", "--total-timesteps", "500"],
+    "sac_continuous": ["--env-id", "Pendulum-v1", "--learning-starts", "100", "--batch-size", "32", "--total-timesteps",
+                       "300"],
+    "sac_continuous_ray": ["--env-id", "Pendulum-v1", "--learning-starts", "100", "--batch-size", "32",
+                           "--worker-batch-steps", "50", "--num-rollout-workers", "1", "--total-timesteps", "400"],
+}  # fmt: skip
+COMMON_FLAGS = ["--keep-best", "--save-model", "--eval-episodes", "1", "--torch-threads", "1"]
 
 
-def tag_sources(script_source: str) -> tuple[set, list]:
-    """(every string constant of the script, every f-string as (prefix, suffix) around one placeholder)."""
-    constants, templates = set(), []
-    for node in ast.walk(ast.parse(script_source)):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            constants.add(node.value)
-        elif isinstance(node, ast.JoinedStr):
-            parts = node.values
-            holes = [i for i, p in enumerate(parts) if isinstance(p, ast.FormattedValue)]
-            if len(holes) == 1:
-                text = lambda ps: "".join(p.value for p in ps if isinstance(p, ast.Constant))  # noqa: E731
-                templates.append((text(parts[: holes[0]]), text(parts[holes[0] + 1 :])))
-    return constants, templates
+def real_run(script: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run folder of the short real run of `script` (REAL_RUN_FLAGS), made once per test session: every test,
+    in this file and in test_docs.py, on any xdist worker, that asks for it gets the same run. The first to ask runs
+    it under a file lock; the others wait for it and read its result. A failed run fails every test that asks."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above the workers' own
+    folder = root / "doc_real_runs" / script
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        result = folder / "result.json"
+        if not result.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            args = [*REAL_RUN_FLAGS[script], *COMMON_FLAGS, "--runs-dir", folder / "runs"]
+            if script == "sac_continuous_ray":  # Ray: a run that fails or times out leaves no Ray process behind
+                from tests.test_sac_continuous_ray_e2e import run_ray
+
+                proc = run_ray(*args, timeout=600)
+            else:
+                proc = run_script(f"{script}.py", *args, timeout=600)
+            folder.mkdir(parents=True, exist_ok=True)
+            result.write_text(json.dumps({"returncode": proc.returncode, "stderr": proc.stderr[-3000:]}))
+    outcome = json.loads(result.read_text())
+    assert outcome["returncode"] == 0, f"the real run of {script}.py failed:\n{outcome['stderr']}"
+    return only_run_dir(folder / "runs")
 
 
-def written_by(tag: str, script_source: str) -> bool:
-    """Is `tag` written by the script? Either it is a string literal there, or an f-string "prefix{x}suffix" builds it
-    and the part that fills {x} is itself a string literal of the script (a phase of run.timer("rollout"), a name of
-    LOSS_NAMES). A generic tag such as charts/<phase>_us_per_step must match an f-string's text."""
-    constants, templates = tag_sources(script_source)
-    if "<" in tag:
-        generic = re.sub(r"<[^>]*>", "{}", tag)
-        return any(f"{prefix}{{}}{suffix}" == generic for prefix, suffix in templates)
-    if tag in constants:
-        return True
-    for prefix, suffix in templates:
-        if tag.startswith(prefix) and tag.endswith(suffix) and len(tag) > len(prefix) + len(suffix):
-            if tag[len(prefix) : len(tag) - len(suffix)] in constants:
-                return True
-    return False
+def written_tags(run_dir: Path) -> set:
+    """Every scalar tag in every event file under a run folder, as TensorBoard reads them."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = set()
+    for events in run_dir.rglob("events.out.tfevents.*"):
+        tags |= set(EventAccumulator(str(events), size_guidance={"scalars": 0}).Reload().Tags()["scalars"])
+    return tags
 
 
 def tags_on_page(text: str) -> set:
     return set(TAG.findall(text))
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_every_tag_a_page_names_is_written_by_its_script(script):
-    tags = tags_on_page(page(script))
-    assert {"charts/episodic_return", "charts/SPS", "eval/episodic_return"} <= tags
-    unknown = sorted(tag for tag in tags if not written_by(tag, source(script)))
-    assert not unknown, f"docs/{script}.md names tags {script}.py never writes: {unknown}"
+def as_pattern(tag: str) -> re.Pattern:
+    """A page's tag as a pattern: a generic tag such as charts/<phase>_us_per_step stands for any phase's tag."""
+    return re.compile("".join(r"[A-Za-z0-9_]+" if part.startswith("<") else re.escape(part)
+                              for part in re.split(r"(<[^>]*>)", tag) if part))  # fmt: skip
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_every_tag_the_script_writes_is_on_its_page(script):
-    """The converse, for the literal tags: a tag added to a script must be documented."""
-    constants, _ = tag_sources(source(script))
-    literal = {c for c in constants if TAG.fullmatch(c)}
-    assert literal, script
-    assert literal <= tags_on_page(page(script)), sorted(literal - tags_on_page(page(script)))
+def unwritten(named: set, written: set) -> list:
+    """The tags a page names that no event file of the run holds (a generic one: none of its kind)."""
+    return sorted(tag for tag in named if not any(as_pattern(tag).fullmatch(w) for w in written))
 
 
-def test_the_tag_check_catches_a_wrong_tag():
-    ray = source("sac_continuous_ray")
-    assert written_by("losses/qf1_values", ray)  # built as f"losses/{name}" over LOSS_NAMES
-    assert written_by("charts/update_us_per_step", ray)  # f"charts/{phase}_us_per_step" with run.timer("update")
-    assert not written_by("charts/rollout_us_per_step", ray)  # the Ray driver times no rollout phase
-    assert not written_by("losses/qf3_values", ray)
-    assert not written_by("charts/episode_return", source("ppo_continuous"))
-    assert written_by("charts/<phase>_us_per_step", ray) and not written_by("charts/<phase>_ms_per_step", ray)
+def undocumented(written: set, named: set) -> list:
+    """The tags the run wrote that the page names nowhere (neither as such nor by a generic tag)."""
+    return sorted(w for w in written if not any(as_pattern(tag).fullmatch(w) for tag in named))
+
+
+def ray_in_the_ray_group(scripts) -> list:
+    """sac_continuous_ray starts Ray: its tests join the suite's `ray` xdist group (tests/conftest.py), which runs the
+    tests that start Ray one at a time."""
+    return [pytest.param(s, marks=pytest.mark.xdist_group("ray")) if s == "sac_continuous_ray" else s for s in scripts]
+
+
+@pytest.mark.parametrize("script", ray_in_the_ray_group(SCRIPTS))
+def test_every_tag_a_page_names_is_written_by_a_real_run(script, tmp_path_factory):
+    named = tags_on_page(page(script))
+    assert {"charts/episodic_return", "charts/SPS", "eval/episodic_return"} <= named
+    missing = unwritten(named, written_tags(real_run(script, tmp_path_factory)))
+    assert not missing, f"docs/{script}.md names tags that a real run of {script}.py does not write: {missing}"
+
+
+@pytest.mark.parametrize("script", ray_in_the_ray_group(SCRIPTS))
+def test_every_tag_a_real_run_writes_is_on_its_page(script, tmp_path_factory):
+    """The converse: a tag added to a script must be documented."""
+    written = written_tags(real_run(script, tmp_path_factory))
+    # the run was long enough for the tags written at an episode's end, at the evaluation and by --keep-best
+    assert {"charts/episodic_return", "eval/episodic_return", "eval/best_return", "charts/best_training_return"} <= written
+    missing = undocumented(written, tags_on_page(page(script)))
+    assert not missing, f"a real run of {script}.py writes tags that docs/{script}.md does not name: {missing}"
+
+
+def test_the_tag_check_catches_a_wrong_tag(tmp_path_factory):
+    written = written_tags(real_run("ppo_atari", tmp_path_factory))
+    assert "charts/clip_coef" in written and "losses/clipfrac" in written
     wrong = page("ppo_atari").replace("`charts/clip_coef`", "`charts/clip_range`")
-    assert sorted(t for t in tags_on_page(wrong) if not written_by(t, source("ppo_atari"))) == ["charts/clip_range"]
+    assert unwritten(tags_on_page(wrong), written) == ["charts/clip_range"]
+    assert undocumented(written, tags_on_page(wrong)) == ["charts/clip_coef"]
+    # a generic tag stands for the phases the run timed, and only for tags of its form
+    assert unwritten({"charts/<phase>_us_per_step", "charts/<phase>_ms_per_step"}, written) == ["charts/<phase>_ms_per_step"]
+    assert undocumented({"charts/rollout_us_per_step", "charts/SPS"}, {"charts/<phase>_us_per_step"}) == ["charts/SPS"]
+    # other scripts' tags (SAC's, the Ray driver's) are not this run's
+    assert unwritten({"charts/weight_staleness", "losses/alpha_loss"}, written) == ["charts/weight_staleness",
+                                                                                      "losses/alpha_loss"]  # fmt: skip

@@ -1,5 +1,6 @@
 """The user docs hold what they promise: no internal references in README.md or docs/, the README's snippet runs
-against a real checkpoint, and TensorBoard serves the tags the README names from a real run."""
+against a real checkpoint, TensorBoard serves the tags the README names from a real run, and every tag the README
+names for a script is one that a short real run of the script writes."""
 
 import json
 import os
@@ -17,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import BASE_ENV, ROOT, only_run_dir, run_script, scalars
+from tests.conftest import BASE_ENV, ROOT, run_script, scalars
+from tests.test_doc_pages import SCRIPTS, page, real_run, tags_on_page, unwritten, written_tags
 
 README = ROOT / "README.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
@@ -84,19 +86,15 @@ def test_readme_commands_are_the_ci_command_and_a_ppo_run():
     assert re.search(r"uv run ppo_continuous\.py --env-id HalfCheetah-v4$", commands[0])
 
 
-# ---- a real run, shared by the snippet and TensorBoard tests ----
+# ---- a real run, shared by the snippet, TensorBoard and tag tests (and test_doc_pages.py's tag tests) ----
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> dict:
-    """A short real ppo_continuous.py run with --save-model: its run folder, final checkpoint and eval return."""
-    runs = tmp_path_factory.mktemp("docs") / "runs"
-    proc = run_script("ppo_continuous.py", "--env-id", "Pendulum-v1", "--num-steps", 128, "--num-minibatches", 4,
-                      "--update-epochs", 1, "--total-timesteps", 256, "--save-model", "--eval-episodes", 1,
-                      "--torch-threads", 1, "--runs-dir", runs, timeout=300)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    run_dir = only_run_dir(runs)
+    """The session's short real ppo_continuous.py run (test_doc_pages.REAL_RUN_FLAGS: Pendulum, 256 steps,
+    --save-model --keep-best --eval-episodes 1): its run folder, final checkpoint and final evaluation's return."""
+    run_dir = real_run("ppo_continuous", tmp_path_factory)
     (checkpoint,) = (run_dir / "checkpoints").glob("final_*.pt")
     (eval_return,) = scalars(run_dir, "eval/episodic_return").values()
-    return {"runs": runs, "run_dir": run_dir, "checkpoint": checkpoint, "eval_return": eval_return}
+    return {"runs": run_dir.parent, "run_dir": run_dir, "checkpoint": checkpoint, "eval_return": eval_return}
 
 
 def readme_snippet() -> str:
@@ -166,6 +164,45 @@ def poll(fetch, ready, timeout: float, what: str):
 def test_readme_names_the_tags_a_run_writes():
     section = README.read_text().split("**Watch it in TensorBoard**", 1)[1].split("\n\n", 1)[0]
     assert set(PPO_TAGS) <= set(README_TAG.findall(section))
+
+
+# In the TensorBoard paragraph, a clause (between semicolons) that opens with one of these names those scripts' tags;
+# every other tag in the README (that paragraph's "Every script logs ..." clause, the evaluation and keep-best
+# paragraphs) is every script's.
+README_FAMILIES = {"PPO and A2C": ("ppo_continuous", "ppo_atari", "a2c_atari"), "PPO also": ("ppo_continuous", "ppo_atari"),
+                   "SAC": ("sac_continuous", "sac_continuous_ray")}  # fmt: skip
+
+
+def readme_tags_by_script(text: str) -> dict:
+    """{script: the TensorBoard tags the README says it writes}."""
+    paragraph = text.split("**Watch it in TensorBoard**", 1)[1].split("\n\n", 1)[0]
+    named = {script: set() for script in SCRIPTS}
+    for clause in [text.replace(paragraph, ""), *paragraph.split(";")]:
+        opening = next((o for o in README_FAMILIES if clause.lstrip().startswith(o)), None)
+        for script in README_FAMILIES.get(opening, SCRIPTS):
+            named[script] |= tags_on_page(clause)
+    return named
+
+
+def test_readme_says_which_scripts_write_which_tags():
+    named = readme_tags_by_script(README.read_text())
+    assert set(PPO_TAGS) | {"eval/best_return", "charts/best_training_return"} <= named["ppo_continuous"]
+    assert {"losses/qf_loss", "losses/actor_loss", "losses/alpha"} <= named["sac_continuous_ray"]
+    assert "losses/clipfrac" not in named["a2c_atari"] and "losses/policy_loss" not in named["sac_continuous"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_tag_the_readme_names_is_written_by_a_real_run(script, tmp_path_factory):
+    """The README's tags for each script, against what the script's short real run (test_doc_pages.real_run) wrote.
+    sac_continuous_ray's: against its page's tags, which test_doc_pages checks on a real Ray run in the suite's `ray`
+    group (a Ray run here would run beside the other Ray tests)."""
+    named = readme_tags_by_script(README.read_text())[script]
+    if script == "sac_continuous_ray":
+        written, where = tags_on_page(page(script)), "docs/sac_continuous_ray.md (checked on a real run)"
+    else:
+        written, where = written_tags(real_run(script, tmp_path_factory)), f"a real run of {script}.py"
+    missing = unwritten(named, written)
+    assert not missing, f"the README names tags for {script}.py that {where} does not have: {missing}"
 
 
 def test_tensorboard_serves_the_documented_tags_of_a_real_run(trained, tmp_path):
