@@ -329,6 +329,7 @@ class LoopState:
 
 def main() -> None:
     args, ckpt, device = parse_command_line(Args, RESUME_OVERRIDABLE, FLAG_RULES, validate_args)
+    ckpt = split_flat_adam_state(ckpt)  # --resume of a checkpoint of the earlier build (plumbing, below the banner)
     if args.eval_checkpoint or args.export_checkpoint:
         return eval_only(args, device)  # evaluate or export a checkpoint: no training
     args.batch_size = args.num_envs * args.num_steps
@@ -634,6 +635,19 @@ while not done:
     total, done = total + float(reward), terminated or truncated
 print(total)
 """
+
+
+def split_flat_adam_state(ckpt: Optional[dict]) -> Optional[dict]:
+    """`ckpt` with Adam's state per weight tensor. Why: the earlier build's Adam stepped one flat tensor of all of
+    Agent's weights, in the order of ckpt["model"]; its moments, split, continue those runs exactly."""
+    if ckpt is None or len(ckpt["optimizer"]["param_groups"][0]["params"]) == len(ckpt["model"]):
+        return ckpt
+    (group,), flat = ckpt["optimizer"]["param_groups"], ckpt["optimizer"]["state"].get(0, {})
+    weights = list(ckpt["model"].values())
+    pieces = {k: v.split([w.numel() for w in weights]) for k, v in flat.items() if k != "step"}
+    state = {i: {"step": flat["step"].clone(), **{k: v[i].view_as(w).clone() for k, v in pieces.items()}}
+             for i, w in enumerate(weights)} if flat else {}  # fmt: skip
+    return {**ckpt, "optimizer": {"state": state, "param_groups": [{**group, "params": list(range(len(weights)))}]}}
 
 
 # ---- speed set-up: the rollout's acting path, derived from the module it stands for ----

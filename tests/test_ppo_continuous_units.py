@@ -271,6 +271,35 @@ def test_acting_check_refuses_sizes_that_do_not_fit():
         ppo.acting_path(nn.Sequential(nn.Linear(17, 64), nn.Tanh(), nn.Linear(64, 2)), 17, 6)
 
 
+def test_a_flat_adam_checkpoint_of_the_earlier_build_continues_exactly():
+    """The earlier build's Adam stepped one flat tensor of all of Agent's weights; split per tensor, the next steps
+    are the same as the flat optimizer's."""
+    torch.manual_seed(0)
+    agent = ppo.Agent(4, 2)
+    params = list(agent.parameters())
+    flat = nn.Parameter(torch.cat([p.detach().reshape(-1) for p in params]))
+    flat_opt = torch.optim.Adam([flat], lr=1e-2, eps=1e-5, fused=True)
+    grads = [torch.randn_like(flat) for _ in range(3)]
+    flat.grad = grads[0]
+    flat_opt.step()  # the checkpoint is written after a step
+    with torch.no_grad():  # the agent holds the checkpoint's weights
+        for p, piece in zip(params, flat.detach().split([p.numel() for p in params])):
+            p.copy_(piece.view_as(p))
+    ckpt = {"optimizer": flat_opt.state_dict(), "model": agent.state_dict()}
+    optimizer = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5, fused=True)
+    optimizer.load_state_dict(ppo.split_flat_adam_state(ckpt)["optimizer"])
+    for grad in grads[1:]:
+        flat.grad = grad
+        flat_opt.step()
+        for p, piece in zip(params, grad.split([p.numel() for p in params])):
+            p.grad = piece.view_as(p).clone()
+        optimizer.step()
+    torch.testing.assert_close(torch.cat([p.detach().reshape(-1) for p in params]), flat.detach(), rtol=0, atol=0)
+    assert ppo.split_flat_adam_state(None) is None
+    current = {"optimizer": optimizer.state_dict(), "model": agent.state_dict()}
+    assert ppo.split_flat_adam_state(current) is current  # a checkpoint of this build: as it is
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Environment state capture: a restored env continues bit-exactly
 # ---------------------------------------------------------------------------------------------------------------
