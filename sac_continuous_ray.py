@@ -234,12 +234,9 @@ def soft_q_target(rewards: torch.Tensor, terminated: torch.Tensor, next_q: torch
 
 # --- shared: sac-replay-buffer ---
 class ReplayBuffer:
-    """Preallocated circular storage of transitions (s, a, r, s', terminated), float32.
-
-    `next_obs` is the true next observation (the final one at an auto-reset, never the next episode's first), and
-    the done flag is `terminated` only: a time-limit truncation must still bootstrap. One float32 row per transition
-    holds all five fields side by side, so sampling a batch is one gather of rows (not one per field); `arrays` are
-    numpy views of each field's columns (cheap writes from the rollout), `rows` a torch view of the same memory."""
+    """Preallocated circular storage of transitions (s, a, r, s': the true next observation, terminated: never a
+    truncation), float32. One row per transition holds all five fields, so sampling a batch is one gather of rows;
+    `arrays` are numpy views of each field's columns (the rollout writes them), `rows` a torch view of the same memory."""
 
     FIELDS = ("obs", "next_obs", "actions", "rewards", "terminated")
 
@@ -474,7 +471,7 @@ def true_next_obs(raw_obs: np.ndarray, episode_ended: np.ndarray, infos: dict) -
 def policy_actions(obs: np.ndarray, actor: nn.Module, noise, scale, bias) -> np.ndarray:
     """a = tanh(mean + std * noise) * scale + bias for one step's observations: the Actor module itself and
     squashed_gaussian, in float32 without gradients; noise=None gives the deterministic action (noise 0)."""
-    with torch.no_grad():
+    with torch.inference_mode():  # no_grad, and no version counters either: a quarter less time on one observation
         mean, log_std = actor(torch.as_tensor(obs, dtype=torch.float32))
         noise = torch.zeros_like(mean) if noise is None else torch.as_tensor(noise, dtype=torch.float32)
         scale, bias = torch.as_tensor(scale, dtype=torch.float32), torch.as_tensor(bias, dtype=torch.float32)
@@ -1143,10 +1140,9 @@ def connect_ray(address: Optional[str], num_workers: int):
     """Start an embedded Ray (address None) or join a cluster; an unreachable address fails in seconds, clearly."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage-stats prompt or upload
     if address is None:
-        # Why: under `uv run`, Ray copies the working directory and builds a second virtual environment in it for
-        # its workers (its uv integration): tens of seconds per start, and pointless when the workers run on this
-        # machine, in this environment. Joining a cluster keeps it: there it brings the environment to other nodes.
-        # (Read when ray is first imported, so set before that.)
+        # Under `uv run`, Ray builds a second virtual environment for its workers (tens of seconds per start), pointless
+        # when they run on this machine, in this environment; a cluster keeps it, to bring the environment to other
+        # nodes. Read when ray is first imported, so set before that.
         os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
         # An embedded Ray serves this process alone: its servers listen on 127.0.0.1, not on every interface of the
         # machine. (Ray's switch for that is named for Windows and macOS, where it is the default; read at import.)
@@ -1240,10 +1236,9 @@ def short(node: Optional[str]) -> str:
 
 
 def placement(ray) -> tuple:
-    """(scheduling strategy for the buffer shards and the parameter server, and for the workers and the evaluator).
-    The shards and the parameter server go on the driver's node, hard (soft=False): they hold the only copy of the
-    data and the weights, the learner talks to them most, and a lost node must not take them along. The workers and
-    the evaluator spread over the cluster: by default Ray packs actors onto one node until it is full."""
+    """(strategy for the buffer shards and the parameter server, strategy for the workers and the evaluator). The first
+    go on the driver's node, hard: they hold the only copy of the data and the weights, and the learner talks to them
+    most. The others spread over the cluster (by default Ray packs actors onto one node until it is full)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False), "SPREAD"
@@ -1259,10 +1254,9 @@ class ShardLost(Exception):
 
 @contextmanager
 def stop_on_task_error(run, shard_states: ShardStates):
-    """The driver loop's failures that it cannot repair. A dead rollout worker or evaluator, a lost batch and a
-    restarted parameter server are repaired inside the loop; any other Ray task error (a lost buffer shard, an
-    exception in an actor's code) ends the run: an `interrupted` checkpoint (without the buffer when a shard was
-    lost: its data is gone), one paragraph on stderr, exit code 1. Not a traceback and nothing saved, as before."""
+    """Ray task errors the loop cannot repair (a lost buffer shard, an exception in an actor's code; dead workers, lost
+    batches and a restarted parameter server are repaired inside it) end the run: an `interrupted` checkpoint (without
+    the buffer when a shard was lost), one paragraph on stderr, exit code 1, not a traceback."""
     from ray.exceptions import RayError
 
     try:
