@@ -1058,8 +1058,9 @@ class Run:
         if args.track:
             init_tracking(args, self.name, self.dir)
         self.writer = make_writer(self.dir, args, purge_step=None if ckpt is None else ckpt["global_step"] + 1)
-        if ckpt is None:
-            (self.dir / "args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2))
+        if ckpt is None:  # the flags, and what they resolved to on this machine ("compute")
+            record = {**dataclasses.asdict(args), "compute": compute_record(args)}
+            (self.dir / "args.json").write_text(json.dumps(record, indent=2))
         print(f"run: {self.dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
         self.recent_returns: list = []  # the last 10 episodes' returns, for the progress line
         self.phase_time: dict = {}  # seconds per phase (run.timer) in the current log window
@@ -1111,7 +1112,12 @@ class Run:
                     progress.update(state.global_step, sps, recent)
                     self.window_step = state.global_step
                 if time.monotonic() - threads_checked > 5.0:
-                    share_threads(self.args.torch_threads, RUNS_FOLDER)
+                    threads_before = torch.get_num_threads()
+                    threads = share_threads(self.args.torch_threads, RUNS_FOLDER)
+                    if threads != threads_before:  # another run started or ended: say so, the numbers may differ
+                        note = f"torch threads {threads_before} -> {threads} at step {state.global_step}"
+                        print(note)
+                        self.writer.add_text("run/torch_threads", note, state.global_step)
                     threads_checked = time.monotonic()
                 interval = self.args.eval_interval
                 if self.play is not None and interval > 0 and state.global_step // interval > evaluated_step // interval:
@@ -1217,6 +1223,13 @@ class Run:
             import wandb
 
             wandb.finish()
+
+
+def compute_record(args) -> dict:
+    """What the flags resolved to at the start: dtype, device, env backend and torch's thread count (args.json)."""
+    return {"dtype": "bfloat16" if getattr(args, "bf16", False) else "float32",
+            "device": "cuda" if torch.cuda.is_available() and args.cuda else "cpu",
+            "env_backend": getattr(args, "env_backend", "gymnasium"), "torch_threads": torch.get_num_threads()}  # fmt: skip
 
 
 def wandb_credentials_available() -> bool:

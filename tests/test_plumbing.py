@@ -5,6 +5,7 @@ ppo_continuous.py; what each script declares itself (its FLAG_RULES) is checked 
 
 import dataclasses
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -170,3 +171,34 @@ def test_a_log_window_with_no_new_step_logs_no_phase_timing(tmp_path, monkeypatc
     assert [step for tag, step in logged if tag == "charts/update_us_per_step"] == [10]
     assert logged.count(("charts/SPS", 10)) == 2  # the first window and the stopped, empty one
     run.writer.close()
+
+
+def test_args_json_records_what_the_flags_resolved_to_and_a_thread_change_is_said(tmp_path):
+    """args.json's "compute": dtype, device, env backend and torch's starting threads. When a second run of these
+    scripts starts mid-run (an entry with a live pid in the runs folder), the run gives up a core and says so."""
+    if ppo.usable_cores() < 2:
+        pytest.skip("needs 2 cores: with one, sharing leaves the thread count at 1")
+    temp = tmp_path / "tmp"
+    (temp / "onefile-rl-runs").mkdir(parents=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        cmd = [sys.executable, str(ROOT / "ppo_continuous.py"), "--env-id", "Pendulum-v1", "--num-envs", "1",
+               "--num-steps", "64", "--total-timesteps", "64000", "--runs-dir", str(tmp_path / "runs"),
+               "--checkpoint-interval", "0"]  # fmt: skip
+        proc = subprocess.Popen(cmd, env={**os.environ, **BASE_ENV, "TMPDIR": str(temp)}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        lines = []
+        for line in proc.stdout:  # the run starts alone (2 threads); then a second run appears
+            lines.append(line)
+            if line.startswith("run: "):
+                (temp / "onefile-rl-runs" / str(other.pid)).touch()
+            if "torch threads" in line:
+                break
+        proc.kill()
+        proc.wait()
+    finally:
+        other.kill()
+    assert any(line.startswith("torch threads 2 -> 1 at step ") for line in lines), "".join(lines)
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    record = json.loads((run_dir / "args.json").read_text())
+    assert record["compute"] == {"dtype": "float32", "device": "cpu", "env_backend": "gymnasium", "torch_threads": 2}
