@@ -16,13 +16,14 @@ SCRIPT = os.environ.get("PPO_CONTINUOUS_SCRIPT", "ppo_continuous.py")
 # The documented Pendulum recipe (README): short horizon, no normalization (see the README for why).
 PENDULUM_RECIPE = ["--env-id", "Pendulum-v1", "--num-envs", "4", "--num-steps", "1024", "--gamma", "0.9",
                    "--learning-rate", "1e-3", "--no-norm-reward", "--no-norm-obs", "--no-clip-vloss"]  # fmt: skip
+# The learning test's whole run (budget, seed, one thread); tests/test_learning_mutants.py runs broken copies with it.
+PENDULUM_RUN = [*PENDULUM_RECIPE, "--total-timesteps", "153600", "--seed", "1", "--torch-threads", "1"]
 
 
 @pytest.mark.slow
 def test_pendulum_recipe_reaches_minus_300(tmp_path):
     """Measured: -206 / -192 / -188 for seeds 1-3 at 150k steps (about 25 s on one thread); random play is about -1200."""
-    proc = run_script(SCRIPT, *PENDULUM_RECIPE, "--total-timesteps", "153600", "--seed", "1", "--torch-threads", "1",
-                      "--runs-dir", tmp_path, timeout=600)  # fmt: skip
+    proc = run_script(SCRIPT, *PENDULUM_RUN, "--runs-dir", tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert last10_return(tmp_path) >= -300
 

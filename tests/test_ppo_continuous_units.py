@@ -3,6 +3,8 @@
 import math
 import pickle
 import random
+import sys
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -108,14 +110,22 @@ def test_normalize_obs_clips():
 
 
 def test_scale_rewards_divides_by_return_std_and_restarts_at_any_episode_end():
+    """Hand-computed (gamma 0.5): the running variance is that of every discounted return G seen so far (the
+    RunningMeanStd's initial count of 1e-4 moves it by < 1e-3 relative). Break-it check: with `rms.update(...)`
+    deleted from scale_rewards (in a copy of the script), var stays 1 and the scaled rewards are [1, 2]: this fails."""
     rms = ppo.RunningMeanStd(shape=())
-    g = np.zeros(2)
     rewards = np.array([1.0, 2.0])
-    scaled, g = ppo.scale_rewards(rewards, g, np.array([False, False]), rms, gamma=0.5, clip=10.0)
-    np.testing.assert_allclose(scaled, rewards / np.sqrt(rms.var + 1e-8), rtol=1e-6)
+    # step 1: G = [1, 2]; var{1, 2} = 0.25, std 0.5 -> scaled [2, 4], and 4 is clipped to clip = 3
+    scaled, g = ppo.scale_rewards(rewards, np.zeros(2), np.array([False, False]), rms, gamma=0.5, clip=3.0)
     np.testing.assert_allclose(g, [1.0, 2.0])
-    _, g = ppo.scale_rewards(rewards, g, np.array([False, True]), rms, gamma=0.5, clip=10.0)  # env 1 truncated
-    np.testing.assert_allclose(g, [1.5, 0.0])  # 0.5 * 1 + 1; env 1 starts a new episode
+    np.testing.assert_allclose(rms.var, 0.25, rtol=1e-3)
+    np.testing.assert_allclose(scaled, [2.0, 3.0], rtol=1e-3)
+    # step 2, env 1 truncated: G = 0.5 * [1, 2] + [1, 2] = [1.5, 3]; var{1, 2, 1.5, 3}: mean 1.875,
+    # (0.875^2 + 0.125^2 + 0.375^2 + 1.125^2) / 4 = 0.546875; the returned G restarts at 0 for env 1
+    scaled, g = ppo.scale_rewards(rewards, g, np.array([False, True]), rms, gamma=0.5, clip=10.0)
+    np.testing.assert_allclose(g, [1.5, 0.0])
+    np.testing.assert_allclose(rms.var, 0.546875, rtol=1e-3)
+    np.testing.assert_allclose(scaled, [1.0 / math.sqrt(0.546875), 2.0 / math.sqrt(0.546875)], rtol=1e-3)
     assert (scaled > 0).all(), "scaling must keep the reward's sign (no mean subtraction)"
 
 
@@ -399,9 +409,42 @@ def test_merge_resume_args_keeps_checkpoint_values_and_refuses_conflicts():
     assert ppo.flags_on_command_line(["--no-norm-obs", "--seed", "3"], ppo.Args) == {"norm_obs", "seed"}
 
 
-def test_epoch_diagnostics_are_the_mean_over_all_minibatches():
-    """The logged KL / clip-fraction are averages over every minibatch, not the last minibatch's values."""
-    log_ratios = torch.randn(8, 16, generator=torch.Generator().manual_seed(0)) * 0.3
-    per_minibatch = torch.stack([ppo.kl_diagnostics(row, 0.2) for row in log_ratios])
-    torch.testing.assert_close(ppo.kl_diagnostics(log_ratios, 0.2), per_minibatch.mean(0))
-    assert not torch.allclose(per_minibatch[-1], per_minibatch.mean(0))
+def test_logged_losses_are_the_mean_over_all_minibatches(tmp_path, monkeypatch):
+    """main() on a tiny Pendulum run (1 update: 2 epochs x 4 minibatches), with ppo_losses wrapped to record every
+    minibatch's losses: the logged policy / value losses are their mean over all 8, not the last minibatch's.
+    Break-it check: main logging the last minibatch's losses instead (a copy of the script) fails this test."""
+    import signal
+
+    from tests.conftest import only_run_dir, scalars
+    from tests.student_copy import import_copy
+
+    module = import_copy(Path(ppo.__file__))
+    recorded = []
+    real_losses = module.ppo_losses
+
+    def recording_losses(*args, **kwargs):
+        pg_loss, v_loss, log_ratio = real_losses(*args, **kwargs)
+        recorded.append((pg_loss.item(), v_loss.item()))
+        return pg_loss, v_loss, log_ratio
+
+    monkeypatch.setattr(module, "ppo_losses", recording_losses)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    argv = ["ppo_continuous.py", "--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "32", "--num-minibatches",
+            "4", "--update-epochs", "2", "--total-timesteps", "64", "--torch-threads", "1", "--runs-dir", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", argv)
+    threads, handlers = torch.get_num_threads(), (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    try:
+        module.main()
+    finally:
+        torch.set_num_threads(threads)
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+    assert len(recorded) == 8, recorded
+    run_dir = only_run_dir(tmp_path)
+    for i, tag in enumerate(("losses/policy_loss", "losses/value_loss")):
+        logged = list(scalars(run_dir, tag).values())
+        assert len(logged) == 1, logged
+        per_minibatch = np.array([r[i] for r in recorded])
+        np.testing.assert_allclose(logged[0], per_minibatch.mean(), rtol=1e-5, atol=1e-7)
+        assert not np.isclose(logged[0], per_minibatch[-1], rtol=1e-5, atol=1e-7), f"{tag}: last minibatch's value"
+
