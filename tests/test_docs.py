@@ -262,3 +262,12 @@ def test_readme_export_snippet_plays_the_evaluation_episode_with_plain_torch(tra
     assert proc.returncode == 0, proc.stderr[-3000:]
     played = float(re.search(r"^RETURN (.+)$", proc.stdout, re.M).group(1))
     assert played == pytest.approx(trained["eval_return"], rel=1e-5, abs=1e-3)  # logged as float32
+
+
+def test_readme_tests_section_names_test_files_that_exist():
+    """Each claim of the README's "Tests" section names the test files that check it; each name must match a file."""
+    section = README.read_text().split("## Tests", 1)[1].split("\n## ", 1)[0]
+    names = re.findall(r"`(tests/[\w*]+\.py)`", section)
+    assert len(names) >= 8, names
+    for name in names:
+        assert list(ROOT.glob(name)), f"the README's Tests section names {name}, which matches no file"
