@@ -1,0 +1,69 @@
+"""Mutant learning tests (marked slow): the learning tests' thresholds must catch a broken algorithm.
+
+Each test copies one script alone into tmp_path, breaks one line of the algorithm (exact text replacement: an edit
+that no longer matches the script fails loudly), runs it with the SAME run as the learning test (its PENDULUM_RUN
+constant) and asserts the last-10 return MISSES the -300 threshold that the unbroken script reaches.
+"""
+
+import time
+
+import pytest
+
+from tests.conftest import last10_return
+from tests.student_copy import copy_alone, run_copy
+from tests.test_ppo_continuous_learning import PENDULUM_RUN as PPO_PENDULUM_RUN
+from tests.test_sac_continuous_learning import PENDULUM_RUN as SAC_PENDULUM_RUN
+
+THRESHOLD = -300.0  # the learning tests' threshold
+
+PPO_MUTANTS = {
+    # L^CLIP's sign flipped: the update makes advantaged actions LESS likely
+    "pg_sign_flipped": (
+        "pg_loss = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)).mean()",
+        "pg_loss = -torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)).mean()",
+    ),
+    # no bootstrap: delta_t = r_t - V(s_t), the advantage sees no value beyond the rollout's rewards
+    "gae_no_bootstrap": (
+        "delta = rewards[t] + gamma * not_terminated[t] * next_values[t] - values[t]",
+        "delta = rewards[t] - values[t]",
+    ),
+}
+SAC_MUTANTS = {
+    # the target critics never move from their initial weights (Polyak step with tau = 0)
+    "target_never_updates": (
+        "soft_update(learner.qf_target_params, learner.qf_params, args.tau)",
+        "soft_update(learner.qf_target_params, learner.qf_params, 0.0)",
+    ),
+    # no bootstrap: y = r, the critic learns only the immediate reward
+    "q_target_no_bootstrap": (
+        "    return rewards + gamma * (1.0 - terminated) * soft_value",
+        "    return rewards + 0.0 * gamma * (1.0 - terminated) * soft_value",
+    ),
+}
+
+
+def run_mutant(tmp_path, script: str, edit: tuple, run_args: list) -> float:
+    copy = copy_alone(script, tmp_path / "copy", [edit])
+    runs = tmp_path / "runs"
+    start = time.time()
+    proc = run_copy(copy, *run_args, "--runs-dir", runs, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    ret = last10_return(runs)
+    print(f"{script} mutant: last-10 return {ret:.1f} in {time.time() - start:.0f} s")
+    return ret
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PPO_MUTANTS)
+def test_ppo_pendulum_threshold_catches(tmp_path, name):
+    """Measured (seed 1, 153,600 steps, one thread, 2-core machine loaded by other runs): pg_sign_flipped -1,886
+    (149 s), gae_no_bootstrap -1,512 (355 s); the unbroken script: about -200 (about 25 s unloaded)."""
+    assert run_mutant(tmp_path, "ppo_continuous.py", PPO_MUTANTS[name], PPO_PENDULUM_RUN) < THRESHOLD
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SAC_MUTANTS)
+def test_sac_pendulum_threshold_catches(tmp_path, name):
+    """Measured (seed 1, 8k steps, one thread, loaded 2-core machine): target_never_updates last-10 -1,253 at 6k steps,
+    q_target_no_bootstrap -1,178 at 3.2k steps (runs still going at commit time); the unbroken script: about -150."""
+    assert run_mutant(tmp_path, "sac_continuous.py", SAC_MUTANTS[name], SAC_PENDULUM_RUN) < THRESHOLD
