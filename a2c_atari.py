@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
@@ -308,7 +308,8 @@ def main() -> None:
     assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.NEXT_STEP, "the loop assumes next-step autoreset"
 
     agent = Agent(num_actions).to(device)
-    fast_cnn(agent, args.bf16)  # speed (below the banner): channels-last memory, and --bf16; the same math
+    check_agent(agent, obs_shape, ckpt, args.resume)  # below the banner: an edit that no longer fits stops here, named
+    speed = fast_cnn(agent, args.bf16, obs_shape)  # below the banner: channels-last and --bf16, checked against the agent
     kind = RMSpropTF if args.optimizer == "rmsprop-tf" else torch.optim.RMSprop
     optimizer = kind(agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
 
@@ -326,7 +327,8 @@ def main() -> None:
     s = LoopState()
     run.attach(s, envs, model=agent, optimizer=optimizer)
     # evaluation: full games on a separate env; the Run plays them every --eval-interval env steps
-    run.play = lambda episodes, video_dir=None: evaluate(agent, args.env_id, episodes, args.seed + 10_000, device, video_dir)
+    run.play = lambda episodes, video_dir=None: evaluate(agent, args.env_id, episodes, args.seed + 10_000, device, video_dir,
+                                                         speed)  # fmt: skip
     metric_sums = torch.zeros(4, device=device)  # policy_loss, value_loss, entropy, grad_norm over the log window
     ev_pairs: list = []  # (V(s), R) of the window's batches, for explained variance
 
@@ -751,31 +753,28 @@ def probe_env(env_id: str) -> tuple[tuple, int]:
     return obs_shape, int(act_space.n)
 
 
-def evaluate(
-    agent: Agent, env_id: str, episodes: int, seed: int, device: torch.device, video_dir: Optional[str] = None
-) -> list:
+def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device: torch.device, video_dir: Optional[str] = None,
+             speed: Optional["TrunkSpeedUp"] = None) -> list:  # fmt: skip
     """Full games with actions sampled from the policy (a greedy Atari policy can stall forever in a loop),
-    under the training preprocessing, in float32; returns each game's unclipped score over all its lives. Samples
-    with its own generator (seeded `seed`): evaluating during training leaves the training run's RNG alone."""
-    training_trunk = agent.network.forward  # during a --bf16 run: given back at the end
-    fast_cnn(agent, bf16=False)  # float32 here: evaluation does not depend on that flag
+    under the training preprocessing, in float32 (`speed`: a --bf16 run's trunk too); returns each game's unclipped
+    score over all its lives. Samples with its own generator (seeded `seed`): training's RNG is left alone."""
     generator = torch.Generator(device).manual_seed(seed)
     env = make_env(env_id, 0, video_dir is not None, video_dir or "")()
     returns: list = []
     obs, _ = env.reset(seed=seed)
-    while len(returns) < episodes:
-        with torch.inference_mode():
-            logits, _ = agent(torch.as_tensor(obs, device=device).unsqueeze(0))
-            action = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).item()
-        obs, _, terminated, truncated, info = env.step(action)
-        if "episode" in info:  # a game over (GameStatistics), not just a lost life
-            returns.append(float(info["episode"]["r"]))
-        if (terminated or truncated) and len(returns) < episodes:  # a lost life (soft reset) or a game over
-            obs, info = env.reset()
-            if "episode" in info:  # the game ended inside the reset's NOOP / FIRE step
+    with speed.float32() if speed is not None else nullcontext():
+        while len(returns) < episodes:
+            with torch.inference_mode():
+                logits, _ = agent(torch.as_tensor(obs, device=device).unsqueeze(0))
+                action = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).item()
+            obs, _, terminated, truncated, info = env.step(action)
+            if "episode" in info:  # a game over (GameStatistics), not just a lost life
                 returns.append(float(info["episode"]["r"]))
+            if (terminated or truncated) and len(returns) < episodes:  # a lost life (soft reset) or a game over
+                obs, info = env.reset()
+                if "episode" in info:  # the game ended inside the reset's NOOP / FIRE step
+                    returns.append(float(info["episode"]["r"]))
     env.close()
-    agent.network.forward = training_trunk
     return returns
 
 
@@ -785,9 +784,10 @@ def eval_only(args, device: torch.device) -> None:
     path = args.eval_checkpoint or args.export_checkpoint
     ckpt = load_checkpoint(path, device, FLAGS_BEFORE_THEY_EXISTED)
     saved = Args(**{f.name: ckpt["args"][f.name] for f in dataclasses.fields(Args) if f.name in ckpt["args"]})
-    _, num_actions = probe_env(saved.env_id)
+    obs_shape, num_actions = probe_env(saved.env_id)
     check_checkpoint_matches(ckpt, path, SCRIPT_NAME, {"num_actions": num_actions})
     agent = Agent(num_actions).to(device)
+    check_agent(agent, obs_shape, ckpt, path)  # an edited Agent that no longer fits the checkpoint stops here
     agent.load_state_dict(ckpt["model"])
 
     def play(episodes: int, video_dir: Optional[str] = None) -> list:
@@ -838,23 +838,141 @@ action = int(policy(frames)[0])
 """
 
 
-# ---- speed set-up: wraps the network without changing its math ----
-def fast_cnn(agent: Agent, bf16: bool) -> None:
-    """Run the Nature CNN's trunk (convolutions and the 512-unit layer) faster, with the same math; the heads, the
-    log-probs and the values the losses compare stay float32. Call it again to switch bf16 on or off.
-    Why channels-last ("NHWC") memory for the convolutions' weights and input: CPU convolutions (oneDNN) run about
-    1.6x faster in float32 than on NCHW, with the same arithmetic (benchmarks/README.md).
-    Why --bf16 (opt-in): a bfloat16 autocast makes the trunk's matmuls and convolutions about 2x faster on CPUs with
-    AVX512-BF16/AMX; the weights stay float32 and the trunk's output goes back to float32 before the heads."""
-    agent.to(memory_format=torch.channels_last)
-    trunk = agent.network
+# ---- the agent's start-up checks and speed set-up: derived from the module, checked against it ----
+def probe_frames(obs_shape: tuple, device: torch.device, n: int = 64) -> torch.Tensor:
+    """Fixed random uint8 frames for the start-up checks, from a generator of their own (the run's RNG is untouched)."""
+    generator = torch.Generator().manual_seed(31)
+    return torch.randint(0, 256, (n, *obs_shape), generator=generator, dtype=torch.uint8).to(device)
 
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous(memory_format=torch.channels_last)
-        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
-            return nn.Sequential.forward(trunk, x).float()
 
-    trunk.forward = forward  # an instance attribute: nn.Module.__call__ runs it in place of Sequential.forward
+@contextmanager
+def probing(agent: nn.Module):
+    """A forward pass for a check only, in the mode the run computes in: no gradients; the buffers (e.g. batch-norm
+    statistics) and the global RNG, reseeded for it (two passes draw the same noise), given back as they were."""
+    buffers = [b.clone() for b in agent.buffers()]
+    with torch.random.fork_rng(), torch.no_grad():
+        torch.manual_seed(0)
+        try:
+            yield agent
+        finally:
+            for b, saved in zip(agent.buffers(), buffers):
+                b.copy_(saved)
+
+
+def check_agent(agent: nn.Module, obs_shape: tuple, ckpt: Optional[dict] = None, path: Optional[str] = None) -> None:
+    """Stop with one paragraph naming what to change where an edited Agent no longer runs on this env's frames
+    (it names the innermost layer that failed), or no longer fits the weights of the checkpoint `path` it loads."""
+    unfinished, hooks = [], []  # (name, module, input shape) of the modules entered and not yet left
+
+    def enter(name: str, module: nn.Module, inputs: tuple) -> None:
+        unfinished.append((name, module, tuple(inputs[0].shape) if inputs and torch.is_tensor(inputs[0]) else None))
+
+    def leave(*_) -> None:
+        unfinished.pop()
+
+    for name, module in agent.named_modules():
+        hooks += [module.register_forward_pre_hook(lambda m, inputs, name=name: enter(name, m, inputs)),
+                  module.register_forward_hook(leave)]  # fmt: skip
+    try:
+        with probing(agent):
+            agent(probe_frames(obs_shape, next(agent.parameters()).device))
+    except RuntimeError as e:  # torch's shape errors
+        name, layer, shape = unfinished[-1] if unfinished else ("", agent, None)
+        where = "Agent" + re.sub(r"\.(\d+)", r"[\1]", f".{name}" if name else "")
+        size, dim = {nn.Linear: ("in_features", -1), nn.Conv2d: ("in_channels", 1)}.get(type(layer), (None, 0))
+        fix = f"Set its {size} to {shape[dim]} (now {getattr(layer, size)}), or change" if size and shape else "Change it or"
+        raise UserError(f"the network no longer runs on {obs_shape} frames: {where} {type(layer).__name__}"
+                        f"({layer.extra_repr()}) fails on its input{f' of shape {shape}' if shape else ''} "
+                        f"({str(e).splitlines()[0]}). {fix} the layers before it, so that each layer's output fits the "
+                        "next one's input.") from None
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if ckpt is None:
+        return
+    mine, saved = agent.state_dict(), ckpt["model"]
+    differ = [f"{k}: {tuple(saved[k].shape) if k in saved else 'none'} vs {tuple(v.shape)}" for k, v in mine.items()
+              if k not in saved or saved[k].shape != v.shape] + [f"{k}: not in Agent" for k in saved.keys() - mine.keys()]
+    if differ:
+        raise UserError(f"checkpoint '{path}' holds weights of other shapes than this script's Agent (checkpoint vs "
+                        f"Agent, {'; '.join(differ[:3])}{'; ...' if len(differ) > 3 else ''}). Undo the edits to Agent "
+                        "to use this checkpoint, or start a new run.")  # fmt: skip
+
+
+class TrunkSpeedUp:
+    """Forward hooks on Agent.network (its own forward runs as written): the input in channels-last memory, and with
+    bf16 a bfloat16 autocast around the trunk alone, its output back in float32 (the heads and losses stay float32).
+    Why channels-last: CPU convolutions (oneDNN) run faster on it, with the same values (benchmarks/README.md)."""
+
+    def __init__(self, bf16: bool):
+        self.bf16, self.autocasts, self.hooks = bf16, [], []
+
+    def attach(self, agent: nn.Module) -> None:
+        agent.to(memory_format=torch.channels_last)  # the convolutions' weights: a layout, the same values
+        self.hooks = [agent.network.register_forward_pre_hook(self.enter),
+                      agent.network.register_forward_hook(self.leave, always_call=True)]  # fmt: skip
+
+    def detach(self, agent: nn.Module) -> None:
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks, self.bf16 = [], False
+        agent.to(memory_format=torch.contiguous_format)
+
+    def enter(self, trunk: nn.Module, inputs: tuple) -> Optional[tuple]:
+        if self.bf16:
+            self.autocasts.append(torch.autocast(inputs[0].device.type, dtype=torch.bfloat16))
+            self.autocasts[-1].__enter__()
+        if inputs[0].dim() == 4:
+            return (inputs[0].contiguous(memory_format=torch.channels_last), *inputs[1:])
+        return None
+
+    def leave(self, trunk: nn.Module, inputs: tuple, output):
+        if self.autocasts:  # always called, also after an error in the trunk: the autocast never outlives it
+            self.autocasts.pop().__exit__(None, None, None)
+            return output.float() if torch.is_tensor(output) else output
+        return None
+
+    @contextmanager
+    def float32(self):
+        """The trunk in float32 whatever --bf16 says: evaluation, and the start-up check."""
+        bf16, self.bf16 = self.bf16, False
+        try:
+            yield
+        finally:
+            self.bf16 = bf16
+
+
+def fast_cnn(agent: nn.Module, bf16: bool, obs_shape: tuple) -> TrunkSpeedUp:
+    """The speed set-up (TrunkSpeedUp; --bf16: the trunk ~2x faster on CPUs with AVX512-BF16/AMX), checked at the start
+    against a copy of the plain agent on fixed frames: in float32 within 1e-5 of each output's scale, with bf16 within
+    5 %. Where it disagrees or fails, the run computes with the plain module and says so in one line."""
+    frames, plain, speed = probe_frames(obs_shape, next(agent.parameters()).device), copy.deepcopy(agent), TrunkSpeedUp(bf16)
+    try:
+        with probing(plain):
+            expected = plain(frames)
+        speed.attach(agent)
+        with speed.float32(), probing(agent):
+            problem = disagreement(agent(frames), expected, 1e-5, "in float32")
+        if bf16 and not problem:
+            with probing(agent):
+                problem = disagreement(agent(frames), expected, 0.05, "with --bf16")
+    except (RuntimeError, TypeError, AttributeError, ValueError) as e:  # e.g. a layer that channels-last does not fit
+        problem = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    if problem:
+        speed.detach(agent)
+        print(f"speed set-up off ({problem}): the run computes with Agent.network as written, without channels-last"
+              f"{' or --bf16' if bf16 else ''}")  # fmt: skip
+    return speed
+
+
+def disagreement(got, expected, rtol: float, how: str) -> Optional[str]:
+    """None where each output tensor is within rtol * its scale (max |expected|) of the plain agent's, else why not."""
+    got, expected = (x if isinstance(x, (tuple, list)) else (x,) for x in (got, expected))
+    for i, (g, e) in enumerate(zip(got, expected)):
+        error = (g.float() - e.float()).abs().max().item() if g.shape == e.shape else math.inf
+        if not error <= rtol * e.abs().max().item():
+            return f"output {i} differs from the plain agent's {how} by {error:.3g} at scale {e.abs().max().item():.3g}"
+    return None
 
 
 # --- end shared: atari-run ---
@@ -960,8 +1078,9 @@ class Run:
         if args.track:
             init_tracking(args, self.name, self.dir)
         self.writer = make_writer(self.dir, args, purge_step=None if ckpt is None else ckpt["global_step"] + 1)
-        if ckpt is None:
-            (self.dir / "args.json").write_text(json.dumps(dataclasses.asdict(args), indent=2))
+        if ckpt is None:  # the flags, and what they resolved to on this machine ("compute")
+            record = {**dataclasses.asdict(args), "compute": compute_record(args)}
+            (self.dir / "args.json").write_text(json.dumps(record, indent=2))
         print(f"run: {self.dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
         self.recent_returns: list = []  # the last 10 episodes' returns, for the progress line
         self.phase_time: dict = {}  # seconds per phase (run.timer) in the current log window
@@ -1013,7 +1132,12 @@ class Run:
                     progress.update(state.global_step, sps, recent)
                     self.window_step = state.global_step
                 if time.monotonic() - threads_checked > 5.0:
-                    share_threads(self.args.torch_threads, RUNS_FOLDER)
+                    threads_before = torch.get_num_threads()
+                    threads = share_threads(self.args.torch_threads, RUNS_FOLDER)
+                    if threads != threads_before:  # another run started or ended: say so, the numbers may differ
+                        note = f"torch threads {threads_before} -> {threads} at step {state.global_step}"
+                        print(note)
+                        self.writer.add_text("run/torch_threads", note, state.global_step)
                     threads_checked = time.monotonic()
                 interval = self.args.eval_interval
                 if self.play is not None and interval > 0 and state.global_step // interval > evaluated_step // interval:
@@ -1119,6 +1243,13 @@ class Run:
             import wandb
 
             wandb.finish()
+
+
+def compute_record(args) -> dict:
+    """What the flags resolved to at the start: dtype, device, env backend and torch's thread count (args.json)."""
+    return {"dtype": "bfloat16" if getattr(args, "bf16", False) else "float32",
+            "device": "cuda" if torch.cuda.is_available() and args.cuda else "cpu",
+            "env_backend": getattr(args, "env_backend", "gymnasium"), "torch_threads": torch.get_num_threads()}  # fmt: skip
 
 
 def wandb_credentials_available() -> bool:

@@ -67,7 +67,8 @@ def test_next_step_targets_bootstrap_from_the_final_obs_and_drop_reset_steps():
     np.testing.assert_array_equal(next_values[:, 1], [6, 7, 8, 10])
     assert real.tolist() == [0, 1, 2, 3, 5, 6, 7]  # flat index 4 = (step 2, env 0) is out
     a_next, a_real = A.next_step_targets(values, np.array([9.0, 10.0], np.float32), reset_steps)
-    np.testing.assert_array_equal(a_next, next_values) and np.testing.assert_array_equal(a_real, real)
+    np.testing.assert_array_equal(a_next, next_values)
+    np.testing.assert_array_equal(a_real, real)
 
 
 def test_categorical_log_prob_and_entropy_match_torch_distributions():
@@ -121,34 +122,92 @@ def test_nature_cnn_shapes_and_entry_point():
     assert sampled.shape == (3,) and sampled.dtype == torch.long and ((0 <= sampled) & (sampled < 4)).all()
 
 
+def assert_close_to_scale(got: torch.Tensor, expected: torch.Tensor, rtol: float) -> None:
+    """Within rtol of the output's scale (max |expected|): an absolute tolerance would pass logits of size 0.005 that
+    are all zero (an all-zero trunk)."""
+    error, scale = (got - expected).abs().max().item(), expected.abs().max().item()
+    assert scale > 0 and error <= rtol * scale, f"off by {error:.3g} at scale {scale:.3g} (rtol {rtol})"
+
+
+def trained_like(module, seed: int = 0):
+    """An Agent with weights as after some training (non-zero biases, logits far from 0), and one with the same."""
+    torch.manual_seed(seed)
+    agent = module.Agent(num_actions=4)
+    with torch.no_grad():
+        for p in agent.parameters():
+            p.mul_(1 + 0.2 * torch.randn_like(p)).add_(0.01 * torch.randn_like(p))
+    return agent, copy.deepcopy(agent)
+
+
 @pytest.mark.parametrize("module", [P, A])
-def test_fast_cnn_computes_what_the_plain_network_computes(module):
+def test_fast_cnn_computes_what_the_plain_network_computes(module, capsys):
     """The speed set-up (below the banner) changes the memory layout and, with --bf16, the trunk's precision; not the
-    function: in float32 it equals the plain network, in bfloat16 it stays close, and the heads stay float32."""
-    torch.manual_seed(0)
-    plain, fast = module.Agent(num_actions=4), module.Agent(num_actions=4)
-    fast.load_state_dict(plain.state_dict())
-    obs = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
+    function: in float32 it equals the plain network within 1e-5 of each output's scale, in bfloat16 within 5 %, the
+    heads stay float32, evaluation computes float32, and Agent.network's own forward runs (it is not replaced)."""
+    plain, fast = trained_like(module)
+    obs = torch.randint(0, 256, (16, 4, 84, 84), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    speed = module.fast_cnn(fast, bf16=True, obs_shape=(4, 84, 84))
+    assert capsys.readouterr().out == ""  # the check at the start passed: no fallback line
+    assert fast.network[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert "forward" not in vars(fast.network) and type(fast.network).forward is torch.nn.Sequential.forward
     with torch.no_grad():
         logits, value = plain(obs)
-        module.fast_cnn(fast, bf16=False)
-        assert fast.network[0].weight.is_contiguous(memory_format=torch.channels_last)
-        logits32, value32 = fast(obs)
-        torch.testing.assert_close(logits32, logits, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(value32, value, atol=1e-5, rtol=1e-5)
-        module.fast_cnn(fast, bf16=True)
         logits16, value16 = fast(obs)
-        assert logits16.dtype == torch.float32 and value16.dtype == torch.float32  # heads stay float32
-        torch.testing.assert_close(logits16, logits, atol=0.05, rtol=0.05)
-        torch.testing.assert_close(value16, value, atol=0.05, rtol=0.05)
-        assert not torch.equal(logits16, logits32)  # bf16 really is on...
-        module.fast_cnn(fast, bf16=False)
-        assert torch.equal(fast(obs)[0], logits32)  # ...and off again (evaluation runs in float32)
-    # gradients reach every weight through the wrapped trunk, in float32
-    _, logprob, _, value = fast.get_action_and_value(obs, torch.zeros(5, dtype=torch.long))
+        with speed.float32():  # evaluation's precision
+            logits32, value32 = fast(obs)
+    assert_close_to_scale(logits32, logits, 1e-5)
+    assert_close_to_scale(value32, value, 1e-5)
+    assert logits16.dtype == torch.float32 and value16.dtype == torch.float32  # heads stay float32
+    assert_close_to_scale(logits16, logits, 0.05)
+    assert_close_to_scale(value16, value, 0.05)
+    assert not torch.equal(logits16, logits32)  # bf16 really is on outside float32()...
+    assert not torch.is_autocast_enabled("cpu")  # ...and only inside the trunk
+    # gradients reach every weight through the hooked trunk, in float32
+    _, logprob, _, value = fast.get_action_and_value(obs, torch.zeros(16, dtype=torch.long))
     (logprob.sum() + value.sum()).backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in fast.parameters())
     assert fast.state_dict().keys() == plain.state_dict().keys()  # checkpoints do not see the speed set-up
+
+
+def test_the_scale_relative_check_rejects_an_all_zero_trunk():
+    """The check the old test made (atol=0.05 on logits of size ~0.005) passes an all-zero trunk; this one does not."""
+    torch.manual_seed(0)
+    plain = P.Agent(num_actions=4)  # fresh weights: logits of size ~0.005
+    zeroed = copy.deepcopy(plain)
+    torch.nn.init.zeros_(zeroed.network[-2].weight)
+    torch.nn.init.zeros_(zeroed.network[-2].bias)
+    obs = torch.randint(0, 256, (16, 4, 84, 84), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        (logits, _), (zero_logits, _) = plain(obs), zeroed(obs)
+    torch.testing.assert_close(zero_logits, logits, atol=0.05, rtol=0.05)  # the old tolerance: passes
+    with pytest.raises(AssertionError):
+        assert_close_to_scale(zero_logits, logits, 1e-5)
+    assert P.disagreement(zeroed(obs), plain(obs), 1e-5, "in float32") is not None  # the start-up check too
+
+
+@pytest.mark.parametrize("module", [P, A])
+def test_fast_cnn_falls_back_to_the_plain_module_in_one_line(module, capsys):
+    """A trunk the set-up cannot serve (a view that needs contiguous memory): the run computes with the plain module."""
+
+    class Trunk(torch.nn.Module):
+        def __init__(self, num_actions: int = 0):
+            super().__init__()
+            self.conv, self.linear = torch.nn.Conv2d(4, 8, 8, stride=4), torch.nn.Linear(8 * 20 * 20, 512)
+
+        def forward(self, x):
+            x = self.conv(x)
+            return self.linear(x.view(x.shape[0], -1))  # fails on channels-last memory
+
+    agent = module.Agent(num_actions=4)
+    agent.network = Trunk()
+    plain = copy.deepcopy(agent)
+    speed = module.fast_cnn(agent, bf16=True, obs_shape=(4, 84, 84))
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("speed set-up off (RuntimeError: ") and "Agent.network as written" in line
+    assert speed.hooks == [] and agent.network.conv.weight.is_contiguous()
+    obs = torch.randint(0, 256, (4, 4, 84, 84), dtype=torch.uint8)
+    with torch.no_grad():
+        assert all(torch.equal(got, expected) for got, expected in zip(agent(obs), plain(obs)))
 
 
 def test_scripts_share_the_network_and_preprocessing():
