@@ -788,8 +788,8 @@ def load_learner_state(learner: Learner, state: dict) -> None:
 
 
 def per_tensor_adam_state(saved: dict, params: list) -> dict:
-    """An Adam state_dict for `params` (per tensor). Checkpoints from before issue 31 stepped one flat tensor of all
-    of a network's weights: their moments are split here in the parameters' order, so those runs still resume."""
+    """An Adam state_dict for `params` (per tensor). Older checkpoints stepped one flat tensor of all of a network's
+    weights: their moments are split here in the parameters' order, so those runs still resume."""
     (group,) = saved["param_groups"]
     if len(group["params"]) != 1 or len(params) == 1:
         return saved
