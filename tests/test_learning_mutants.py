@@ -64,6 +64,6 @@ def test_ppo_pendulum_threshold_catches(tmp_path, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SAC_MUTANTS)
 def test_sac_pendulum_threshold_catches(tmp_path, name):
-    """Measured (seed 1, 8k steps, one thread, loaded 2-core machine): target_never_updates last-10 -1,253 at 6k steps,
-    q_target_no_bootstrap -1,178 at 3.2k steps (runs still going at commit time); the unbroken script: about -150."""
+    """Measured (seed 1, 8k steps, one thread, 2-core machine loaded by other runs): target_never_updates -1,143
+    (837 s), q_target_no_bootstrap -1,198 (580 s); the unbroken script: about -150 (about 80 s unloaded)."""
     assert run_mutant(tmp_path, "sac_continuous.py", SAC_MUTANTS[name], SAC_PENDULUM_RUN) < THRESHOLD
