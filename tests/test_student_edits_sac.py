@@ -9,6 +9,7 @@ import torch
 
 from tests.conftest import assert_clean_error, last10_return
 from tests.student_copy import copy_alone, import_copy, run_copy
+from tests.test_sac_continuous_learning import PENDULUM_RUN
 
 SCRIPT = "sac_continuous.py"
 ACTOR = """        self.net = nn.Sequential(
@@ -165,8 +166,6 @@ def test_edit_keeps_the_ray_copy_acting_and_training_correct(edit, tmp_path):
 def test_edited_copy_learns_pendulum(edit, tmp_path):
     """The unedited script's Pendulum recipe and threshold (tests/test_sac_continuous_learning.py)."""
     path = copy_alone(SCRIPT, tmp_path / "student", WORKING_EDITS[edit])
-    proc = run_copy(path, "--env-id", "Pendulum-v1", "--total-timesteps", 8000, "--learning-starts", 1000, "--seed", 1,
-                    "--torch-threads", 1, "--checkpoint-interval", 0, "--runs-dir", tmp_path / "runs",
-                    timeout=600)  # fmt: skip
+    proc = run_copy(path, *PENDULUM_RUN, "--runs-dir", tmp_path / "runs", timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert last10_return(tmp_path / "runs") >= -300
