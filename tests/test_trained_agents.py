@@ -279,7 +279,7 @@ def test_sac_keep_best_export_and_replay(tmp_path, script):
     holder = module.ParameterHolder()
     holder.publish(actor, 0)
     low, high = np.array(config["action_low"]), np.array(config["action_high"])
-    expected = module.policy_actions(obs, holder.weights, None, (high - low) / 2.0, (high + low) / 2.0)
+    expected = module.policy_actions(obs, holder.actor, None, (high - low) / 2.0, (high + low) / 2.0)
     actions = policy_pt2_actions(export_dir, torch.from_numpy(obs), tmp_path)
     np.testing.assert_allclose(actions.numpy(), expected, rtol=1e-5, atol=1e-5)
     proc = run_script(f"{script}.py", "--eval-checkpoint", run_dir / "checkpoints" / "best.pt", "--capture-video",
