@@ -233,6 +233,7 @@ class Config:
     smooth: int
     tail_lines: int
     runs_in_cwd: bool = False
+    commit: Optional[str] = None
 
     @property
     def runs_dir(self) -> Path:
@@ -413,6 +414,7 @@ def build_report(
         "extra_args": config.extra_args,
         "harness_command": harness_command,
         "runs_harness_command": runs_command,
+        "commit": previous.get("commit") if config.summarize_only else config.commit,
         "summarize_only": config.summarize_only,
         "date_utc": utc_now(),
         "runs_date_utc": runs_date,
@@ -534,6 +536,9 @@ def parse_args(argv: Sequence[str]) -> Config:
     parser.add_argument("--summarize-only", action="store_true", help="do not run; re-read <out>_runs/ and rewrite")
     parser.add_argument("--smooth", type=int, default=20, help="moving-average window (episodes) of the mean curve")
     parser.add_argument("--tail-lines", type=int, default=20, help="log lines shown for a failing seed")
+    parser.add_argument("--commit", default=None,
+                        help="the project commit the runs use (default: `git rev-parse HEAD`, '-dirty' if the script "
+                             "differs from it; on a machine without the git folder, name it)")  # fmt: skip
     parser.add_argument("--runs-in-cwd", action="store_true",
                         help="the script has no --runs-dir and writes to ./runs (e.g. the reference): run it in a "
                              "folder whose runs/ is <out>_runs/")  # fmt: skip
@@ -557,7 +562,22 @@ def parse_args(argv: Sequence[str]) -> Config:
         smooth=args.smooth,
         tail_lines=args.tail_lines,
         runs_in_cwd=args.runs_in_cwd,
+        commit=args.commit or project_commit(args.script),
     )
+
+
+def project_commit(script: str) -> Optional[str]:
+    """HEAD of the project's git checkout, with '-dirty' when the script has uncommitted changes; None without git."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", script], cwd=root, capture_output=True,
+                               text=True, timeout=30)  # fmt: skip
+    except OSError:
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 def load_previous(path: Path) -> dict[str, Any]:
