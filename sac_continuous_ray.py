@@ -784,16 +784,35 @@ def pull_due(global_step: int, last_pull_step: int, worker_version: int, publish
     return published > worker_version and global_step - last_pull_step >= interval
 
 
+def next_dispatch(batches, state, args, total: int) -> Optional[tuple[int, int, int, bool]]:
+    """The driver's next batch, (worker, vector steps, of which random, pull weights first?), or None: no worker free,
+    nothing left, or the learner behind. Pure (it reads Batches' and LoopState's bookkeeping), so the simulated clock
+    of tests/test_sac_continuous_ray_dispatch.py runs the very rules main() does."""
+    index = pick_worker(batches.busy, batches.last_start, MAX_IN_FLIGHT)
+    steps, random_steps = next_batch_plan(batches.dispatched, total, args.learning_starts, args.envs_per_worker,
+                                          args.worker_batch_steps)  # fmt: skip
+    utd = 0.0 if args.pause_learner else args.utd_ratio  # the coupling of collection to the learner (0: none)
+    lead_steps = args.num_rollout_workers * args.worker_batch_steps * args.envs_per_worker  # one batch per worker
+    made = state.grad_steps - state.updates_base  # the updates made under this schedule
+    if index is None or steps == 0 or not collection_allowed(batches.dispatched, steps * args.envs_per_worker, made,
+                                                             state.updates_start, utd, lead_steps):  # fmt: skip
+        return None
+    # an acting worker pulls first if pull_due (of the learner's version, which main() publishes at the batch's start)
+    pull = steps > random_steps and pull_due(state.global_step, batches.last_pull[index], batches.versions[index],
+                                             state.actor_updates, args.weight_sync_interval)  # fmt: skip
+    return index, steps, random_steps, pull
+
+
 class Batches:
     """The workers' batches from dispatch to storage. A worker's `collect` returns two objects: the batch (arrays,
     into Ray's object store) and small stats, which the driver waits on. Up to MAX_IN_FLIGHT batches per worker are in
     flight: the next one is queued behind the one it collects, so a worker never waits for the driver."""
 
-    def __init__(self, workers: list, dispatched: int, sync_interval: int):
+    def __init__(self, workers: list, dispatched: int, num_envs: int):
         import ray
 
         self.workers, self.dispatched = workers, dispatched  # env steps handed to workers, counted or in flight
-        self.sync_interval = sync_interval  # --weight-sync-interval, in global env steps (pull_due)
+        self.num_envs = num_envs  # envs per worker: a batch of n vector steps is n * num_envs env steps
         self.in_flight: dict = {}  # stats ref -> (worker index, env steps, batch ref)
         self.busy = [0] * len(workers)  # batches in flight per worker
         self.started, self.last_start = 0, [0] * len(workers)  # batches started; the count when each worker's last did
@@ -802,10 +821,9 @@ class Batches:
         infos = ray.get([w.info.remote() for w in workers])
         self.pids, self.nodes = [i["pid"] for i in infos], [i["node"] for i in infos]  # a new pid: a restart
 
-    def start(self, index: int, steps: int, random_steps: int, env_steps: int, global_step: int, published: int):
-        """Queue a batch of `steps` vector steps on worker `index`; if it acts, it pulls first when pull_due."""
-        pull = steps > random_steps and pull_due(global_step, self.last_pull[index], self.versions[index], published,
-                                                 self.sync_interval)  # fmt: skip
+    def start(self, index: int, steps: int, random_steps: int, pull: bool, global_step: int, published: int):
+        """Queue a batch of `steps` vector steps on worker `index` (next_dispatch's plan); if `pull`, it pulls first."""
+        env_steps = steps * self.num_envs
         if pull:
             self.last_pull[index], self.versions[index] = global_step, published
         batch_ref, stats_ref = self.workers[index].collect.options(num_returns=2).remote(steps, random_steps, pull)
@@ -963,7 +981,7 @@ def main() -> None:
     evaluator = (evaluator_class.remote(args.env_id, obs_dim, act_dim, args.eval_episodes, args.seed + 10_000)
                  if args.eval_interval else None)  # fmt: skip
     shard_sizes = ray.get([shard.size.remote() for shard in shards])
-    batches = Batches(workers, state.global_step, args.weight_sync_interval)
+    batches = Batches(workers, state.global_step, args.envs_per_worker)
     print(f"ray: {args.num_rollout_workers} rollout workers x {args.envs_per_worker} envs (pids "
           f"{' '.join(map(str, batches.pids))} on nodes {' '.join(short(n) for n in batches.nodes)}), "
           f"{args.num_buffer_shards} buffer "
@@ -975,8 +993,6 @@ def main() -> None:
           f"arrays over {args.num_buffer_shards} shard(s) ({bytes_per_transition} bytes per transition)")  # fmt: skip
 
     sampler = Sampler(shards, args.batch_size, SAMPLE_GROUP, device)
-    utd = 0.0 if args.pause_learner else args.utd_ratio  # the coupling of collection to the learner (0: none)
-    lead_steps = args.num_rollout_workers * args.worker_batch_steps * args.envs_per_worker  # one batch per worker
     eval_ref, eval_snapshot = None, None
     next_eval = (state.global_step // args.eval_interval + 1) * args.eval_interval if evaluator else 0
     loss_sums = torch.zeros(len(LOSS_NAMES), device=device)  # summed over the log window's gradient steps
@@ -999,16 +1015,10 @@ def main() -> None:
                     run.episode(episode_return, length, state.global_step)
 
             # ---- dispatch: new batches, to the least busy worker idle longest, as far as the utd ratio allows ----
-            while (index := pick_worker(batches.busy, batches.last_start, MAX_IN_FLIGHT)) is not None:
-                steps, random_steps = next_batch_plan(batches.dispatched, total, args.learning_starts,
-                                                      args.envs_per_worker, args.worker_batch_steps)  # fmt: skip
-                env_steps, made = steps * args.envs_per_worker, state.grad_steps - state.updates_base  # made: this schedule's
-                if steps == 0 or not collection_allowed(batches.dispatched, env_steps, made, state.updates_start, utd,
-                                                        lead_steps):  # fmt: skip
-                    break
+            while (plan := next_dispatch(batches, state, args, total)) is not None:
+                index, steps, random_steps, pull = plan
                 publisher.publish(learner.actor, state.actor_updates)  # at a batch's start, not at each update: ~0.3 MB
-                # the worker pulls first if pull_due: a newer version, and --weight-sync-interval global env steps passed
-                batches.start(index, steps, random_steps, env_steps, state.global_step, publisher.version)
+                batches.start(index, steps, random_steps, pull, state.global_step, publisher.version)
             publisher.check()  # a restarted parameter server is empty: publish to it again
 
             # ---- learn: the gradient steps owed (as sac_continuous.py's loop, batches from the shards) ----

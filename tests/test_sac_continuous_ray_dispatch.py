@@ -1,10 +1,15 @@
 """sac_continuous_ray.py's dispatch and weight-sync rules on a simulated clock (no Ray, no envs): the driver loop's
-harvest -> dispatch -> learn passes with the script's own helpers (pick_worker, pull_due, next_batch_plan,
-collection_allowed, updates_due), workers that take a fixed time per env step and a learner that takes a fixed time
-per update. In the learner-bound regime (the learner slower than the workers, as on a 2-core machine) the mean weight
-staleness must not grow with the number of workers, and every worker must get its share of the batches."""
+harvest -> dispatch -> learn passes, every dispatch decided by the script's own next_dispatch() (the function main()
+calls), workers that take a fixed time per env step and a learner that takes a fixed time per update. In the
+learner-bound regime (the learner slower than the workers, as on a 2-core machine) the mean weight staleness must not
+grow with the number of workers, and every worker must get its share of the batches; the rules before issue 23
+(old_decide, passed in as `decide`) fail these checks."""
 
+import ast
 import bisect
+import functools
+import inspect
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,81 +19,108 @@ import sac_continuous_ray as sr
 STEP_S, UPDATE_S, CALL_S = 140e-6, 8e-3, 1e-3  # a worker's env step, a gradient step, a Ray round trip (measured sizes)
 
 
+def old_decide(batches, state, args, total: int, lowest_free: bool = True):
+    """The rules before issue 23, in next_dispatch's place: the lowest-numbered free worker takes the batch (with
+    lowest_free=False: pick_worker's, as now), and it pulls after every --weight-sync-interval of its *own* env steps.
+    Batch plans and the utd back-pressure as now."""
+    plan = sr.next_dispatch(batches, state, args, total)  # None when no worker is free, nothing is left, or held back
+    if plan is None:
+        return None
+    i, steps, random_steps, _ = plan
+    if lowest_free:
+        i = next(w for w, busy in enumerate(batches.busy) if busy < sr.MAX_IN_FLIGHT)
+    return i, steps, random_steps, steps > random_steps and batches.own_steps[i] >= args.weight_sync_interval
+
+
 def simulate(workers: int, total: int = 40_000, batch_steps: int = 100, sync_interval: int = 1_000,
-             learning_starts: int = 5_000, policy_frequency: int = 2, old_rules: bool = False) -> dict:  # fmt: skip
-    """One run of the driver loop on a simulated clock at utd 1. Returns the staleness of every stored batch (actor
-    updates between the weights that collected it and the learner's version when it is stored) and each worker's
-    batch count. old_rules: the rules before issue 23 (the lowest-numbered free worker; a pull every sync_interval of
-    the worker's own env steps), for comparison."""
-    t, global_step, grad_steps, actor_updates, dispatched = 0.0, 0, 0, 0, 0
+             learning_starts: int = 5_000, policy_frequency: int = 2, decide=None) -> dict:  # fmt: skip
+    """One run of main()'s driver loop on a simulated clock at utd 1, one env per worker; `decide` (default: the
+    script's next_dispatch) makes every dispatch decision. Returns the staleness of every stored batch (actor updates
+    between the weights that collected it and the learner's version when it is stored), each worker's batch count,
+    the fraction of the run's time the learner spent updating and each worker spent collecting, and the most env
+    steps dispatched ahead of the learner's updates."""
+    decide = decide or sr.next_dispatch  # looked up at call time: a test may replace it
+    args = sr.Args(total_timesteps=total, learning_starts=learning_starts, policy_frequency=policy_frequency,
+                   num_rollout_workers=workers, weight_sync_interval=sync_interval,
+                   worker_batch_steps=batch_steps)  # fmt: skip
+    state = sr.LoopState(updates_start=learning_starts)  # as main() starts a fresh run
+    # Batches' bookkeeping (what next_dispatch reads), and each worker's env steps since its last pull (old_decide)
+    batches = SimpleNamespace(busy=[0] * workers, started=0, last_start=[0] * workers, dispatched=0,
+                              last_pull=[0] * workers, versions=[-1] * workers, own_steps=[0] * workers)  # fmt: skip
+    t, learner_time, worker_time, lead = 0.0, 0.0, np.zeros(workers), 0
     published_at, published = [0.0], [0]  # the parameter server's versions over time
     free_at = [0.0] * workers  # when each worker has finished the batches queued on it
-    in_flight, last_start, started = [0] * workers, [0] * workers, 0
-    last_pull, versions, own_steps = [0] * workers, [-1] * workers, [0] * workers  # the driver's / worker's view
     weights = [-1] * workers  # the version each worker acts with (the simulated worker's state)
     pending = []  # (end time, worker, env steps, version acted with)
-    lead = workers * batch_steps
     staleness, shares = [], [0] * workers
     while True:
-        # harvest: the batches back by now, counted and stored
+        # harvest: the batches back by now, counted and stored (Batches.harvest's bookkeeping)
         for batch in sorted(b for b in pending if b[0] <= t):
             pending.remove(batch)
             _, i, steps, version = batch
-            in_flight[i] -= 1
-            global_step += steps
+            batches.busy[i] -= 1
+            state.global_step += steps
             shares[i] += 1
             if version >= 0:
-                staleness.append(actor_updates - version)
-                versions[i] = max(versions[i], version)
-        # dispatch, as main() does
-        while True:
-            if old_rules:
-                free = [i for i in range(workers) if in_flight[i] < sr.MAX_IN_FLIGHT]
-                i = free[0] if free else None
-            else:
-                i = sr.pick_worker(in_flight, last_start, sr.MAX_IN_FLIGHT)
-            if i is None:
-                break
-            steps, random_steps = sr.next_batch_plan(dispatched, total, learning_starts, 1, batch_steps)
-            if steps == 0 or not sr.collection_allowed(dispatched, steps, grad_steps, learning_starts, 1.0, lead):
-                break
-            if actor_updates != published[-1]:
+                staleness.append(state.actor_updates - version)
+                batches.versions[i] = max(batches.versions[i], version)
+        # dispatch, as main() does: the decision from `decide`, then publish and Batches.start's bookkeeping
+        while (plan := decide(batches, state, args, total)) is not None:
+            i, steps, random_steps, pull = plan
+            if state.actor_updates != published[-1]:
                 published_at.append(t)
-                published.append(actor_updates)
-            acts = steps > random_steps
-            if old_rules:
-                pull = acts and (weights[i] < 0 or own_steps[i] >= sync_interval)  # (decided when it starts, below)
-            else:
-                pull = acts and sr.pull_due(global_step, last_pull[i], versions[i], published[-1], sync_interval)
-                if pull:
-                    last_pull[i], versions[i] = global_step, published[-1]
+                published.append(state.actor_updates)
+            if pull:
+                batches.last_pull[i], batches.versions[i] = state.global_step, state.actor_updates
+            batches.busy[i] += 1
+            batches.started += 1
+            batches.last_start[i] = batches.started
+            batches.dispatched += steps
+            lead = max(lead, batches.dispatched - (learning_starts - 1 + state.grad_steps))  # env steps not yet learned on
+            # the simulated worker: it pulls the version published when its batch starts (or its first weights)
             start = max(t + CALL_S, free_at[i])
-            if acts and (pull or weights[i] < 0):  # the worker pulls the version published when its batch starts
+            if steps > random_steps and (pull or weights[i] < 0):
                 weights[i] = published[bisect.bisect_right(published_at, start) - 1]
-                own_steps[i] = 0
-            if old_rules:
-                own_steps[i] += steps
+                batches.own_steps[i] = 0
+            batches.own_steps[i] += steps
             free_at[i] = start + steps * STEP_S
-            pending.append((free_at[i] + CALL_S, i, steps, weights[i] if acts else -1))
-            in_flight[i] += 1
-            started += 1
-            last_start[i] = started
-            dispatched += steps
+            worker_time[i] += steps * STEP_S
+            pending.append((free_at[i] + CALL_S, i, steps, weights[i] if steps > random_steps else -1))
         # learn: one update per pass while the workers collect, all that remain at the end
-        owed = max(sr.updates_due(global_step, learning_starts, 1.0) - grad_steps, 0)
+        owed = sr.updates_owed(state, args.utd_ratio, total)
         if owed > 0:
-            n = owed if global_step >= total else 1
+            n = owed if state.global_step >= total else 1
             for _ in range(n):
-                grad_steps += 1
-                if grad_steps % policy_frequency == 0:
-                    actor_updates += policy_frequency
+                state.grad_steps += 1
+                if state.grad_steps % policy_frequency == 0:  # delayed: policy_frequency actor updates at a time
+                    state.actor_updates += policy_frequency
             t += n * UPDATE_S
-        elif global_step >= total:
+            learner_time += n * UPDATE_S
+        elif state.global_step >= total:
             break
         else:
+            assert pending, "nothing in flight and nothing to learn: the run stalls"
             t = max(t, min(b[0] for b in pending))  # nothing to learn: wait for the next batch
-    assert global_step == total and grad_steps == total - learning_starts + 1
-    return {"staleness": np.array(staleness), "shares": np.array(shares)}
+    assert state.global_step == total and state.grad_steps == total - learning_starts + 1
+    return {"staleness": np.array(staleness), "shares": np.array(shares), "learner_busy": learner_time / t,
+            "worker_busy": worker_time / t, "lead": lead}  # fmt: skip
+
+
+def check_staleness(runs: dict) -> None:
+    """The mean staleness does not grow with the number of workers and stays about one sync interval at most."""
+    means = {n: float(r["staleness"].mean()) for n, r in runs.items()}
+    maxima = {n: int(r["staleness"].max()) for n, r in runs.items()}
+    print(f"mean staleness (actor updates) by workers: { {n: round(m) for n, m in means.items()} }, max: {maxima}")
+    assert max(means.values()) <= 1.5 * min(means.values()), f"mean staleness grows with the workers: {means}"
+    assert all(m <= 2 * 1_000 for m in means.values()), f"mean staleness past two sync intervals: {means}"
+
+
+def check_shares(runs: dict) -> None:
+    """Each of n workers collects 1/n of the batches, within 20 %."""
+    for n, r in runs.items():
+        shares = r["shares"] / r["shares"].sum()
+        print(f"{n} workers: shares of the batches {np.round(shares, 3).tolist()}")
+        assert np.all(np.abs(shares - 1 / n) <= 0.2 / n), f"{n} workers: shares {shares}"
 
 
 @pytest.fixture(scope="module")
@@ -96,30 +128,83 @@ def runs() -> dict:
     return {n: simulate(n) for n in (1, 2, 4)}
 
 
-def test_the_learner_is_the_bottleneck_in_this_model():
-    # a worker collects a 100-step batch in 14 ms; the learner needs 800 ms for its 100 updates
-    assert 100 * UPDATE_S > 10 * 100 * STEP_S
+@pytest.fixture(scope="module")
+def old_runs() -> dict:
+    return {n: simulate(n, decide=old_decide) for n in (1, 2, 4)}
+
+
+@pytest.fixture(scope="module")
+def old_pull_runs() -> dict:  # today's worker choice, the old pull rule
+    return {n: simulate(n, decide=functools.partial(old_decide, lowest_free=False)) for n in (1, 2, 4)}
+
+
+def test_the_learner_is_the_bottleneck_in_the_simulated_run(runs):
+    """The regime these checks are about, as the simulated runs show it: the learner updates nearly all the time, and
+    the workers, held back by the utd ratio (never more than one batch each ahead of the learner), are idle most of it."""
+    for n, r in runs.items():
+        print(f"{n} workers: learner busy {r['learner_busy']:.3f}, workers busy {np.round(r['worker_busy'], 3).tolist()}, "
+              f"collection ahead of the learner by {r['lead']} env steps at most")  # fmt: skip
+        assert r["learner_busy"] > 0.9
+        assert np.all(r["worker_busy"] < 0.5)
+        assert r["lead"] <= n * 100, f"{n} workers: collection ran {r['lead']} env steps ahead of the learner"
 
 
 def test_mean_staleness_does_not_grow_with_workers(runs):
-    means = {n: float(r["staleness"].mean()) for n, r in runs.items()}
-    print("mean staleness (actor updates) at 1 / 2 / 4 workers:", means,
-          "max:", {n: int(r["staleness"].max()) for n, r in runs.items()})  # fmt: skip
-    assert max(means.values()) <= 1.5 * min(means.values())
-    assert all(m <= 2 * 1_000 for m in means.values())  # about one sync interval at most, at utd 1
+    check_staleness(runs)
 
 
 def test_every_worker_gets_its_share_of_the_batches(runs):
-    for n, r in runs.items():
-        shares = r["shares"] / r["shares"].sum()
-        print(f"{n} workers: shares of the batches {np.round(shares, 3).tolist()}")
-        assert np.all(np.abs(shares - 1 / n) <= 0.2 / n), f"{n} workers: {shares}"
+    check_shares(runs)
 
 
-def test_the_old_rules_gave_worker_0_most_batches():
-    """The rules before: the lowest-numbered free worker took nearly every batch when the learner was the bottleneck,
-    and each worker pulled after its own --weight-sync-interval steps (so its weights aged with the number of workers)."""
-    old = simulate(4, old_rules=True)
-    shares = old["shares"] / old["shares"].sum()
-    print(f"old rules, 4 workers: shares {np.round(shares, 3).tolist()}, mean staleness {old['staleness'].mean():.0f}")
-    assert shares[0] > 0.5
+def test_the_old_rules_fail_the_shares_check(old_runs):
+    """The share check has teeth: under the rules before issue 23 the lowest-numbered free worker took most batches
+    (worker 0 about 90 % of them at 4 workers) when the learner was the bottleneck."""
+    with pytest.raises(AssertionError, match="shares"):
+        check_shares(old_runs)
+    shares = old_runs[4]["shares"] / old_runs[4]["shares"].sum()
+    assert shares[0] > 0.5, f"old rules, 4 workers: shares {shares}"
+
+
+def test_the_old_pull_rule_fails_the_staleness_check(old_pull_runs):
+    """The staleness check has teeth: with batches shared round-robin but a pull after every --weight-sync-interval of
+    a worker's *own* env steps (the old rule), each of n workers pulls every n intervals of the run, so the mean
+    staleness grows with the workers (about 450 / 890 / 1,750 actor updates at 1 / 2 / 4). The shares stay fair:
+    each check catches its own rule."""
+    with pytest.raises(AssertionError, match="grows with the workers"):
+        check_staleness(old_pull_runs)
+    assert old_pull_runs[4]["staleness"].mean() > 3 * old_pull_runs[1]["staleness"].mean()
+    check_shares(old_pull_runs)
+
+
+def test_the_simulation_decides_with_the_scripts_function(monkeypatch):
+    """Every batch of the simulated run is one that sr.next_dispatch planned (the default `decide` is looked up at call
+    time, so a change to the script's function changes the simulation)."""
+    plans = []
+
+    def recording(*a):
+        plan = real(*a)
+        plans.append(plan)
+        return plan
+
+    real = sr.next_dispatch
+    monkeypatch.setattr(sr, "next_dispatch", recording)
+    r = simulate(2, total=4_000, learning_starts=1_000)
+    assert sum(p is not None for p in plans) == r["shares"].sum() > 0
+
+
+def calls_in(node: ast.AST) -> set:
+    return {n.func.id for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)} | {
+        n.func.attr for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}  # fmt: skip
+
+
+def test_main_dispatches_through_next_dispatch_only():
+    """main() decides each dispatch with next_dispatch (the function simulated above) and applies no rule of its own:
+    neither main() nor Batches calls pick_worker, pull_due, next_batch_plan or collection_allowed itself."""
+    rules = {"pick_worker", "pull_due", "next_batch_plan", "collection_allowed"}
+    main_calls = calls_in(ast.parse(inspect.getsource(sr.main)))
+    assert "next_dispatch" in main_calls
+    assert not rules & main_calls, f"main() applies a dispatch rule itself: {rules & main_calls}"
+    batches_calls = calls_in(ast.parse(inspect.getsource(sr.Batches)))
+    assert not rules & batches_calls, f"Batches applies a dispatch rule itself: {rules & batches_calls}"
+    assert rules <= calls_in(ast.parse(inspect.getsource(sr.next_dispatch)))
