@@ -430,3 +430,30 @@ def test_sb3_monitor_orders_games_by_end_time_and_estimates_steps(tmp_path):
     assert games["returns"].tolist() == [1.0, 2.0, 3.0]
     assert games["steps"].tolist() == [200, 100, 600]
     assert games["wall_time_s"] == pytest.approx(30.0)
+
+
+from benchmarks import aggregate  # noqa: E402
+
+
+def test_normalized_score_is_zero_at_random_and_one_at_the_reference():
+    scores = np.array([18.67, 2382.86, 4747.05])
+    assert aggregate.normalized(scores, 18.67, 2382.86) == pytest.approx([0.0, 1.0, 2.0])
+
+
+def test_iqm_is_the_mean_of_the_middle_half_with_an_interval_around_it():
+    """8 runs over 2 tasks: the IQM drops the lowest and highest quarter (1, 2 and 7, 8) and averages 3-6."""
+    matrix = np.array([[1.0, 5.0], [2.0, 6.0], [3.0, 7.0], [4.0, 8.0]])  # (seeds, tasks)
+    iqm, low, high = aggregate.iqm_interval(matrix)
+    assert iqm == pytest.approx(4.5)
+    assert 1.0 <= low < iqm < high <= 8.0
+
+
+def test_task_row_reports_an_interval_from_three_seeds_and_min_max_below():
+    report = {"per_seed": [{"status": "ok", "last100_mean": v} for v in (100.0, 200.0, 300.0)],
+              "machine": {"cpu_model": "x"}, "reference": {"value": 400.0, "std": 10.0}}  # fmt: skip
+    row = aggregate.task_row("T", report, random=0.0)
+    assert (row["mean"], row["n"]) == (200.0, 3) and row["std"] == pytest.approx(81.65, abs=0.01)
+    assert 100.0 <= row["ci95"][0] < 200.0 < row["ci95"][1] <= 300.0 and "min_max" not in row
+    assert row["normalized_per_seed"] == [0.25, 0.5, 0.75]
+    two = aggregate.task_row("T", {**report, "per_seed": report["per_seed"][:2], "reference": None}, random=None)
+    assert two["min_max"] == (100.0, 200.0) and "ci95" not in two and "normalized_per_seed" not in two
