@@ -41,51 +41,55 @@ SCRIPT_NAME = "ppo_continuous"  # written into checkpoints; a checkpoint of anot
 
 @dataclass
 class Args:
+    """PPO for continuous actions (MuJoCo, classic control): trains an agent and logs to TensorBoard.
+
+    Modes:  --resume CKPT             continue the run of checkpoint CKPT
+            --eval-checkpoint CKPT    play checkpoint CKPT's agent, no training (see --eval-episodes)
+            --export-checkpoint CKPT  write a folder that runs CKPT's agent with plain torch (see --export-dir)"""
     # --- algorithm ---
-    env_id: str = "HalfCheetah-v4"  # the id of the environment
-    total_timesteps: int = 1_000_000  # total timesteps of the experiments
-    learning_rate: float = 3e-4  # the learning rate of the optimizer
-    num_envs: int = 1  # the number of parallel game environments
-    num_steps: int = 2048  # the number of steps to run in each environment per policy rollout
-    anneal_lr: bool = True  # Toggle learning rate annealing for policy and value networks
-    gamma: float = 0.99  # the discount factor gamma
-    gae_lambda: float = 0.95  # the lambda for the general advantage estimation
-    num_minibatches: int = 32  # the number of mini-batches
-    update_epochs: int = 10  # the K epochs to update the policy
-    norm_adv: bool = True  # Toggles advantages normalization
-    clip_coef: float = 0.2  # the surrogate clipping coefficient
-    clip_vloss: bool = True  # Toggles whether or not to use a clipped loss for the value function, as per the paper.
-    ent_coef: float = 0.0  # coefficient of the entropy
-    vf_coef: float = 0.5  # coefficient of the value function
-    max_grad_norm: float = 0.5  # the maximum norm for the gradient clipping
-    target_kl: Optional[float] = None  # the target KL divergence threshold (stop the update's epochs early when exceeded)
+    env_id: str = "HalfCheetah-v4"  # gymnasium env id with continuous actions (MuJoCo, classic control)
+    total_timesteps: int = 1_000_000  # env steps to train for, summed over all envs
+    learning_rate: float = 3e-4  # learning rate of Adam (the start value with --anneal-lr)
+    num_envs: int = 1  # envs stepped in parallel, as one vector env
+    num_steps: int = 2048  # steps per env per rollout (batch = num_envs * num_steps)
+    anneal_lr: bool = True  # decay the learning rate linearly towards 0 over training
+    gamma: float = 0.99  # discount factor, in [0, 1]
+    gae_lambda: float = 0.95  # lambda of GAE, in [0, 1] (0: one-step TD, 1: Monte Carlo)
+    num_minibatches: int = 32  # minibatches per pass; must divide the batch (num_envs * num_steps)
+    update_epochs: int = 10  # passes over the batch per update
+    norm_adv: bool = True  # normalize advantages per minibatch
+    clip_coef: float = 0.2  # clip range eps: the probability ratio is clipped to [1 - eps, 1 + eps]
+    clip_vloss: bool = True  # clip the value loss around the rollout's values, by +-clip_coef
+    ent_coef: float = 0.0  # weight of the entropy bonus in the loss
+    vf_coef: float = 0.5  # weight of the value loss in the loss
+    max_grad_norm: float = 0.5  # clip the gradients' global norm to this
+    target_kl: Optional[float] = None  # stop the update after an epoch whose mean approx. KL exceeds this (None = never)
     norm_obs: bool = True  # normalize observations with running statistics (clipped to +-obs_clip)
     norm_reward: bool = True  # scale rewards by the running std of the discounted return (clipped to +-reward_clip)
-    obs_clip: float = 10.0  # clip range of normalized observations
-    reward_clip: float = 10.0  # clip range of normalized rewards
+    obs_clip: float = 10.0  # normalized observations are clipped to +-this
+    reward_clip: float = 10.0  # normalized rewards are clipped to +-this
 
     # --- run ---
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # the name of this experiment
-    seed: int = 1  # seed of the experiment
-    torch_deterministic: bool = True  # if toggled, `torch.backends.cudnn.deterministic=True`
-    cuda: bool = True  # if toggled, cuda will be used when available
-    torch_threads: int = 0  # CPU threads for torch; 0 = share this machine's cores among the runs of these scripts on it
-    track: bool = False
-    """if toggled, this experiment will be tracked with Weights and Biases (WANDB_MODE=offline works without network)"""
-    wandb_project_name: str = "onefile-rl"  # the wandb's project name
-    wandb_entity: Optional[str] = None  # the entity (team) of wandb's project
-    capture_video: bool = False  # whether to capture videos of the agent performances (env 0; under `runs/<run>/videos`)
-    save_model: bool = False  # whether to save a final checkpoint at the end of training, then evaluate it
-    runs_dir: str = "runs"  # folder that holds one sub-folder per run (TensorBoard events, checkpoints, videos)
+    exp_name: str = os.path.basename(__file__)[: -len(".py")]  # name of the experiment, part of the run folder's name
+    seed: int = 1  # random seed of the run
+    torch_deterministic: bool = True  # make cuDNN pick deterministic algorithms (torch.backends.cudnn.deterministic)
+    cuda: bool = True  # use the GPU when there is one
+    torch_threads: int = 0  # torch's CPU threads; 0 = share this machine's cores among the runs of these scripts on it
+    track: bool = False  # log to Weights and Biases too (WANDB_MODE=offline works without network)
+    wandb_project_name: str = "onefile-rl"  # wandb project
+    wandb_entity: Optional[str] = None  # wandb entity, a team or user (None = your wandb default)
+    capture_video: bool = False  # record videos of env 0 under runs/<run>/videos
+    save_model: bool = False  # save a final checkpoint at the end of training, then evaluate it
+    runs_dir: str = "runs"  # folder with one sub-folder per run (TensorBoard events, checkpoints, videos)
     checkpoint_interval: int = 100_000  # write a checkpoint every N env steps (0 = never; Ctrl-C and --save-model still save)
-    keep_checkpoints: int = 3  # keep the newest K periodic checkpoints (the final one is always kept)
-    resume: Optional[str] = None  # path of a checkpoint to continue from (appends to that run's folder)
-    eval_checkpoint: Optional[str] = None  # path of a checkpoint to evaluate (no training)
-    eval_episodes: int = 10  # episodes per evaluation (every --eval-interval, after --save-model, of a checkpoint)
-    eval_interval: int = 0  # run --eval-episodes deterministic episodes on a separate env every N env steps (0 = never)
+    keep_checkpoints: int = 3  # how many of the newest periodic checkpoints to keep (the final one is always kept)
+    resume: Optional[str] = None  # continue the run of this checkpoint (appends to its run folder)
+    eval_checkpoint: Optional[str] = None  # play this checkpoint for --eval-episodes episodes, no training
+    eval_episodes: int = 10  # episodes per evaluation (every --eval-interval, after --save-model, with --eval-checkpoint)
+    eval_interval: int = 0  # every N env steps, play --eval-episodes deterministic episodes on a separate env (0 = never)
     keep_best: bool = False  # keep checkpoints/best.pt: the agent with the best evaluation (else training) return so far
-    export_checkpoint: Optional[str] = None  # path of a checkpoint to export as a folder that runs with plain torch
-    export_dir: Optional[str] = None  # folder of --export-checkpoint (default: <run folder>/export/<checkpoint name>)
+    export_checkpoint: Optional[str] = None  # checkpoint to export as a folder that runs with plain torch (no training)
+    export_dir: Optional[str] = None  # folder to export into; None = <run folder>/export/<checkpoint name>
     progress: bool = True  # show progress: a one-line display on a terminal, a plain line every 30 s otherwise
 
     # --- derived from the flags above (not flags themselves) ---
@@ -521,7 +525,8 @@ def probe_env(env_id: str) -> tuple[tuple, tuple]:
     env.close()
     if not isinstance(act_space, gym.spaces.Box):
         raise UserError(f"{env_id} has a {type(act_space).__name__} action space ({act_space}); this PPO needs a "
-                        f"continuous Box action space. For discrete actions use a discrete-action PPO.")  # fmt: skip
+                        f"continuous Box action space (e.g. Pendulum-v1, HalfCheetah-v4). This project's discrete-action "
+                        f"scripts, ppo_atari.py and a2c_atari.py, take Atari games only.")  # fmt: skip
     if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
         raise UserError(f"{env_id}'s action space {act_space} is unbounded; actions are clipped to its bounds.")
     return obs_space.shape, act_space.shape
@@ -560,7 +565,7 @@ def eval_only(args: Args, device: torch.device) -> None:
     """--eval-checkpoint: deterministic episodes with frozen normalization; print and log eval/episodic_return.
     --export-checkpoint: the checkpoint's agent as a folder that runs with plain torch (export_agent)."""
     path = args.eval_checkpoint or args.export_checkpoint
-    ckpt = load_checkpoint(path, device)
+    ckpt = load_checkpoint(path)
     saved = Args(**{f.name: ckpt["args"][f.name] for f in dataclasses.fields(Args) if f.name in ckpt["args"]})
     obs_shape, act_shape = probe_env(saved.env_id)
     check_checkpoint_matches(ckpt, path, SCRIPT_NAME, {"obs_shape": list(obs_shape), "act_shape": list(act_shape)})
@@ -748,11 +753,13 @@ class Progress:
         self.enabled, self.tty, self.total, self.every_s = enabled, sys.stdout.isatty(), total, every_s
         self.last_print, self.line = time.monotonic(), ""
 
-    def update(self, step: int, sps: float, recent_return: Optional[float]) -> None:
+    def update(self, step: int, sps: float, recent_return: Optional[float], recent_sps: float) -> None:
+        """sps: since the run (re)started, as logged; the ETA uses recent_sps, the last log window's speed, since a
+        run's speed changes as it goes (SAC: random-action steps first, then a gradient step per env step)."""
         if not self.enabled:
             return
         ret = "   n/a" if recent_return is None else f"{recent_return:9.1f}"
-        eta = (self.total - step) / sps if sps > 0 else math.inf
+        eta = (self.total - step) / recent_sps if recent_sps > 0 else math.inf
         eta_text = "?" if not math.isfinite(eta) else time.strftime("%H:%M:%S", time.gmtime(eta))
         if eta >= 86_400 and math.isfinite(eta):
             eta_text = f"{eta / 86_400:.1f} days"
@@ -790,7 +797,7 @@ def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
             continue
         value = saved[name]
         if isinstance(current, (np.ndarray, np.generic)):
-            value = value.numpy().astype(current.dtype)
+            value = value.cpu().numpy().astype(current.dtype)  # why: a checkpoint loaded onto a GPU holds GPU tensors
         elif isinstance(current, torch.Tensor):
             value = value.to(current.device)
         setattr(obj, name, value)
@@ -824,9 +831,10 @@ class Run:
         if args.track:
             init_tracking(args, self.name, self.dir)
         self.writer = make_writer(self.dir, args, purge_step=None if ckpt is None else ckpt["global_step"] + 1)
-        if ckpt is None:  # the flags, and what they resolved to on this machine ("compute")
+        self.args_json = self.dir / "args.json" if ckpt is None else None  # a resumed run keeps the first start's
+        if self.args_json:  # the flags, and what they resolved to on this machine ("compute")
             record = {**dataclasses.asdict(args), "compute": compute_record(args)}
-            (self.dir / "args.json").write_text(json.dumps(record, indent=2))
+            self.args_json.write_text(json.dumps(record, indent=2))
         print(f"run: {self.dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
         self.recent_returns: list = []  # the last 10 episodes' returns, for the progress line
         self.phase_time: dict = {}  # seconds per phase (run.timer) in the current log window
@@ -835,6 +843,13 @@ class Run:
         self.last = False  # set by a loop whose length is not known ahead: the current iteration is the last
         self.play: Optional[Callable[..., list]] = None  # the script's evaluation: (episodes, video_dir) -> returns
         self.best = KeepBest(args.keep_best, self.ckpt_dir / "best.pt", ckpt)
+
+    def note_compute(self, **resolved) -> None:
+        """Correct args.json's "compute" record where the set-up resolved otherwise (e.g. a fast path's fallback)."""
+        if self.args_json:
+            record = json.loads(self.args_json.read_text())
+            record["compute"].update(resolved)
+            self.args_json.write_text(json.dumps(record, indent=2))
 
     def attach(self, state, envs, **parts) -> None:
         """Register what a checkpoint holds (the loop state and the parts) and what to close at the end; on
@@ -862,6 +877,7 @@ class Run:
         progress = Progress(self.args.progress, self.args.total_timesteps)
         start_time, start_step = time.time(), state.global_step
         self.window_step, saved_step, threads_checked = state.global_step, state.global_step, time.monotonic()
+        window_start = time.time()
         evaluated_step = state.global_step
         try:
             for iteration in range(state.iteration + 1, num_iterations + 1):
@@ -875,8 +891,8 @@ class Run:
                         self.writer.add_scalar(f"charts/{phase}_us_per_step", seconds / window * 1e6, state.global_step)
                     self.phase_time = dict.fromkeys(self.phase_time, 0.0)
                     recent = float(np.mean(self.recent_returns)) if self.recent_returns else None
-                    progress.update(state.global_step, sps, recent)
-                    self.window_step = state.global_step
+                    progress.update(state.global_step, sps, recent, window / max(time.time() - window_start, 1e-9))
+                    self.window_step, window_start = state.global_step, time.time()
                 if time.monotonic() - threads_checked > 5.0:
                     threads_before = torch.get_num_threads()
                     threads = share_threads(self.args.torch_threads, RUNS_FOLDER)
@@ -944,9 +960,14 @@ class Run:
         return copy.deepcopy(state) if best else state
 
     def save(self, kind: str) -> Path:
-        """Write a checkpoint `<kind>_<global step>.pt`; tensors are saved as they are now (torch.save copies)."""
+        """Write a checkpoint `<kind>_<global step>.pt`; tensors are saved as they are now (torch.save copies).
+        An interrupted checkpoint of an earlier step goes once another kind is written."""
         path = self.ckpt_dir / checkpoint_name(kind, self.state.global_step)
         save_checkpoint(self.checkpoint(), path)
+        if kind != "interrupted":  # a later checkpoint of this run supersedes an interrupted one
+            for old in self.ckpt_dir.glob("interrupted_*.pt"):
+                if old.stem < checkpoint_name("interrupted", self.state.global_step)[:-3]:
+                    old.unlink()
         return path
 
     def evaluated(self, returns: list, step: Optional[int] = None, snapshot: Optional[dict] = None) -> None:
@@ -964,7 +985,7 @@ class Run:
         if self.stopped:
             path = self.save("interrupted")
             print(f"interrupted: saved step {self.state.global_step} (iteration {self.state.iteration}) to {path}\n"
-                  f"resume with: python {self.script}.py --resume {path}", file=sys.stderr)  # fmt: skip
+                  f"resume with: {launch_command(self.script)} --resume {path}", file=sys.stderr)  # fmt: skip
             self.close()
             sys.exit(130)
         self.best.offer_training_return(self)
@@ -1032,6 +1053,21 @@ def make_writer(run_dir: Path, args, purge_step: Optional[int]):
         table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
         writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
     return writer
+
+
+EXTRAS = {"ppo_atari": "atari", "a2c_atari": "atari", "sac_continuous_ray": "ray"}  # the pyproject extra each needs
+
+
+def launch_command(script: str) -> str:
+    """The start of a command that runs this script again when pasted into the same shell: `uv run [--extra X] PATH`
+    when uv runs it from the project's own .venv, else the interpreter running it now and PATH."""
+    path, project, here = Path(__file__).resolve(), Path(__file__).resolve().parent, Path.cwd().resolve()
+    shown = os.path.relpath(path) if path.is_relative_to(here) else str(path)
+    if os.environ.get("UV") and Path(sys.prefix).resolve() == (project / ".venv").resolve():
+        # why --project: outside the project folder, uv run would not find its .venv
+        where = "" if here.is_relative_to(project) else f" --project {project}"
+        return f"uv run{where}{f' --extra {EXTRAS[script]}' if script in EXTRAS else ''} {shown}"
+    return f"{sys.executable} {shown}"
 
 
 # --- end shared: run ---
@@ -1105,7 +1141,8 @@ def export_agent(args, ckpt: dict, policy: nn.Module, example_obs: torch.Tensor,
     returns = play(args.eval_episodes)
     (out / "replay.mp4").unlink(missing_ok=True)  # a video in the folder is this agent's
     if args.capture_video:
-        with tempfile.TemporaryDirectory() as video_dir:
+        with tempfile.TemporaryDirectory() as temp:
+            video_dir = str(Path(temp) / "video")  # why a new folder: RecordVideo warns when its folder exists
             try:
                 play(1, video_dir)
             except gym.error.DependencyNotInstalled as e:  # e.g. classic control renders with pygame: say, go on
@@ -1121,8 +1158,8 @@ def export_agent(args, ckpt: dict, policy: nn.Module, example_obs: torch.Tensor,
 
 
 def reproduce_command(script: str, saved: dict, cls) -> str:
-    """`python script.py` with the training flags whose saved value differs from the default."""
-    defaults, words = dataclasses.asdict(cls()), [f"python {script}.py"]
+    """`launch_command(script)` with the training flags whose saved value differs from the default."""
+    defaults, words = dataclasses.asdict(cls()), [launch_command(script)]
     for f in dataclasses.fields(cls):
         value = saved.get(f.name, defaults[f.name])
         if "Suppress" in str(f.type) or f.name in NOT_TRAINING_FLAGS or value == defaults[f.name] or value is None:
@@ -1197,14 +1234,15 @@ def save_checkpoint(state: dict, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def load_checkpoint(path: str, map_location: torch.device, older_flags: Optional[dict] = None) -> dict:
+def load_checkpoint(path: str, older_flags: Optional[dict] = None) -> dict:
     """Load with weights_only=True: plain tensors and Python data only, never arbitrary pickled objects.
     older_flags: {flag: the value runs had before the flag existed}, filled into a checkpoint that lacks the flag."""
     p = Path(path)
     if not p.is_file():
         raise UserError(f"checkpoint '{path}' does not exist (or is not a file).")
     try:
-        state = torch.load(p, map_location=map_location, weights_only=True)
+        # why the CPU: RNG and env states must be CPU tensors; the modules copy their weights to their own device
+        state = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
         raise UserError(f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint ({type(e).__name__}: "
                         f"{str(e).splitlines()[0] if str(e) else ''}).") from None  # fmt: skip
@@ -1259,6 +1297,42 @@ def check_flags(args, rules: dict) -> None:
             raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
 
 
+def check_paths(args) -> None:
+    """Every path flag, before anything is made: a checkpoint flag names a file, and the folder the run writes in
+    is a folder (or can be made) and writable: a new run's --runs-dir; the checkpoint's run folder on --resume,
+    its eval/ or export/ folder on --eval-checkpoint / --export-checkpoint; else --export-dir. Why: a wrong path
+    otherwise fails after the set-up, or with pathlib's traceback."""
+    flag = next((name for name in ("resume", "eval_checkpoint", "export_checkpoint") if getattr(args, name)), None)
+    if flag is None:
+        return check_folder("--runs-dir", args.runs_dir, Path(args.runs_dir), "the run's folder is made in it")
+    value, name = getattr(args, flag), "--" + flag.replace("_", "-")
+    path = Path(value)
+    if not path.is_file():
+        problem = "is a folder, not a file" if path.is_dir() else "does not exist"
+        raise UserError(f"{name} '{value}': the checkpoint {problem}.")
+    run_dir = path.resolve().parent.parent
+    if flag == "resume":
+        for folder in (run_dir, run_dir / "checkpoints"):
+            check_folder(name, value, folder, f"a resumed run writes in '{folder}'")
+    elif flag == "export_checkpoint" and args.export_dir:
+        check_folder("--export-dir", args.export_dir, Path(args.export_dir), "the export is written in it")
+    else:  # <run folder>/eval/<checkpoint name>, or export/
+        kind, what = ("eval", "evaluation is logged") if flag == "eval_checkpoint" else ("export", "export is written")
+        check_folder(name, value, run_dir / kind / path.stem, f"the {what} in '{run_dir / kind / path.stem}'")
+
+
+def check_folder(flag: str, value: str, folder: Path, why: str) -> None:
+    """Refuse `folder` (named by `flag`'s `value`) if it cannot be made, or written in: check the part that exists."""
+    existing = folder.absolute()
+    while not (existing.exists() or existing.is_symlink()):
+        existing = existing.parent
+    where = "it" if existing == folder.absolute() else f"'{existing}'"
+    if not existing.is_dir():
+        raise UserError(f"{flag} '{value}': {why}, but {where} is a file, not a folder.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} '{value}': {why}, but {where} is not writable (no permission).")
+
+
 def flags_on_command_line(argv: list, cls) -> set:
     """Field names of the flags typed on the command line (`--x`, `--x=v`, `--no-x`). Why read argv: tyro cannot
     tell a flag set to its default from a flag not given."""
@@ -1299,6 +1373,7 @@ def parse_command_line(cls, overridable: tuple, rules: dict, validate: Callable,
         raise UserError("--resume and --eval-checkpoint exclude each other: evaluate a checkpoint, or continue it.")
     if args.export_checkpoint and (args.resume or args.eval_checkpoint):
         raise UserError("--export-checkpoint excludes --resume and --eval-checkpoint: export a checkpoint, or use it.")
+    check_paths(args)  # before anything is made or loaded
     check_flags(args, rules)  # a resumed run is checked again once its Args are merged with the checkpoint's
     if not args.resume:
         validate(args)
@@ -1309,7 +1384,7 @@ def parse_command_line(cls, overridable: tuple, rules: dict, validate: Callable,
     share_threads(args.torch_threads, RUNS_FOLDER)
     ckpt = None
     if args.resume:
-        ckpt = load_checkpoint(args.resume, device, older_flags)
+        ckpt = load_checkpoint(args.resume, older_flags)
         args = merge_resume_args(args, ckpt["args"], overridable, flags_on_command_line(sys.argv[1:], cls))
         check_flags(args, rules)
         validate(args)
@@ -1334,16 +1409,26 @@ def run_cli(main: Callable[[], None]) -> None:
 
 
 def check_env_id(env_id: str) -> None:
-    """Fail early and clearly on an unknown id. "module:Env-v0" ids import `module` first, as gym.make does."""
+    """Fail early and clearly on an unknown id, or an Atari game (for the Atari scripts). "module:Env-v0" ids import
+    `module` first, as gym.make does."""
     module, _, name = env_id.rpartition(":")
     try:
         if module:
             importlib.import_module(module)
-        gym.spec(name)
+        spec = gym.spec(name)
     except ImportError as e:
         raise UserError(f"environment id '{env_id}': module '{module}' could not be imported ({e}).") from None
     except gym.error.Error as e:
-        raise UserError(f"unknown environment id '{env_id}' ({e}). Check the spelling and version suffix.") from None
+        try:  # an Atari id is known once ale-py has registered its games
+            import ale_py
+
+            gym.register_envs(ale_py)
+            spec = gym.spec(name)
+        except (ImportError, gym.error.Error):
+            raise UserError(f"unknown environment id '{env_id}' ({e}). Check the spelling and version suffix.") from None
+    if "ale_py" in str(spec.entry_point):
+        raise UserError(f"'{env_id}' is an Atari game: use ppo_atari.py or a2c_atari.py (this script takes "
+                        "continuous-action environments).")  # fmt: skip
 
 
 def quiet_mujoco_warnings() -> None:

@@ -139,6 +139,16 @@ def trained_like(module, seed: int = 0):
     return agent, copy.deepcopy(agent)
 
 
+class ComputeNotes:
+    """Stands in for the Run that fast_cnn corrects args.json through."""
+
+    def __init__(self):
+        self.notes = []
+
+    def note_compute(self, **resolved):
+        self.notes.append(resolved)
+
+
 @pytest.mark.parametrize("module", [P, A])
 def test_fast_cnn_computes_what_the_plain_network_computes(module, capsys):
     """The speed set-up (below the banner) changes the memory layout and, with --bf16, the trunk's precision; not the
@@ -146,8 +156,9 @@ def test_fast_cnn_computes_what_the_plain_network_computes(module, capsys):
     heads stay float32, evaluation computes float32, and Agent.network's own forward runs (it is not replaced)."""
     plain, fast = trained_like(module)
     obs = torch.randint(0, 256, (16, 4, 84, 84), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
-    speed = module.fast_cnn(fast, bf16=True, obs_shape=(4, 84, 84))
-    assert capsys.readouterr().out == ""  # the check at the start passed: no fallback line
+    run = ComputeNotes()
+    speed = module.fast_cnn(fast, bf16=True, obs_shape=(4, 84, 84), run=run)
+    assert capsys.readouterr().out == "" and run.notes == []  # the check at the start passed: no fallback line
     assert fast.network[0].weight.is_contiguous(memory_format=torch.channels_last)
     assert "forward" not in vars(fast.network) and type(fast.network).forward is torch.nn.Sequential.forward
     with torch.no_grad():
@@ -201,9 +212,11 @@ def test_fast_cnn_falls_back_to_the_plain_module_in_one_line(module, capsys):
     agent = module.Agent(num_actions=4)
     agent.network = Trunk()
     plain = copy.deepcopy(agent)
-    speed = module.fast_cnn(agent, bf16=True, obs_shape=(4, 84, 84))
+    run = ComputeNotes()
+    speed = module.fast_cnn(agent, bf16=True, obs_shape=(4, 84, 84), run=run)
     (line,) = capsys.readouterr().out.splitlines()
     assert line.startswith("speed set-up off (RuntimeError: ") and "Agent.network as written" in line
+    assert run.notes == [{"dtype": "float32"}]  # args.json records what the run computes in, not what was asked
     assert speed.hooks == [] and agent.network.conv.weight.is_contiguous()
     obs = torch.randint(0, 256, (4, 4, 84, 84), dtype=torch.uint8)
     with torch.no_grad():

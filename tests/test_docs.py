@@ -247,13 +247,15 @@ def test_readme_export_snippet_plays_the_evaluation_episode_with_plain_torch(tra
     """The README's export command on a trained checkpoint, then its snippet in a process that has no path to this
     repository: policy.pt2 alone plays the episode that the script's evaluation played."""
     section = README.read_text().split("**Share a trained agent.**", 1)[1].split("```", 1)[0]
-    command = re.search(r"`uv run (ppo_continuous\.py --export-checkpoint \S+ --export-dir\s+my-agent)", section)
-    assert command, "the paragraph shows the export command"
-    proc = run_script("ppo_continuous.py", "--export-checkpoint", trained["checkpoint"], "--export-dir",
-                      tmp_path / "my-agent", "--eval-episodes", 1)  # fmt: skip
+    command = re.search(r"`uv run ppo_continuous\.py --export-checkpoint (runs/<run>/checkpoints/step_<step>)\.pt\s", section)
+    assert command, "the paragraph shows the export command, on a checkpoint that a default run writes"
+    proc = run_script("ppo_continuous.py", "--export-checkpoint", trained["checkpoint"], "--eval-episodes", 1)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    exported = Path(trained["checkpoint"]).parent.parent / "export" / Path(trained["checkpoint"]).stem  # the default
     snippet = export_snippet()
-    assert 'torch.export.load("my-agent/policy.pt2")' in snippet and "import ppo_continuous" not in snippet
+    assert 'torch.export.load("runs/<run>/export/step_<step>/policy.pt2")' in snippet
+    assert "import ppo_continuous" not in snippet and "print(" in snippet  # it shows what it computed
+    snippet = snippet.replace("runs/<run>/export/step_<step>", str(exported))
     seed = torch.load(trained["checkpoint"], weights_only=True)["args"]["seed"] + 10_000  # the evaluation's episode
     code = snippet.replace('"HalfCheetah-v4"', '"Pendulum-v1"').replace("seed=0", f"seed={seed}")
     code += '\nprint("RETURN", repr(total))\n'

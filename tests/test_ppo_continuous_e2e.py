@@ -118,7 +118,7 @@ def pendulum_checkpoint(tmp_path_factory) -> Path:
 @pytest.mark.parametrize(
     "flags, needles",
     [
-        (["--env-id", "CartPole-v1"], ["CartPole-v1", "Discrete(2)", "continuous"]),
+        (["--env-id", "CartPole-v1"], ["CartPole-v1", "Discrete(2)", "continuous", "a2c_atari.py, take Atari games only"]),
         (["--env-id", "NoSuchEnv-v0"], ["unknown environment id", "NoSuchEnv-v0"]),
         (["--num-minibatches", "3"], ["num_minibatches (3)", "2048"]),
         (["--total-timesteps", "1000"], ["below one batch", "2048"]),
@@ -190,10 +190,17 @@ def test_ctrl_c_saves_the_last_completed_iteration_and_resumes(tmp_path):
     assert len(ckpts) == 1, err
     state = torch.load(ckpts[0], weights_only=True)
     assert state["iteration"] >= 3 and state["global_step"] == state["iteration"] * 256
-    assert "resume with" in err
-    resumed = run_script(SCRIPT, "--resume", ckpts[0], "--total-timesteps", state["global_step"] + 512, "--torch-threads", "1")
+    (hint,) = [line.removeprefix("resume with: ") for line in err.splitlines() if line.startswith("resume with: ")]
+    # the hint, pasted into a shell in the project folder (under `uv run`, as the README runs things, it says uv run)
+    path = os.pathsep.join([os.path.dirname(os.environ["UV"])] * ("UV" in os.environ) + [os.environ["PATH"]])
+    resumed = subprocess.run(f"{hint} --total-timesteps {state['global_step'] + 512} --torch-threads 1 --save-model "
+                             "--eval-episodes 1", shell=True,
+                             cwd=ROOT, env={**os.environ, **BASE_ENV, "PATH": path}, capture_output=True, text=True,
+                             timeout=300)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     assert max(scalars(only_run_dir(tmp_path), "losses/value_loss")) == state["global_step"] + 512
+    names = [p.name for p in (only_run_dir(tmp_path) / "checkpoints").iterdir()]
+    assert names == [f"final_{state['global_step'] + 512:010d}.pt"]  # the interrupted one is superseded: pruned
 
 
 def test_progress_display_only_on_a_terminal(tmp_path):

@@ -366,22 +366,22 @@ def test_save_checkpoint_is_atomic(tmp_path, monkeypatch):
 def test_load_checkpoint_rejects_bad_files(tmp_path):
     good = tmp_path / "good.pt"
     ppo.save_checkpoint(minimal_checkpoint(), good)
-    assert ppo.load_checkpoint(str(good), torch.device("cpu"))["global_step"] == 5
+    assert ppo.load_checkpoint(str(good))["global_step"] == 5
     with pytest.raises(ppo.UserError, match="does not exist"):
-        ppo.load_checkpoint(str(tmp_path / "missing.pt"), torch.device("cpu"))
+        ppo.load_checkpoint(str(tmp_path / "missing.pt"))
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(good.read_bytes()[:100])
     with pytest.raises(ppo.UserError, match="corrupt"):
-        ppo.load_checkpoint(str(corrupt), torch.device("cpu"))
+        ppo.load_checkpoint(str(corrupt))
     not_ours = tmp_path / "weights.pt"
     torch.save({"w": torch.ones(1)}, not_ours)
     with pytest.raises(ppo.UserError, match="not a checkpoint"):
-        ppo.load_checkpoint(str(not_ours), torch.device("cpu"))
+        ppo.load_checkpoint(str(not_ours))
     # weights_only=True: an arbitrary pickled object is refused, not unpickled
     evil = tmp_path / "evil.pt"
     torch.save({"format": 1, "args": {}, "payload": ArbitraryObject()}, evil)
     with pytest.raises(ppo.UserError, match="corrupt or not a checkpoint"):
-        ppo.load_checkpoint(str(evil), torch.device("cpu"))
+        ppo.load_checkpoint(str(evil))
 
 
 def test_prune_keeps_the_newest_periodic_checkpoints(tmp_path):

@@ -110,6 +110,7 @@ def test_halfcheetah_with_sharded_buffer_and_two_envs_per_worker(tmp_path):
                    "--save-buffer", "--eval-episodes", "1", "--runs-dir", tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "settotalmass" not in proc.stderr + proc.stdout
+    assert "Token authentication" not in proc.stderr  # the embedded cluster listens on 127.0.0.1 only: no token, no warning
     assert done_line(proc.stdout) == (600, 0, 600, 150)  # floor(0.5 * 301)
     ckpt = torch.load(next((only_run_dir(tmp_path) / "checkpoints").glob("final_*.pt")), weights_only=True)
     sizes = [shard["size"] for shard in ckpt["replay_buffers"]]

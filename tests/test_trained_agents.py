@@ -227,6 +227,7 @@ def test_ppo_continuous_keep_best_export_and_replay(tmp_path):
     proc = run_script("ppo_continuous.py", "--export-checkpoint", run_dir / "checkpoints" / "best.pt", "--export-dir",
                       export_dir, "--capture-video", "--eval-episodes", 2)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    assert "Overwriting existing videos" not in proc.stderr  # no warning about the script's own folders
     config = check_export_folder(export_dir, "ppo_continuous", ckpt, 2, video=True)
     assert config["obs_rms"]["mean"] == ckpt["obs_rms"]["mean"].tolist()
     # policy.pt2 acts as evaluate() does: normalized obs (frozen statistics), the mean action, clipped to the bounds
