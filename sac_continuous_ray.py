@@ -1284,8 +1284,8 @@ def stop_on_task_error(run, shard_states: ShardStates):
             what = f"a Ray task failed: {type(e).__name__}" + (f" ({lines[-1].strip()})" if lines else "")
         path = run.save("interrupted")
         buffer = "" if shard_states.save else " (without the replay buffer: a resumed run refills it first)"
-        print(f"error: {what}. Saved step {run.state.global_step} to {path}{buffer}. Resume with: python "
-              f"{run.script}.py --resume {path}", file=sys.stderr)  # fmt: skip
+        print(f"error: {what}. Saved step {run.state.global_step} to {path}{buffer}. Resume with: "
+              f"{launch_command(run.script)} --resume {quote(str(path))}", file=sys.stderr)  # fmt: skip
         run.close()
         sys.exit(1)
 
@@ -1775,7 +1775,7 @@ class Run:
         progress = Progress(self.args.progress, self.args.total_timesteps)
         start_time, start_step = time.time(), state.global_step
         self.window_step, saved_step, threads_checked = state.global_step, state.global_step, time.monotonic()
-        window_start = time.time()
+        window_start = time.monotonic()
         evaluated_step = state.global_step
         try:
             for iteration in range(state.iteration + 1, num_iterations + 1):
@@ -1789,8 +1789,8 @@ class Run:
                         self.writer.add_scalar(f"charts/{phase}_us_per_step", seconds / window * 1e6, state.global_step)
                     self.phase_time = dict.fromkeys(self.phase_time, 0.0)
                     recent = float(np.mean(self.recent_returns)) if self.recent_returns else None
-                    progress.update(state.global_step, sps, recent, window / max(time.time() - window_start, 1e-9))
-                    self.window_step, window_start = state.global_step, time.time()
+                    progress.update(state.global_step, sps, recent, window / max(time.monotonic() - window_start, 1e-9))
+                    self.window_step, window_start = state.global_step, time.monotonic()
                 if time.monotonic() - threads_checked > 5.0:
                     threads_before = torch.get_num_threads()
                     threads = share_threads(self.args.torch_threads, RUNS_FOLDER)
@@ -1862,9 +1862,10 @@ class Run:
         An interrupted checkpoint of an earlier step goes once another kind is written."""
         path = self.ckpt_dir / checkpoint_name(kind, self.state.global_step)
         save_checkpoint(self.checkpoint(), path)
-        if kind != "interrupted":  # a later checkpoint of this run supersedes an interrupted one
-            for old in self.ckpt_dir.glob("interrupted_*.pt"):
-                if old.stem < checkpoint_name("interrupted", self.state.global_step)[:-3]:
+        # a later checkpoint supersedes an interrupted one, unless that may hold the replay buffer and this one not
+        if kind != "interrupted" and getattr(self.args, "save_buffer", True):
+            for old in self.ckpt_dir.glob("interrupted_??????????.pt"):
+                if old.stem[-10:].isdigit() and int(old.stem[-10:]) < self.state.global_step:
                     old.unlink()
         return path
 
@@ -1883,7 +1884,7 @@ class Run:
         if self.stopped:
             path = self.save("interrupted")
             print(f"interrupted: saved step {self.state.global_step} (iteration {self.state.iteration}) to {path}\n"
-                  f"resume with: {launch_command(self.script)} --resume {path}", file=sys.stderr)  # fmt: skip
+                  f"resume with: {launch_command(self.script)} --resume {quote(str(path))}", file=sys.stderr)  # fmt: skip
             self.close()
             sys.exit(130)
         self.best.offer_training_return(self)
@@ -1956,6 +1957,13 @@ def make_writer(run_dir: Path, args, purge_step: Optional[int]):
 EXTRAS = {"ppo_atari": "atari", "a2c_atari": "atari", "sac_continuous_ray": "ray"}  # the pyproject extra each needs
 
 
+def quote(word: str) -> str:
+    """A word as a POSIX shell reads it back (a path with spaces stays one argument)."""
+    import shlex
+
+    return shlex.quote(word)
+
+
 def launch_command(script: str) -> str:
     """The start of a command that runs this script again when pasted into the same shell: `uv run [--extra X] PATH`
     when uv runs it from the project's own .venv, else the interpreter running it now and PATH."""
@@ -1963,9 +1971,9 @@ def launch_command(script: str) -> str:
     shown = os.path.relpath(path) if path.is_relative_to(here) else str(path)
     if os.environ.get("UV") and Path(sys.prefix).resolve() == (project / ".venv").resolve():
         # why --project: outside the project folder, uv run would not find its .venv
-        where = "" if here.is_relative_to(project) else f" --project {project}"
-        return f"uv run{where}{f' --extra {EXTRAS[script]}' if script in EXTRAS else ''} {shown}"
-    return f"{sys.executable} {shown}"
+        where = "" if here.is_relative_to(project) else f" --project {quote(str(project))}"
+        return f"uv run{where}{f' --extra {EXTRAS[script]}' if script in EXTRAS else ''} {quote(shown)}"
+    return f"{quote(sys.executable)} {quote(shown)}"
 
 
 # --- end shared: run ---
@@ -2205,8 +2213,8 @@ def check_paths(args) -> None:
         return check_folder("--runs-dir", args.runs_dir, Path(args.runs_dir), "the run's folder is made in it")
     value, name = getattr(args, flag), "--" + flag.replace("_", "-")
     path = Path(value)
-    if not path.is_file():
-        problem = "is a folder, not a file" if path.is_dir() else "does not exist"
+    if not os.path.isfile(path):  # os.path: no PermissionError from a path under an unreadable folder
+        problem = "is a folder, not a file" if os.path.isdir(path) else "does not exist (or cannot be read)"
         raise UserError(f"{name} '{value}': the checkpoint {problem}.")
     run_dir = path.resolve().parent.parent
     if flag == "resume":
@@ -2222,11 +2230,12 @@ def check_paths(args) -> None:
 def check_folder(flag: str, value: str, folder: Path, why: str) -> None:
     """Refuse `folder` (named by `flag`'s `value`) if it cannot be made, or written in: check the part that exists."""
     existing = folder.absolute()
-    while not (existing.exists() or existing.is_symlink()):
+    while not os.path.lexists(existing):  # os.path: no PermissionError from a path under an unreadable folder
         existing = existing.parent
     where = "it" if existing == folder.absolute() else f"'{existing}'"
-    if not existing.is_dir():
-        raise UserError(f"{flag} '{value}': {why}, but {where} is a file, not a folder.")
+    if not os.path.isdir(existing):
+        kind = "a broken symbolic link" if os.path.islink(existing) else "a file"
+        raise UserError(f"{flag} '{value}': {why}, but {where} is {kind}, not a folder.")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UserError(f"{flag} '{value}': {why}, but {where} is not writable (no permission).")
 
