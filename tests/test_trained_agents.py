@@ -84,7 +84,10 @@ def check_export_folder(export_dir, script: str, ckpt: dict, episodes: int, vide
     assert ckpt["args"]["env_id"] in card and f"{ckpt['global_step']:,} env steps" in card
     assert f"over {episodes} episodes" in card and "±" in card and 'torch.export.load("policy.pt2")' in card
     assert hashlib.sha256((ROOT / f"{script}.py").read_bytes()).hexdigest() in card
-    command = next(line for line in card.splitlines() if line.startswith(f"python {script}.py"))  # flags off their defaults
+    # the command that reproduces the run, as it starts when pasted here (run_script: this interpreter, from ROOT)
+    start = {"ppo_continuous": ppo, "ppo_atari": ppo_atari, "a2c_atari": a2c_atari, "sac_continuous": sac,
+             "sac_continuous_ray": sac_ray}[script].launch_command(script)  # fmt: skip
+    command = next(line for line in card.splitlines() if line.startswith(f"{start} "))  # flags off their defaults
     assert f"--total-timesteps {ckpt['args']['total_timesteps']}" in command and "--keep-best" in command
     return config
 
