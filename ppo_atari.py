@@ -1113,7 +1113,7 @@ def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
             continue
         value = saved[name]
         if isinstance(current, (np.ndarray, np.generic)):
-            value = value.cpu().numpy().astype(current.dtype)  # why: a checkpoint loaded onto a GPU holds GPU tensors
+            value = value.numpy().astype(current.dtype)
         elif isinstance(current, torch.Tensor):
             value = value.to(current.device)
         setattr(obj, name, value)
@@ -1385,7 +1385,8 @@ def quote(word: str) -> str:
 def launch_command(script: str) -> str:
     """The start of a command that runs this script again when pasted into the same shell: `uv run [--extra X] PATH`
     when uv runs it from the project's own .venv, else the interpreter running it now and PATH."""
-    path, project, here = Path(__file__).resolve(), Path(__file__).resolve().parent, Path.cwd().resolve()
+    path, here = Path(__file__).resolve(), Path.cwd().resolve()
+    project = path.parent
     shown = os.path.relpath(path) if path.is_relative_to(here) else str(path)
     if os.environ.get("UV") and Path(sys.prefix).resolve() == (project / ".venv").resolve():
         # why --project: outside the project folder, uv run would not find its .venv
