@@ -1753,6 +1753,8 @@ class Run:
         """Register what a checkpoint holds (the loop state and the parts) and what to close at the end; on
         --resume, load them all from the checkpoint, then the RNG states."""
         self.state, self.closing, self.parts = state, envs, parts
+        if hasattr(envs, "step"):  # what the envs return is checked as it arrives (a NaN stops the run: non_finite)
+            envs.step = self.checked_step(envs.step)
         if self.ckpt is None:
             return
         for name, part in parts.items():
@@ -1834,11 +1836,19 @@ class Run:
         self.phase_time[phase] = self.phase_time.get(phase, 0.0) + time.perf_counter() - start
 
     def log(self, step: int, scalars: dict) -> None:
+        """Log an update's (or a window's) metrics, after checking them and the weights for NaN / Inf: once per log
+        call, no sync per minibatch (the losses and the gradient norm arrive as numbers)."""
+        for tag, value in scalars.items():
+            if not math.isfinite(value):
+                self.non_finite(f"{tag} ({value})", cause="training")
+        self.check_weights({name: weights_of(part) for name, part in self.parts.items()}, "the weights")
         for tag, value in scalars.items():
             self.writer.add_scalar(tag, value, step)
 
     def episode(self, episode_return: float, length: int, step: int) -> None:
         """A finished episode: its true return and length, against the global step at which it ended."""
+        if not math.isfinite(episode_return):
+            self.non_finite(f"an episode's return ({episode_return})", cause="env")
         self.writer.add_scalar("charts/episodic_return", episode_return, step)
         self.writer.add_scalar("charts/episodic_length", length, step)
         self.recent_returns = (self.recent_returns + [float(episode_return)])[-10:]
@@ -1861,7 +1871,9 @@ class Run:
         """Write a checkpoint `<kind>_<global step>.pt`; tensors are saved as they are now (torch.save copies).
         An interrupted checkpoint of an earlier step goes once another kind is written."""
         path = self.ckpt_dir / checkpoint_name(kind, self.state.global_step)
-        save_checkpoint(self.checkpoint(), path)
+        state = self.checkpoint()
+        self.check_weights(state, f"the {kind} checkpoint about to be written")  # a broken state is never saved
+        save_checkpoint(state, path)
         # a later checkpoint supersedes an interrupted one, unless that may hold the replay buffer and this one not
         if kind != "interrupted" and getattr(self.args, "save_buffer", True):
             for old in self.ckpt_dir.glob("interrupted_??????????.pt"):
@@ -1898,6 +1910,47 @@ class Run:
             print(f"model saved to {self.save('final')}")
         return self.args.save_model
 
+    def checked_step(self, step: Callable) -> Callable:
+        """envs.step, checking the actions it is given, then the observations, final observations and rewards it
+        returns, for NaN / Inf (a policy gone NaN makes a simulator return NaN: the actions tell the two apart)."""
+
+        def checked(actions):
+            if first_non_finite(actions) is not None:
+                self.non_finite("the actions the policy chose", cause="training")
+            out = step(actions)
+            for name, value in (("observation", out[0]), ("reward", out[1]), ("final observation", out[4].get("final_obs"))):
+                if first_non_finite(value) is not None:
+                    self.non_finite(f"the environment's {name}", cause="env")
+            return out
+
+        return checked
+
+    def check_weights(self, state: dict, what: str) -> None:
+        """Stop on a NaN / Inf in a checkpoint's (or the attached parts') tensors; replay buffers and counters aside."""
+        buffers = {name for name, part in self.parts.items() if getattr(part, "holds_replay_buffer", False)}
+        found = first_non_finite({k: v for k, v in state.items() if k in self.parts and k not in buffers})
+        if found is not None:
+            self.non_finite(f"{what}: {found}", cause="training")
+
+    def non_finite(self, quantity: str, cause: str) -> None:
+        """Stop the run on its first NaN / Inf: one paragraph (what, when, the likely causes among this run's flags,
+        the newest checkpoint from before it, which stays as it is), the run closed, exit code 3. Nothing is saved."""
+        args, state = self.args, self.state
+        saved = [p for p in self.ckpt_dir.glob("*.pt") if p.name != "best.pt"] if self.ckpt_dir.is_dir() else []
+        newest = max(saved, key=lambda p: p.stat().st_mtime, default=None)
+        flags = [f"--{f.replace('_', '-')} {getattr(args, f)}" for f in NON_FINITE_FLAGS if hasattr(args, f)]
+        likely = (f"the environment ({args.env_id}): a custom env's bug, or a simulator made unstable" if cause == "env"
+                  else f"a step too large for these settings: {', '.join(flags)} (a lower learning rate, a larger "
+                  "batch or normalization usually help)")  # fmt: skip
+        resume = (f"The newest checkpoint from before it, {newest}, is untouched: resume it with "
+                  f"`{launch_command(self.script)} --resume {quote(str(newest))}` once the cause is fixed"
+                  if newest else "No checkpoint was written before it (--checkpoint-interval sets how often)")  # fmt: skip
+        print(f"error: non-finite value (NaN or Inf) in {quantity} at env step {state.global_step} (iteration "
+              f"{state.iteration}): the run stopped and saved nothing of this state. Likely cause: {likely}. "
+              f"{resume}.", file=sys.stderr)  # fmt: skip
+        self.close()
+        sys.exit(3)
+
     def close(self) -> None:
         rss = peak_rss_mb()
         if rss is not None:
@@ -1909,6 +1962,39 @@ class Run:
             import wandb
 
             wandb.finish()
+
+
+# The flags a non-finite loss or weight most often comes from, named in the stop message when the script has them.
+NON_FINITE_FLAGS = ("learning_rate", "policy_lr", "q_lr", "max_grad_norm", "num_minibatches", "batch_size",
+                    "norm_adv", "norm_obs", "norm_reward", "bf16")  # fmt: skip
+
+
+def first_non_finite(obj, path: str = "") -> Optional[str]:
+    """Where the first NaN / Inf in obj is (tensors, float arrays, numbers, nested in dicts, lists or an object
+    array of per-env values), as a dotted path ("" at the top), or None."""
+    if isinstance(obj, torch.Tensor):
+        return path if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else None
+    if isinstance(obj, np.ndarray) and obj.dtype != object:
+        return path if obj.dtype.kind in "fc" and not np.isfinite(obj).all() else None
+    if isinstance(obj, float):
+        return None if math.isfinite(obj) else path
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple, np.ndarray)) else ()
+    for key, value in items:
+        found = first_non_finite(value, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def weights_of(part) -> dict:
+    """A checkpoint part's weights, for the check at each log: a module's parameters and buffers, or the modules'
+    and tensors among a plain object's attributes (e.g. SAC's Learner); nothing of other parts (optimizers, envs)."""
+    if isinstance(part, nn.Module):
+        return dict(part.named_parameters())
+    if getattr(part, "holds_replay_buffer", False) or not hasattr(part, "__dict__"):
+        return {}
+    return {name: dict(value.named_parameters()) if isinstance(value, nn.Module) else value
+            for name, value in vars(part).items() if isinstance(value, (nn.Module, torch.Tensor))}  # fmt: skip
 
 
 def compute_record(args) -> dict:
@@ -2001,6 +2087,7 @@ class KeepBest:
         if score > self.score:
             self.score = score
             state = snapshot if snapshot is not None else run.checkpoint(best=True)
+            run.check_weights(state, "the agent --keep-best was about to keep")  # a NaN agent is never kept
             state["run_state"]["best_score"] = score
             save_checkpoint(state, self.path)
         self.step = step
@@ -2287,8 +2374,7 @@ def parse_command_line(cls, overridable: tuple, rules: dict, validate: Callable,
         validate(args)
     check_tracking(args.track)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if args.torch_threads == 0:
-        register_run(RUNS_FOLDER)
+    register_run(RUNS_FOLDER, args.torch_threads)  # a fixed count holds its cores: the others share what is left
     share_threads(args.torch_threads, RUNS_FOLDER)
     ckpt = None
     if args.resume:
@@ -2415,37 +2501,43 @@ def peak_rss_mb() -> Optional[float]:
 RUNS_FOLDER = Path(tempfile.gettempdir()) / "onefile-rl-runs"  # one file per live run, named by its pid
 
 
-def register_run(folder: Path) -> None:
-    """Leave this process's entry in `folder` for as long as it lives (see share_threads)."""
+def register_run(folder: Path, threads: int) -> None:
+    """Leave this process's entry in `folder`, holding its --torch-threads, for as long as it lives (share_threads)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         entry = folder / str(os.getpid())
-        entry.touch()
+        entry.write_text(str(threads))
         atexit.register(entry.unlink, missing_ok=True)
     except OSError:  # a read-only temp dir: this run then counts only the others
         pass
 
 
-def live_runs(folder: Path) -> int:
-    """Runs of these scripts alive on this machine (at least 1: this one); entries of dead processes are removed."""
-    alive = 0
+def live_runs(folder: Path) -> tuple[int, int]:
+    """(runs sharing the cores, cores held by runs with a fixed --torch-threads) among the live runs of these scripts
+    on this machine; at least one sharing run: this one. Entries of dead processes are removed."""
+    sharing, fixed = 0, 0
     for entry in folder.glob("[0-9]*"):
         try:
             os.kill(int(entry.name), 0)
-            alive += 1
         except ProcessLookupError:
             entry.unlink(missing_ok=True)
+            continue
         except (ValueError, OSError):  # PermissionError: another user's live process
-            alive += 1
-    return max(alive, 1)
+            pass
+        try:
+            threads = int(entry.read_text() or 0)  # empty: an entry being written, or from before the count was kept
+        except (ValueError, OSError):
+            threads = 0
+        sharing, fixed = (sharing, fixed + threads) if threads > 0 else (sharing + 1, fixed)
+    return max(sharing, 1), fixed
 
 
 def share_threads(requested: int, folder: Path) -> int:
-    """Set torch's CPU threads: --torch-threads N > 0 fixes N; 0 (the default) shares this machine's cores among
-    the runs of these scripts alive on it (the Run re-checks every few seconds, so a run started alone gives up
-    cores when a second one starts). Why: torch's OpenMP threads spin while they wait, so two runs with a thread
-    per core each ran ~6x slower on 2 cores (3,178 SPS alone; 524 and 549 side by side); split, each keeps a core."""
-    threads = requested if requested > 0 else max(1, usable_cores() // live_runs(folder))
+    """Set torch's CPU threads: --torch-threads N > 0 fixes N; 0 (the default) shares the cores that runs with a fixed
+    count leave among the runs of these scripts alive on this machine (re-checked every few seconds). Why: torch's
+    OpenMP threads spin while they wait; two runs with a thread per core each ran ~6x slower on 2 cores."""
+    sharing, fixed = live_runs(folder)
+    threads = requested if requested > 0 else max(1, (usable_cores() - fixed) // sharing)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     return threads

@@ -8,6 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+
+# Each pytest-xdist worker shares the machine with another (one per core): its in-process torch work takes one
+# thread. Why: torch's default, a thread per core, spins against the other worker's run and slows both many times.
+torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -78,7 +83,8 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
 # test's `ray start` head is up may join that cluster instead of starting its own, and two Ray instances on 2 cores
 # starve each other's timeouts.
 RAY_MODULES = {"test_sac_continuous_ray_e2e", "test_sac_continuous_ray_cluster", "test_sac_continuous_ray_learning"}
-RAY_TESTS = {"test_sac_keep_best_export_and_replay[sac_continuous_ray]"}  # elsewhere: tests that start Ray
+RAY_TESTS = {"test_sac_keep_best_export_and_replay[sac_continuous_ray]",
+             "test_ray_learner_stops_on_a_nan_loss_shuts_ray_down_and_resumes"}  # elsewhere: tests that start Ray
 # Modules whose module-scoped fixture trains a run: their tests stay on one worker, so the run is trained once.
 SHARED_RUN_MODULES = {"test_benchmarks", "test_docs", "test_ppo_continuous_e2e", "test_sac_continuous_e2e"}
 

@@ -92,3 +92,23 @@ class FallingReturnEnv(CountingEnv):
 
 
 gym.register("FallingReturn-v0", entry_point=FallingReturnEnv, max_episode_steps=7)  # 7 steps: return 7, later 0
+
+
+class NonFiniteAfter(CountingEnv):
+    """CountingEnv whose `bad`-th step in this process (counted across episodes, not restored by a resume) returns
+    NaN in its reward ("reward") or its observation ("obs"): a user's environment going wrong mid-run."""
+
+    def __init__(self, bad: int, what: str):
+        super().__init__()
+        self.bad, self.what, self.calls = bad, what, 0
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        self.calls += 1
+        if self.calls == self.bad:
+            reward, obs = (np.nan, obs) if self.what == "reward" else (reward, np.array([np.nan, obs[1]]))
+        return obs, reward, terminated, truncated, info
+
+
+gym.register("NanReward-v0", entry_point=NonFiniteAfter, max_episode_steps=7, kwargs={"bad": 300, "what": "reward"})
+gym.register("NanObservation-v0", entry_point=NonFiniteAfter, max_episode_steps=7, kwargs={"bad": 300, "what": "obs"})

@@ -84,29 +84,36 @@ def test_threads_are_shared_among_live_runs(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     for pid in (os.getpid(), os.getppid(), dead.pid):
-        (tmp_path / str(pid)).touch()
+        (tmp_path / str(pid)).write_text("0")
     (tmp_path / "not-a-pid").touch()
     before = torch.get_num_threads()
+    cores = ppo.usable_cores()
     try:
-        assert ppo.live_runs(tmp_path) == 2  # this process and its parent; the dead one's entry is removed
+        assert ppo.live_runs(tmp_path) == (2, 0)  # this process and its parent; the dead one's entry is removed
         assert not (tmp_path / str(dead.pid)).exists()
-        assert ppo.share_threads(0, tmp_path) == max(1, ppo.usable_cores() // 2) == torch.get_num_threads()
+        assert ppo.share_threads(0, tmp_path) == max(1, cores // 2) == torch.get_num_threads()
         assert ppo.share_threads(3, tmp_path) == 3 == torch.get_num_threads()  # --torch-threads N is fixed
+        (tmp_path / str(os.getppid())).write_text("1")  # the other run holds one core (--torch-threads 1)...
+        assert ppo.live_runs(tmp_path) == (1, 1)
+        assert ppo.share_threads(0, tmp_path) == max(1, cores - 1)  # ...so this one takes what is left, not every core
+        (tmp_path / str(os.getppid())).write_text(str(cores + 5))  # more than the machine has: one thread still
+        assert ppo.share_threads(0, tmp_path) == 1
         (tmp_path / str(os.getppid())).unlink()
-        assert ppo.share_threads(0, tmp_path) == ppo.usable_cores()  # alone again: every core
-        assert ppo.live_runs(tmp_path / "missing") == 1
+        assert ppo.share_threads(0, tmp_path) == cores  # alone again: every core
+        assert ppo.live_runs(tmp_path / "missing") == (1, 0)
     finally:
         torch.set_num_threads(before)
 
 
-def test_register_run_leaves_an_entry_named_by_the_pid(tmp_path):
+def test_register_run_leaves_an_entry_named_by_the_pid_holding_its_thread_count(tmp_path):
     code = ("import os, sys, pathlib; sys.path.insert(0, sys.argv[2]); import ppo_continuous as p; "
-            "f = pathlib.Path(sys.argv[1]); p.register_run(f); print(os.getpid(), sorted(x.name for x in f.iterdir()))")  # fmt: skip
+            "f = pathlib.Path(sys.argv[1]); p.register_run(f, 3); "
+            "print(os.getpid(), sorted((x.name, x.read_text()) for x in f.iterdir()))")  # fmt: skip
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path), str(ROOT)], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     pid, listing = proc.stdout.strip().split(" ", 1)
-    assert listing == f"['{pid}']"  # while it runs: one entry, its pid
+    assert listing == f"[('{pid}', '3')]"  # while it runs: one entry, its pid, holding its --torch-threads
     assert list(tmp_path.iterdir()) == [], "the entry is removed when the run exits"
 
 

@@ -232,7 +232,7 @@ def test_resume_with_buffer_continues_the_counters_and_the_curve(tmp_path, saved
     ckpt_path = run_dir / "checkpoints" / "step_0000000300.pt"
     saved = torch.load(ckpt_path, weights_only=True)
     proc = run_ray("--resume", ckpt_path, "--total-timesteps", "900", "--num-rollout-workers", "1",
-                   "--save-model", "--eval-episodes", "1")  # fmt: skip
+                   "--torch-threads", "1", "--save-model", "--eval-episodes", "1")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "resumed from" in proc.stdout and "buffer starts empty" not in proc.stderr
     assert "ray: 1 rollout workers" in proc.stdout  # the cluster layout may change on resume
@@ -259,7 +259,7 @@ def test_resume_without_buffer_warns_and_refills_before_updating(tmp_path, saved
     ckpt = torch.load(ckpt_path, weights_only=True)
     ckpt["replay_buffers"] = None  # as saved without --save-buffer
     torch.save(ckpt, ckpt_path)
-    proc = run_ray("--resume", ckpt_path, "--total-timesteps", "600")
+    proc = run_ray("--resume", ckpt_path, "--total-timesteps", "600", "--torch-threads", "1")
     assert proc.returncode == 0, proc.stderr
     assert "buffer starts empty" in proc.stderr and "step 400" in proc.stderr
     # 300 new transitions in the buffer; updates resume at step 400 (learning_starts 100 after the checkpoint)
@@ -347,6 +347,6 @@ def test_ctrl_c_saves_shuts_ray_down_and_resumes(tmp_path):
     step = state["global_step"]
     assert step >= 200 and sum(b["size"] for b in state["replay_buffers"]) == step  # every counted step is stored
     assert state["run_state"]["grad_steps"] <= step - 100 + 1
-    resumed = run_ray("--resume", ckpts[0], "--total-timesteps", step + 200)
+    resumed = run_ray("--resume", ckpts[0], "--total-timesteps", step + 200, "--torch-threads", "1")
     assert resumed.returncode == 0, resumed.stderr
     assert done_line(resumed.stdout)[:3] == (step + 200, 0, step + 200)
