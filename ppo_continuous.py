@@ -512,6 +512,10 @@ def validate_args(args: Args) -> None:
     if args.total_timesteps < batch_size:
         raise UserError(f"total_timesteps ({args.total_timesteps}) is below one batch (num_envs * num_steps = "
                         f"{batch_size}): no update would run. Raise --total-timesteps or lower --num-steps.")  # fmt: skip
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        raise UserError(f"--norm-adv divides by the advantages' standard deviation over a minibatch, undefined for a "
+                        f"minibatch of {batch_size // args.num_minibatches}: lower --num-minibatches (e.g. "
+                        f"{max(batch_size // 2, 1)}) or give --no-norm-adv.")  # fmt: skip
 
 
 def probe_env(env_id: str) -> tuple[tuple, tuple]:
@@ -941,7 +945,7 @@ class Run:
         """Log an update's (or a window's) metrics, after checking them and the weights for NaN / Inf: once per log
         call, no sync per minibatch (the losses and the gradient norm arrive as numbers)."""
         for tag, value in scalars.items():
-            if not math.isfinite(value):
+            if not math.isfinite(value) and tag not in MAY_BE_NAN:
                 self.non_finite(f"{tag} ({value})", cause="training")
         self.check_weights({name: weights_of(part) for name, part in self.parts.items()}, "the weights")
         for tag, value in scalars.items():
@@ -1066,6 +1070,9 @@ class Run:
             wandb.finish()
 
 
+# Metrics that are NaN by definition in some updates, not a sign of a broken run: the explained variance of returns
+# that are all equal (e.g. no reward yet).
+MAY_BE_NAN = ("losses/explained_variance",)
 # The flags a non-finite loss or weight most often comes from, named in the stop message when the script has them.
 NON_FINITE_FLAGS = ("learning_rate", "policy_lr", "q_lr", "max_grad_norm", "num_minibatches", "batch_size",
                     "norm_adv", "norm_obs", "norm_reward", "bf16")  # fmt: skip

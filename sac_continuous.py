@@ -1173,7 +1173,7 @@ class Run:
         """Log an update's (or a window's) metrics, after checking them and the weights for NaN / Inf: once per log
         call, no sync per minibatch (the losses and the gradient norm arrive as numbers)."""
         for tag, value in scalars.items():
-            if not math.isfinite(value):
+            if not math.isfinite(value) and tag not in MAY_BE_NAN:
                 self.non_finite(f"{tag} ({value})", cause="training")
         self.check_weights({name: weights_of(part) for name, part in self.parts.items()}, "the weights")
         for tag, value in scalars.items():
@@ -1298,6 +1298,9 @@ class Run:
             wandb.finish()
 
 
+# Metrics that are NaN by definition in some updates, not a sign of a broken run: the explained variance of returns
+# that are all equal (e.g. no reward yet).
+MAY_BE_NAN = ("losses/explained_variance",)
 # The flags a non-finite loss or weight most often comes from, named in the stop message when the script has them.
 NON_FINITE_FLAGS = ("learning_rate", "policy_lr", "q_lr", "max_grad_norm", "num_minibatches", "batch_size",
                     "norm_adv", "norm_obs", "norm_reward", "bf16")  # fmt: skip

@@ -13,10 +13,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+import ppo_continuous as ppo
 from tests import pixel_envs
 from tests.conftest import ROOT, only_run_dir, run_script
 from tests.student_copy import copy_alone, import_copy, run_copy
@@ -214,3 +216,15 @@ def test_ray_learner_stops_on_a_nan_loss_shuts_ray_down_and_resumes(tmp_path):
     assert torch.load(newest, weights_only=True)["run_state"]["grad_steps"] < 150
     resumed = run_ray("--resume", newest, "--total-timesteps", int(newest.stem[-10:]) + 200, "--torch-threads", "1")
     assert resumed.returncode == 0, resumed.stderr
+
+
+def test_a_metric_undefined_by_definition_does_not_stop_the_run_and_a_nan_loss_does():
+    """Run.log: the explained variance of returns that are all equal is NaN by definition (not a broken run); a
+    NaN loss stops the run."""
+    logged, stops = [], []
+    run = SimpleNamespace(writer=SimpleNamespace(add_scalar=lambda tag, value, step: logged.append(tag)), parts={},
+                          check_weights=lambda state, what: None, non_finite=lambda quantity, cause: stops.append(quantity))  # fmt: skip
+    ppo.Run.log(run, 5, {"losses/explained_variance": math.nan, "losses/value_loss": 1.0})
+    assert logged == ["losses/explained_variance", "losses/value_loss"] and stops == []
+    ppo.Run.log(run, 6, {"losses/value_loss": math.inf})
+    assert stops == ["losses/value_loss (inf)"]

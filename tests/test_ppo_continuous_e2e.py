@@ -122,6 +122,7 @@ def pendulum_checkpoint(tmp_path_factory) -> Path:
         (["--env-id", "NoSuchEnv-v0"], ["unknown environment id", "NoSuchEnv-v0"]),
         (["--num-minibatches", "3"], ["num_minibatches (3)", "2048"]),
         (["--total-timesteps", "1000"], ["below one batch", "2048"]),
+        (["--num-steps", "4", "--num-minibatches", "4"], ["--norm-adv divides", "minibatch of 1", "--no-norm-adv"]),
         (["--resume", "does/not/exist.pt"], ["does not exist"]),
         (["--eval-checkpoint", "does/not/exist.pt"], ["does not exist"]),
         (["--learning-rate", "0"], ["--learning-rate must be > 0, not 0.0"]),
