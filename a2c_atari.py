@@ -434,9 +434,10 @@ def validate_args(args: Args) -> None:
     if args.total_timesteps < batch_size:
         raise UserError(f"total_timesteps ({args.total_timesteps}) is below one batch (num_envs * num_steps = "
                         f"{batch_size}): no update would run. Raise --total-timesteps or lower --num-steps.")  # fmt: skip
-    if args.norm_adv and batch_size < 2:
-        raise UserError("--norm-adv divides by the advantages' standard deviation over the batch, undefined for a batch "
-                        "of 1: raise --num-envs or --num-steps, or leave --norm-adv off.")  # fmt: skip
+    minibatch = batch_size // getattr(args, "num_minibatches", 1)  # A2C: the whole batch
+    if args.norm_adv and minibatch < 2:
+        raise UserError(f"--norm-adv divides by the advantages' standard deviation over a minibatch, undefined for a "
+                        f"minibatch of {minibatch}: raise --num-envs or --num-steps, or leave --norm-adv off.")  # fmt: skip
 
 
 # --- shared: atari-wrappers ---

@@ -148,7 +148,7 @@ def test_resume_restores_network_optimizer_counters_schedule_and_rng(tmp_path):
         ("a2c_atari.py", ["--optimizer", "adam"], ["--optimizer must be 'rmsprop-tf' or 'rmsprop-torch'"]),
         ("ppo_atari.py", ["--total-timesteps", "100"], ["below one batch"]),
         ("ppo_atari.py", ["--num-envs", "1", "--num-steps", "4", "--num-minibatches", "4"], ["--norm-adv divides"]),
-        ("a2c_atari.py", ["--num-envs", "1", "--num-steps", "1", "--norm-adv"], ["--norm-adv divides", "batch of 1"]),
+        ("a2c_atari.py", ["--num-envs", "1", "--num-steps", "1", "--norm-adv"], ["--norm-adv divides", "minibatch of 1"]),
         ("a2c_atari.py", ["--resume", "does/not/exist.pt"], ["does not exist"]),
     ],
 )
