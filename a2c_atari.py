@@ -1369,8 +1369,8 @@ def first_non_finite(obj, path: str = "") -> Optional[str]:
 
 
 def weights_of(part) -> dict:
-    """A checkpoint part's weights, for the check at each log: a module's parameters and buffers, or the modules'
-    and tensors among a plain object's attributes (e.g. SAC's Learner); nothing of other parts (optimizers, envs)."""
+    """A checkpoint part's weights, for the check at each log: a module's parameters, or the modules' parameters and
+    the tensors among a plain object's attributes (e.g. SAC's Learner); nothing of other parts (optimizers, envs)."""
     if isinstance(part, nn.Module):
         return dict(part.named_parameters())
     if getattr(part, "holds_replay_buffer", False) or not hasattr(part, "__dict__"):
@@ -1918,8 +1918,10 @@ def share_threads(requested: int, folder: Path) -> int:
     """Set torch's CPU threads: --torch-threads N > 0 fixes N; 0 (the default) shares the cores that runs with a fixed
     count leave among the runs of these scripts alive on this machine (re-checked every few seconds). Why: torch's
     OpenMP threads spin while they wait; two runs with a thread per core each ran ~6x slower on 2 cores."""
-    sharing, fixed = live_runs(folder)
-    threads = requested if requested > 0 else max(1, (usable_cores() - fixed) // sharing)
+    threads = requested
+    if requested == 0:
+        sharing, fixed = live_runs(folder)
+        threads = max(1, (usable_cores() - fixed) // sharing)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     return threads

@@ -54,7 +54,7 @@ class PixelTarget(gym.Env):
         return self.frames.copy(), reward, terminated, False, info
 
 
-def make_vector_env(num_envs: int, length: int = 20) -> gym.vector.SyncVectorEnv:
-    """num_envs PixelTarget envs under next-step autoreset, the mode the scripts' loops assume."""
-    return gym.vector.SyncVectorEnv([lambda: PixelTarget(length) for _ in range(num_envs)],
+def make_vector_env(num_envs: int, length: int = 20, env_class: type = PixelTarget) -> gym.vector.SyncVectorEnv:
+    """num_envs PixelTarget envs (or of a subclass) under next-step autoreset, the mode the scripts' loops assume."""
+    return gym.vector.SyncVectorEnv([lambda: env_class(length) for _ in range(num_envs)],
                                     autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)  # fmt: skip

@@ -180,15 +180,10 @@ def run_main(path: Path, flags: list, env_class, monkeypatch) -> None:
     module = import_copy(path)
     num_actions = int(pixel_envs.PixelTarget().action_space.n)
     monkeypatch.setattr(module, "probe_env", lambda env_id: (pixel_envs.PixelTarget().observation_space.shape, num_actions))
-    monkeypatch.setattr(module, "make_vector_env", lambda args, video_dir, seed: make_envs(env_class, args.num_envs))
+    monkeypatch.setattr(module, "make_vector_env",
+                        lambda args, video_dir, seed: pixel_envs.make_vector_env(args.num_envs, env_class=env_class))
     monkeypatch.setattr(sys, "argv", [str(path), *map(str, flags)])
     module.main()
-
-
-def make_envs(env_class, num_envs: int):
-    import gymnasium as gym
-
-    return gym.vector.SyncVectorEnv([env_class for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
 
 
 def test_ray_learner_stops_on_a_nan_loss_shuts_ray_down_and_resumes(tmp_path):
