@@ -1168,7 +1168,10 @@ def connect_ray(address: Optional[str], num_workers: int):
     if address is None:
         # Logical CPUs: at least one per worker (+1 for the learner), so a 2-core machine can still start 4 workers;
         # they then share the cores, which is what the scaling table measures.
-        ray.init(num_cpus=max(usable_cores(), num_workers + 1), include_dashboard=False, logging_level=logging.WARNING)
+        # "local": a Ray of this run's own. Why: with no address, ray.init() joins a `ray start` cluster already up on
+        # this machine, the opposite of what leaving --ray-address out promises.
+        ray.init(address="local", num_cpus=max(usable_cores(), num_workers + 1), include_dashboard=False,
+                 logging_level=logging.WARNING)  # fmt: skip
         return ray
     if address != "auto":
         # Why probe first: ray.init keeps retrying an unreachable GCS address for minutes before it gives up.

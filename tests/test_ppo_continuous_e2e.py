@@ -193,7 +193,8 @@ def test_ctrl_c_saves_the_last_completed_iteration_and_resumes(tmp_path):
     assert state["iteration"] >= 3 and state["global_step"] == state["iteration"] * 256
     (hint,) = [line.removeprefix("resume with: ") for line in err.splitlines() if line.startswith("resume with: ")]
     # the hint, pasted into a shell in the project folder (under `uv run`, as the README runs things, it says uv run)
-    path = os.pathsep.join([os.path.dirname(os.environ["UV"])] * ("UV" in os.environ) + [os.environ["PATH"]])
+    uv_folder = [os.path.dirname(os.environ["UV"])] if "UV" in os.environ else []  # outside uv: no uv folder to add
+    path = os.pathsep.join(uv_folder + [os.environ["PATH"]])
     resumed = subprocess.run(f"{hint} --total-timesteps {state['global_step'] + 512} --torch-threads 1 --save-model "
                              "--eval-episodes 1", shell=True,
                              cwd=ROOT, env={**os.environ, **BASE_ENV, "PATH": path}, capture_output=True, text=True,

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import BASE_ENV, ROOT, assert_clean_error, only_run_dir, scalars, wait_for_updates
+from tests.fork_runner import run_forked
 
 pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")  # Ray vendors it: ray/thirdparty_files is on sys.path once ray is imported
@@ -69,18 +70,26 @@ def done_line(stdout: str) -> tuple:
     return tuple(int(x) for x in match.groups())
 
 
-def test_two_workers_reach_the_update_hold_the_utd_ratio_and_log_every_tag(tmp_path):
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory):
+    """One 1,000-step run on 2 workers that the tests below read and resume: checkpoints at 500 and 1,000 with the
+    buffer, an evaluation every 500 steps, the final checkpoint and its evaluation."""
+    runs = tmp_path_factory.mktemp("runs")
     proc = run_ray("--env-id", "Pendulum-v1", *SMALL, "--num-rollout-workers", "2", "--total-timesteps", "1000",
                    "--checkpoint-interval", "500", "--eval-interval", "500", "--eval-episodes", "1", "--save-model",
-                   "--runs-dir", tmp_path)  # fmt: skip
+                   "--save-buffer", "--runs-dir", runs)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    return only_run_dir(runs), proc
+
+
+def test_two_workers_reach_the_update_hold_the_utd_ratio_and_log_every_tag(saved_run):
+    run_dir, proc = saved_run
     assert "ray: 2 rollout workers x 1 envs" in proc.stdout and "36.0 MB" in proc.stdout
     assert "leaked" not in proc.stderr, "objects frozen out of the collector must be handed back at exit"
     progress = [line for line in proc.stdout.splitlines() if "ETA" in line]  # off a terminal: plain lines
     assert progress and "1,000/1,000" in progress[-1], proc.stdout
     # every env step counted once and stored once; utd 1: one update per step from learning_starts (100) on
     assert done_line(proc.stdout) == (1000, 0, 1000, 901)
-    run_dir = only_run_dir(tmp_path)
     for tag in LOSS_TAGS + CHART_TAGS + ["eval/episodic_return"]:
         assert scalars(run_dir, tag), f"tag {tag} missing"
     assert all(np.isfinite(list(scalars(run_dir, tag).values())).all() for tag in LOSS_TAGS)
@@ -97,7 +106,7 @@ def test_two_workers_reach_the_update_hold_the_utd_ratio_and_log_every_tag(tmp_p
     assert {"learner", "run_state", "rng_states", "args", "replay_buffers"} <= ckpt.keys()
     assert {"actor", "qf", "qf_target", "actor_optimizer", "q_optimizer", "log_alpha", "alpha_optimizer"} <= ckpt[
         "learner"].keys()  # fmt: skip
-    assert ckpt["run_state"]["grad_steps"] == 901 and ckpt["replay_buffers"] is None
+    assert ckpt["run_state"]["grad_steps"] == 901 and sum(b["size"] for b in ckpt["replay_buffers"]) == 1000
     learner = ckpt["learner"]
     assert learner["log_alpha"].item() < 0 and not torch.equal(learner["qf"]["w1"], learner["qf_target"]["w1"])
 
@@ -127,36 +136,6 @@ def test_pause_learner_only_collects(tmp_path):
     assert not scalars(only_run_dir(tmp_path), "losses/qf1_loss")
 
 
-def test_a_killed_rollout_worker_is_restarted_and_no_step_is_counted_twice(tmp_path):
-    """SIGKILL one worker's process mid-run: Ray restarts it, its batch in flight is dropped and collected again, the
-    step count only rises, and the run ends with exactly total_timesteps steps, all in the buffer once."""
-    proc = start_ray_run("--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "3000", "--checkpoint-interval", "0",
-                         "--runs-dir", tmp_path)  # fmt: skip
-    try:
-        for line in proc.stdout:
-            if line.startswith("ray:"):
-                pid = int(re.search(r"pids (\d+) (\d+)", line).group(1))
-                break
-        else:
-            pytest.fail(f"no worker pids printed: {proc.stderr.read()}")
-        listening = {c.laddr.ip for c in psutil.Process(pid).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
-        assert listening <= {"127.0.0.1", "::ffff:127.0.0.1"}, f"the embedded Ray listens on 127.0.0.1 only: {listening}"
-        wait_for_updates(tmp_path)  # kill once the learner has started
-        os.kill(pid, signal.SIGKILL)
-        out, err = proc.communicate(timeout=300)
-    finally:
-        stop_session(proc.pid)
-    assert proc.returncode == 0, err
-    steps, restarts, stored, updates = done_line(out)
-    assert (steps, restarts, stored, updates) == (3000, 1, 3000, 2901)
-    assert "rollout worker 0 is back" in err
-    run_dir = only_run_dir(tmp_path)
-    logged = scalars(run_dir, "charts/worker_restarts")
-    assert max(logged.values()) == 1 and max(logged) == 3000
-    returns = scalars(run_dir, "charts/episodic_return")
-    assert len(returns) >= 12  # 15 episodes of 200 steps, less those cut short by the kill and at the end
-
-
 def actor_pid(sid: int, name: str, timeout: float = 120) -> int:
     """The pid of the run's Ray actor of class `name` (Ray titles an actor's process `ray::<Class>...`)."""
     deadline = time.time() + timeout
@@ -171,22 +150,41 @@ def actor_pid(sid: int, name: str, timeout: float = 120) -> int:
     pytest.fail(f"no {name} process in the run's session")
 
 
-def test_a_killed_parameter_server_comes_back_and_gets_the_weights_again(tmp_path):
-    """SIGKILL the parameter server mid-run: Ray restarts it empty, the driver publishes the weights to it again,
-    workers that pull meanwhile act on with the weights they have, and the run ends with exact counts."""
+def test_a_killed_worker_and_parameter_server_come_back_and_no_step_is_counted_twice(tmp_path):
+    """SIGKILL one rollout worker's process mid-run, then the parameter server's (one run for both: each Ray start
+    costs the suite tens of seconds). Ray restarts the worker: its batch in flight is dropped and collected again, the
+    step count only rises. Ray restarts the server empty: the driver publishes the weights to it again, and workers
+    that pull meanwhile act on with the weights they have. The run ends with exactly total_timesteps steps, all in the
+    buffer once."""
     proc = start_ray_run("--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "3000", "--checkpoint-interval", "0",
                          "--weight-sync-interval", "100", "--runs-dir", tmp_path)  # fmt: skip
     try:
-        pid = actor_pid(proc.pid, "ParameterServer")
-        wait_for_updates(tmp_path)
+        for line in proc.stdout:
+            if line.startswith("ray:"):
+                pid = int(re.search(r"pids (\d+) (\d+)", line).group(1))
+                break
+        else:
+            pytest.fail(f"no worker pids printed: {proc.stderr.read()}")
+        listening = {c.laddr.ip for c in psutil.Process(pid).net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+        assert listening <= {"127.0.0.1", "::ffff:127.0.0.1"}, f"the embedded Ray listens on 127.0.0.1 only: {listening}"
+        server_pid = actor_pid(proc.pid, "ParameterServer")
+        wait_for_updates(tmp_path)  # kill once the learner has started
         os.kill(pid, signal.SIGKILL)
+        wait_for_updates(tmp_path, n=6)
+        os.kill(server_pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=300)
     finally:
         stop_session(proc.pid)
     assert proc.returncode == 0, err
-    assert done_line(out) == (3000, 0, 3000, 2901)
-    assert "parameter server is back" in err, err
     assert "Traceback" not in err
+    steps, restarts, stored, updates = done_line(out)
+    assert (steps, restarts, stored, updates) == (3000, 1, 3000, 2901), err
+    assert "rollout worker 0 is back" in err and "parameter server is back" in err, err
+    run_dir = only_run_dir(tmp_path)
+    logged = scalars(run_dir, "charts/worker_restarts")
+    assert max(logged.values()) == 1 and max(logged) == 3000
+    returns = scalars(run_dir, "charts/episodic_return")
+    assert len(returns) >= 12  # 15 episodes of 200 steps, less those cut short by the kill and at the end
 
 
 def test_a_killed_buffer_shard_ends_the_run_with_a_checkpoint_and_one_paragraph(tmp_path):
@@ -216,70 +214,66 @@ def test_a_killed_buffer_shard_ends_the_run_with_a_checkpoint_and_one_paragraph(
     assert state["run_state"]["grad_steps"] > 0 and state["learner"]["log_alpha"].item() < 0
 
 
-@pytest.fixture(scope="module")
-def saved_run(tmp_path_factory):
-    """A 600-step run with its buffer in the checkpoints (step 300 and final)."""
-    runs = tmp_path_factory.mktemp("runs")
-    proc = run_ray("--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "600", "--checkpoint-interval",
-                   "300", "--save-buffer", "--save-model", "--eval-episodes", "1", "--runs-dir", runs)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    return only_run_dir(runs)
-
-
 def test_resume_with_buffer_continues_the_counters_and_the_curve(tmp_path, saved_run):
-    run_dir = tmp_path / saved_run.name
-    shutil.copytree(saved_run, run_dir)
-    ckpt_path = run_dir / "checkpoints" / "step_0000000300.pt"
+    run_dir = tmp_path / saved_run[0].name
+    shutil.copytree(saved_run[0], run_dir)
+    ckpt_path = run_dir / "checkpoints" / "step_0000000500.pt"
     saved = torch.load(ckpt_path, weights_only=True)
-    proc = run_ray("--resume", ckpt_path, "--total-timesteps", "900", "--num-rollout-workers", "1",
+    proc = run_ray("--resume", ckpt_path, "--total-timesteps", "1100", "--num-rollout-workers", "1",
                    "--torch-threads", "1", "--save-model", "--eval-episodes", "1")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "resumed from" in proc.stdout and "buffer starts empty" not in proc.stderr
     assert "ray: 1 rollout workers" in proc.stdout  # the cluster layout may change on resume
     steps, _, stored, updates = done_line(proc.stdout)
-    assert (steps, stored) == (900, 900)  # the checkpoint's 300 transitions + 600 new ones
-    assert updates == 801  # the schedule continues: one per step from learning_starts (100) to 900
-    assert 0 < saved["run_state"]["grad_steps"] <= 201  # (the learner may trail collection at a checkpoint)
-    final = torch.load(run_dir / "checkpoints" / "final_0000000900.pt", weights_only=True)
-    assert final["run_state"]["grad_steps"] == 801 and final["run_state"]["actor_updates"] == 800
+    assert (steps, stored) == (1100, 1100)  # the checkpoint's 500 transitions + 600 new ones
+    assert updates == 1001  # the schedule continues: one per step from learning_starts (100) to 1100
+    assert 0 < saved["run_state"]["grad_steps"] <= 401  # (the learner may trail collection at a checkpoint)
+    final = torch.load(run_dir / "checkpoints" / "final_0000001100.pt", weights_only=True)
+    assert final["run_state"]["grad_steps"] == 1001 and final["run_state"]["actor_updates"] == 1000
     events = sorted(run_dir.glob("events.out.tfevents.*"))
     assert len(events) == 2
     new_steps = sorted(scalars(events[-1], "losses/qf1_loss"))
-    assert new_steps[0] > 300 and new_steps[-1] == 900  # appended to the same curve, after the checkpoint
+    assert new_steps[0] > 500 and new_steps[-1] == 1100  # appended to the same curve, after the checkpoint
     # the first window after the resume averages its own updates (not all since the run began): alpha near the saved one
     first_alpha = min(scalars(events[-1], "losses/alpha").items())[1]
     assert first_alpha == pytest.approx(saved["learner"]["log_alpha"].exp().item(), rel=0.3)
-    assert min(scalars(run_dir, "losses/qf1_loss")) < 300  # the earlier part is kept
+    assert min(scalars(run_dir, "losses/qf1_loss")) < 500  # the earlier part is kept
 
 
 def test_resume_without_buffer_warns_and_refills_before_updating(tmp_path, saved_run):
-    run_dir = tmp_path / saved_run.name
-    shutil.copytree(saved_run, run_dir)
-    ckpt_path = run_dir / "checkpoints" / "step_0000000300.pt"
+    run_dir = tmp_path / saved_run[0].name
+    shutil.copytree(saved_run[0], run_dir)
+    ckpt_path = run_dir / "checkpoints" / "step_0000000500.pt"
     ckpt = torch.load(ckpt_path, weights_only=True)
     ckpt["replay_buffers"] = None  # as saved without --save-buffer
     torch.save(ckpt, ckpt_path)
-    proc = run_ray("--resume", ckpt_path, "--total-timesteps", "600", "--torch-threads", "1")
+    proc = run_ray("--resume", ckpt_path, "--total-timesteps", "800", "--torch-threads", "1")
     assert proc.returncode == 0, proc.stderr
-    assert "buffer starts empty" in proc.stderr and "step 400" in proc.stderr
-    # 300 new transitions in the buffer; updates resume at step 400 (learning_starts 100 after the checkpoint)
+    assert "buffer starts empty" in proc.stderr and "step 600" in proc.stderr
+    # 300 new transitions in the buffer; updates resume at step 600 (learning_starts 100 after the checkpoint)
     assert done_line(proc.stdout)[2:] == (300, ckpt["run_state"]["grad_steps"] + 201)
 
 
+# The tests below start no Ray (refused before it starts, or no Ray needed): they run on the fork server, beside the
+# other workers' tests (tests/conftest.py: not in the "ray" group).
+def run_refused(*args, timeout: float = 120) -> subprocess.CompletedProcess:
+    return run_forked(ROOT / SCRIPT, [str(a) for a in args], ROOT, {**os.environ, **BASE_ENV}, timeout)
+
+
 def test_resume_refuses_a_fixed_flag_set_to_another_value(saved_run):
-    ckpt = saved_run / "checkpoints" / "step_0000000300.pt"
-    proc = run_ray("--resume", ckpt, "--total-timesteps", "900", "--batch-size", "64", timeout=120)
+    ckpt = saved_run[0] / "checkpoints" / "step_0000000500.pt"
+    proc = run_refused("--resume", ckpt, "--total-timesteps", "1100", "--batch-size", "64")
     assert_clean_error(proc, "--batch-size 64 conflicts with the checkpoint", "trained with 32")
 
 
 def test_eval_checkpoint_is_deterministic_and_logged(saved_run):
-    ckpt = saved_run / "checkpoints" / "final_0000000600.pt"
-    outs = [run_ray("--eval-checkpoint", ckpt, "--eval-episodes", "2", "--torch-threads", "1") for _ in range(2)]
+    ckpt = saved_run[0] / "checkpoints" / "final_0000001000.pt"
+    outs = [run_refused("--eval-checkpoint", ckpt, "--eval-episodes", "2", "--torch-threads", "1") for _ in range(2)]
     for out in outs:
         assert out.returncode == 0, out.stderr
         assert "over 2 episodes" in out.stdout
     assert outs[0].stdout == outs[1].stdout
-    assert list(scalars(saved_run / "eval" / ckpt.stem, "eval/episodic_return")) == [600]
+    assert list(scalars(saved_run[0] / "eval" / ckpt.stem, "eval/episodic_return")) == [1000]
 
 
 @pytest.mark.parametrize(
@@ -299,23 +293,23 @@ def test_eval_checkpoint_is_deterministic_and_logged(saved_run):
     ],
 )
 def test_bad_input_gets_a_short_message(tmp_path, flags, needles):
-    proc = run_ray(*flags, "--runs-dir", tmp_path, timeout=120)
+    proc = run_refused(*flags, "--runs-dir", tmp_path)
     assert_clean_error(proc, *needles)
     assert not any(tmp_path.iterdir()), "nothing is written for a rejected run"
 
 
 def test_a_checkpoint_of_another_script_is_refused(tmp_path, saved_run):
-    ckpt = torch.load(saved_run / "checkpoints" / "step_0000000300.pt", weights_only=True)
+    ckpt = torch.load(saved_run[0] / "checkpoints" / "step_0000000500.pt", weights_only=True)
     ckpt["script"] = "sac_continuous"
     other = tmp_path / "run" / "checkpoints" / "sac.pt"
     other.parent.mkdir(parents=True)
     torch.save(ckpt, other)
-    assert_clean_error(run_ray("--resume", other, "--total-timesteps", "1000", timeout=120), "sac_continuous.py")
+    assert_clean_error(run_refused("--resume", other, "--total-timesteps", "1000"), "sac_continuous.py")
 
 
 def test_unreachable_ray_address_fails_within_30_seconds(tmp_path):
     start = time.time()
-    proc = run_ray("--env-id", "Pendulum-v1", "--ray-address", "127.0.0.1:1", "--runs-dir", tmp_path, timeout=60)
+    proc = run_refused("--env-id", "Pendulum-v1", "--ray-address", "127.0.0.1:1", "--runs-dir", tmp_path, timeout=60)
     assert_clean_error(proc, "--ray-address 127.0.0.1:1", "cannot connect")
     assert time.time() - start < 30
     assert not any(tmp_path.iterdir()), "nothing is written for a run that could not start"

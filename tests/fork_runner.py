@@ -1,0 +1,144 @@
+"""Run a script as `python SCRIPT ARGS` runs it, in a process forked from a server that has already imported torch,
+gymnasium and tyro.
+
+Why: a fresh interpreter spends about 4 s of CPU importing them, and the suite runs a few hundred short scripts on 2
+cores. The forked child is otherwise a new process running the file as `__main__`: its own argv, working folder,
+environment, `sys.path[0]`, stdout and stderr (files, not a terminal), exit code, non-daemon threads joined and atexit
+handlers run at exit. Scripts that start Ray are not run this way (tests.conftest.run_script decides).
+"""
+
+import atexit
+import io
+import os
+import pickle
+import runpy
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+
+# ONEFILE_TESTS_FORK=0 runs every script in a fresh interpreter instead (to compare, or to rule the server out).
+ENABLED = os.environ.get("ONEFILE_TESTS_FORK", "1") != "0"
+# What the server imports once. Not mujoco: it reads MUJOCO_GL when imported, and a test may set it.
+PRELOAD = ["numpy", "torch", "torch.nn", "torch.optim", "gymnasium", "tyro", "torch.utils.tensorboard"]
+
+
+def send(stream, obj) -> None:
+    data = pickle.dumps(obj)
+    stream.write(struct.pack("!I", len(data)) + data)
+    stream.flush()
+
+
+def read_exactly(stream, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = stream.read(n - len(data))
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return data
+
+
+def receive(stream):
+    return pickle.loads(read_exactly(stream, struct.unpack("!I", read_exactly(stream, 4))[0]))
+
+
+def exit_code(code) -> int:
+    """The exit status `sys.exit(code)` gives a fresh interpreter: None is 0, a non-int is printed and is 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def child(script: str, args: list, cwd: str, env: dict, out_path: str, err_path: str, hidden: list) -> None:
+    """The forked child: become `python script *args` started in cwd with env, then exit as the interpreter would."""
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)  # stdin: nothing (the server's request pipe is not the script's)
+    os.close(devnull)
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    for fd, path in ((1, out_path), (2, err_path)):
+        handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(handle, fd)  # the fds too, so that whatever the script starts writes there as well
+        os.close(handle)
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", write_through=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+                                  write_through=True)  # fmt: skip
+    sys.argv = [script, *args]
+    # `python script` puts the script's folder first on sys.path, and nothing of the test run's own path
+    hidden_paths = {str(Path(p).resolve()) for p in hidden}
+    sys.path[:] = [str(Path(script).parent)] + [p for p in sys.path if p and str(Path(p).resolve()) not in hidden_paths]
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        code = exit_code(e.code)
+    except BaseException:  # noqa: B036  what the interpreter does with any uncaught exception
+        traceback.print_exc()
+        code = 1
+    threading._shutdown()  # the interpreter's exit: join non-daemon threads, then run the atexit handlers
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def serve() -> None:
+    """The server: import PRELOAD, then for each request (one at a time) fork a child, send back its pid, then its exit
+    code once it ends. The server never runs torch itself, so every child starts with torch's thread pools unmade."""
+    for name in PRELOAD:
+        __import__(name)
+    requests, replies = os.fdopen(0, "rb", buffering=0), os.fdopen(1, "wb", buffering=0)
+    while True:
+        try:
+            request = receive(requests)
+        except EOFError:  # the test process is gone
+            return
+        pid = os.fork()
+        if pid == 0:
+            child(*request)  # never returns
+        send(replies, pid)
+        _, status = os.waitpid(pid, 0)
+        send(replies, os.waitstatus_to_exitcode(status))
+
+
+_server = None
+
+
+def server() -> subprocess.Popen:
+    """This test process's fork server, started on first use with the environment the scripts get."""
+    global _server
+    if _server is None or _server.poll() is not None:
+        root = str(Path(__file__).resolve().parents[1])
+        code = f"import sys; sys.path.insert(0, {root!r}); from tests.fork_runner import serve; serve()"
+        env = {**os.environ, "MUJOCO_GL": "egl", "WANDB_MODE": "disabled"}
+        _server = subprocess.Popen([sys.executable, "-c", code], cwd=root, env=env, stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, bufsize=0)  # unbuffered: select() sees every reply
+    return _server
+
+
+def run_forked(script: Path, args: list, cwd: Path, env: dict, timeout: float, hidden: list = ()) -> subprocess.CompletedProcess:
+    """subprocess.run([python, script, *args], capture_output=True, text=True, timeout=timeout), on the fork server."""
+    cmd = [sys.executable, str(script), *args]
+    proc = server()
+    with tempfile.TemporaryDirectory(prefix="forked-run-") as folder:
+        out_path, err_path = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
+        send(proc.stdin, (str(script), list(args), str(cwd), dict(env), out_path, err_path, [str(p) for p in hidden]))
+        pid = receive(proc.stdout)
+        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+        returncode = receive(proc.stdout)
+        out, err = (Path(p).read_text(errors="backslashreplace") if os.path.exists(p) else "" for p in (out_path, err_path))
+    if not ready:
+        raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err)
+    return subprocess.CompletedProcess(cmd, returncode, out, err)
