@@ -5,14 +5,11 @@ has short help that says what it does, shows one default, and none keeps the phr
 except where the scripts differ (listed in MAY_DIFFER). One --help per script (about 3 s each) and test process."""
 
 import functools
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import run_script
 
 SCRIPTS = {  # script: the algorithm its summary names
     "ppo_continuous": "PPO",
@@ -37,9 +34,7 @@ BOX_EDGE = "│|"  # tyro draws the options box with these (UTF-8 or ASCII)
 @functools.cache  # per script, on the first test that asks (xdist spreads the tests over its workers)
 def run_help(script: str) -> str:
     """The script's --help output, ANSI codes removed, 200 columns wide."""
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    proc = subprocess.run([sys.executable, str(ROOT / f"{script}.py"), "--help"], capture_output=True, text=True,
-                          timeout=120, env=env, stdin=subprocess.DEVNULL)  # fmt: skip
+    proc = run_script(f"{script}.py", "--help", timeout=120, env={"COLUMNS": "200", "NO_COLOR": "1"})
     assert proc.returncode == 0, f"{script} --help: {proc.stderr}"
     return ANSI.sub("", proc.stdout)
 

@@ -5,12 +5,10 @@ per script, the banner's line number, main()'s length and the Atari pair's diff 
 import ast
 import difflib
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_script
 
 # script: (the banner's line number at most, main()'s length at most)
 BUDGETS = {
@@ -70,8 +68,7 @@ def test_atari_pair_differs_only_in_the_algorithm():
 @pytest.mark.parametrize("script", sorted(BUDGETS))
 def test_help_lists_no_derived_fields(script):
     """Derived fields (batch sizes, iteration counts) are not flags: --help shows only what a user can set."""
-    proc = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True, timeout=120,
-                          cwd=ROOT)  # fmt: skip
+    proc = run_script(script, "--help", timeout=120)
     assert proc.returncode == 0, proc.stderr
     for derived in ("--batch-size", "--minibatch-size", "--num-iterations"):
         if derived == "--batch-size" and script.startswith("sac"):
