@@ -1,0 +1,62 @@
+"""The fork server (tests/fork_runner.py) runs a script as a fresh `python SCRIPT ARGS` does: same exit code, stdout and
+stderr, working folder, environment, sys.path, atexit handlers and thread joins, and a timeout that stops it."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.fork_runner import run_forked
+
+PROBE = '''
+import atexit, os, sys, threading, time
+atexit.register(lambda: print("atexit ran"))
+threading.Thread(target=lambda: (time.sleep(0.2), print("thread joined"))).start()
+print("argv", sys.argv[1:], "cwd", os.getcwd(), "env", os.environ.get("PROBE_VALUE"), "stdin", sys.stdin.read())
+print("path0", sys.path[0], "root on path", any(p and os.path.samefile(p, ROOT) for p in sys.path if os.path.isdir(p)))
+print("to stderr", file=sys.stderr)
+if sys.argv[1] == "raise":
+    raise ValueError("boom")
+if sys.argv[1] == "sleep":
+    time.sleep(60)
+sys.exit(int(sys.argv[1]) if sys.argv[1].isdigit() else sys.argv[1])
+'''
+
+
+@pytest.fixture
+def probe(tmp_path):
+    script = tmp_path / "probe.py"
+    script.write_text(f"ROOT = {str(ROOT)!r}\n" + PROBE)
+    return script
+
+
+def fresh(script, args, cwd, env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
+
+
+@pytest.mark.parametrize("args", [["0"], ["3"], ["raise"], ["a message"]])
+def test_a_forked_run_reads_like_a_fresh_interpreters(probe, tmp_path, args):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PROBE_VALUE": "set"}
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    want, got = fresh(probe, args, cwd, env), run_forked(probe, args, cwd, env, timeout=60, hidden=[ROOT])
+    assert got.returncode == want.returncode
+    assert got.stdout == want.stdout
+    assert "thread joined\natexit ran" in got.stdout and "root on path False" in got.stdout
+    if args == ["raise"]:  # the traceback's frames differ (runpy's are on the forked one's stack); its end does not
+        assert got.stderr.splitlines()[-1] == want.stderr.splitlines()[-1] == "ValueError: boom"
+        assert got.stderr.startswith("to stderr\nTraceback (most recent call last):")
+    else:
+        assert got.stderr == want.stderr
+
+
+def test_a_forked_run_that_runs_past_its_timeout_is_killed(probe, tmp_path):
+    start = time.time()
+    with pytest.raises(subprocess.TimeoutExpired) as caught:
+        run_forked(probe, ["sleep"], tmp_path, dict(os.environ), timeout=2)
+    assert time.time() - start < 10 and "argv ['sleep']" in caught.value.output
+    assert run_forked(probe, ["0"], tmp_path, dict(os.environ), timeout=60).returncode == 0  # the server goes on
