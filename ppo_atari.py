@@ -821,10 +821,11 @@ def probe_env(env_id: str) -> tuple[tuple, int]:
 
 
 def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device: torch.device, video_dir: Optional[str] = None,
-             speed: Optional["TrunkSpeedUp"] = None) -> list:  # fmt: skip
+             speed: Optional["TrunkSpeedUp"] = None,
+             report: Callable[[int, float], None] = lambda index, episode_return: None) -> list:  # fmt: skip
     """Full games with actions sampled from the policy (a greedy Atari policy can stall forever in a loop),
     under the training preprocessing, in float32 (`speed`: a --bf16 run's trunk too); returns each game's unclipped
-    score over all its lives. Samples with its own generator (seeded `seed`): training's RNG is left alone."""
+    score over all its lives (`report` hears of each game). Samples with its own generator: training's RNG is left alone."""
     generator = torch.Generator(device).manual_seed(seed)
     env = make_env(env_id, 0, video_dir is not None, video_dir or "")()
     returns: list = []
@@ -837,10 +838,12 @@ def evaluate(agent: Agent, env_id: str, episodes: int, seed: int, device: torch.
             obs, _, terminated, truncated, info = env.step(action)
             if "episode" in info:  # a game over (GameStatistics), not just a lost life
                 returns.append(float(info["episode"]["r"]))
+                report(len(returns) - 1, returns[-1])
             if (terminated or truncated) and len(returns) < episodes:  # a lost life (soft reset) or a game over
                 obs, info = env.reset()
                 if "episode" in info:  # the game ended inside the reset's NOOP / FIRE step
                     returns.append(float(info["episode"]["r"]))
+                    report(len(returns) - 1, returns[-1])
     env.close()
     return returns
 
@@ -858,7 +861,8 @@ def eval_only(args, device: torch.device) -> None:
     agent.load_state_dict(ckpt["model"])
 
     def play(episodes: int, video_dir: Optional[str] = None) -> list:
-        return evaluate(agent, saved.env_id, episodes, saved.seed + 10_000, device, video_dir)
+        return evaluate(agent, saved.env_id, episodes, saved.seed + 10_000, device, video_dir,
+                        report=episode_printer(episodes, "game"))  # fmt: skip
 
     if args.export_checkpoint:
         config = {"script": SCRIPT_NAME, "algorithm": SCRIPT_NAME.split("_")[0].upper() + " (Atari)",
@@ -1473,6 +1477,11 @@ def quote(word: str) -> str:
     import shlex
 
     return shlex.quote(word)
+
+
+def episode_printer(episodes: int, noun: str = "episode") -> Callable[[int, float], None]:
+    """--eval-checkpoint and --export-checkpoint: a line per finished episode, so a long evaluation shows progress."""
+    return lambda index, episode_return: print(f"{noun} {index + 1}/{episodes}: return {episode_return:.2f}", flush=True)
 
 
 def launch_command(script: str) -> str:

@@ -545,8 +545,10 @@ def evaluate(
     seed: int,
     device: torch.device,
     video_dir: Optional[str] = None,
+    report: Callable[[int, float], None] = lambda index, episode_return: None,
 ) -> list:
-    """Deterministic episodes (the Gaussian's mean action) with the normalization statistics frozen."""
+    """Deterministic episodes (the Gaussian's mean action) with the normalization statistics frozen; `report` hears of
+    each finished episode (its index and return)."""
     env = make_env(env_id, 0, video_dir is not None, video_dir or "")()
     low, high = env.action_space.low, env.action_space.high
     returns = []
@@ -561,6 +563,7 @@ def evaluate(
             total += float(reward)
             done = terminated or truncated
         returns.append(total)
+        report(episode, total)
     env.close()
     return returns
 
@@ -583,7 +586,8 @@ def eval_only(args: Args, device: torch.device) -> None:
     eval_seed = saved.seed + 10_000
 
     def play(episodes: int, video_dir: Optional[str] = None) -> list:
-        return evaluate(agent, saved.env_id, obs_rms, saved.obs_clip, episodes, eval_seed, device, video_dir)
+        return evaluate(agent, saved.env_id, obs_rms, saved.obs_clip, episodes, eval_seed, device, video_dir,
+                        episode_printer(episodes))  # fmt: skip
 
     if args.export_checkpoint:
         space = make_env(saved.env_id, 0, False, "")().action_space
@@ -1157,6 +1161,11 @@ def quote(word: str) -> str:
     import shlex
 
     return shlex.quote(word)
+
+
+def episode_printer(episodes: int, noun: str = "episode") -> Callable[[int, float], None]:
+    """--eval-checkpoint and --export-checkpoint: a line per finished episode, so a long evaluation shows progress."""
+    return lambda index, episode_return: print(f"{noun} {index + 1}/{episodes}: return {episode_return:.2f}", flush=True)
 
 
 def launch_command(script: str) -> str:

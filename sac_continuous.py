@@ -619,7 +619,7 @@ def eval_only(args: Args, device: torch.device) -> None:
     actor.load_state_dict(ckpt["learner"]["actor"])
 
     def play(episodes: int, video_dir: Optional[str] = None) -> list:
-        return evaluate(actor, saved.env_id, episodes, saved.seed + 10_000, video_dir)
+        return evaluate(actor, saved.env_id, episodes, saved.seed + 10_000, video_dir, episode_printer(episodes))
 
     if args.export_checkpoint:
         return export_sac_actor(args, ckpt, actor, saved.env_id, SCRIPT_NAME, play)
@@ -713,9 +713,10 @@ print(total)
 
 
 # --- shared: sac-evaluation ---
-def evaluate(actor: nn.Module, env_id: str, episodes: int, seed: int, video_dir: Optional[str] = None) -> list:
+def evaluate(actor: nn.Module, env_id: str, episodes: int, seed: int, video_dir: Optional[str] = None,
+             report: Callable[[int, float], None] = lambda index, episode_return: None) -> list:  # fmt: skip
     """Deterministic episodes (tanh of the Gaussian's mean) of `actor` on a separate env, seeded seed, seed+1, ...;
-    returns their returns. Uses no global RNG, so evaluating during training does not change the training run."""
+    returns their returns (`report` hears of each). Uses no global RNG: evaluating leaves the training run alone."""
     env = make_env(env_id, 0, video_dir is not None, video_dir or "")()
     low, high = env.action_space.low, env.action_space.high
     scale, bias = (high - low) / 2.0, (high + low) / 2.0
@@ -729,6 +730,7 @@ def evaluate(actor: nn.Module, env_id: str, episodes: int, seed: int, video_dir:
             total += float(reward)
             done = terminated or truncated
         returns.append(total)
+        report(episode, total)
     env.close()
     return returns
 
@@ -1385,6 +1387,11 @@ def quote(word: str) -> str:
     import shlex
 
     return shlex.quote(word)
+
+
+def episode_printer(episodes: int, noun: str = "episode") -> Callable[[int, float], None]:
+    """--eval-checkpoint and --export-checkpoint: a line per finished episode, so a long evaluation shows progress."""
+    return lambda index, episode_return: print(f"{noun} {index + 1}/{episodes}: return {episode_return:.2f}", flush=True)
 
 
 def launch_command(script: str) -> str:

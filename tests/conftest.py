@@ -1,6 +1,7 @@
 """Helpers shared by the tests: run a top-level script as a user would, and read what it logged."""
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -72,6 +73,18 @@ def last10_return(runs_dir: Path) -> float:
     steps, values = read_scalars(only_run_dir(runs_dir), "charts/episodic_return")
     assert len(values) >= 10, f"only {len(values)} episodes finished"
     return float(np.mean(values[-10:]))
+
+
+def episode_lines(stdout: str, episodes: int) -> list:
+    """The returns of --eval-checkpoint's (or --export-checkpoint's) progress lines, `episode k/n: return R` (Atari:
+    `game k/n: ...`): one per episode in order, as they finish, and their mean is the summary line's mean."""
+    found = re.findall(r"^(?:episode|game) (\d+)/(\d+): return (-?[\d.]+)$", stdout, flags=re.M)
+    assert [(int(k), int(n)) for k, n, _ in found] == [(k + 1, episodes) for k in range(episodes)], stdout
+    returns = [float(r) for _, _, r in found]
+    summary = re.search(r"(-?[\d.]+) \+- [\d.]+ over (\d+) (?:episodes|games)", stdout)
+    assert summary and int(summary.group(2)) == episodes, stdout
+    assert float(summary.group(1)) == pytest.approx(np.mean(returns), abs=0.01)
+    return returns
 
 
 def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None:

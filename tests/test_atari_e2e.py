@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import BASE_ENV, ROOT, assert_clean_error, only_run_dir, run_script, scalars
+from tests.conftest import BASE_ENV, ROOT, assert_clean_error, episode_lines, only_run_dir, run_script, scalars
 
 pytest.importorskip("ale_py")
 GAME = "BreakoutNoFrameskip-v4"
@@ -206,6 +206,7 @@ def test_eval_checkpoint_logs_the_checkpoints_args(tmp_path):
     proc = run_script("a2c_atari.py", "--eval-checkpoint", final, "--eval-episodes", "1", "--learning-rate", "0.123",
                       "--seed", "9", "--torch-threads", "1", timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
+    episode_lines(proc.stdout, 1)  # progress: a line per game
     table = hparams_table(only_run_dir(tmp_path) / "eval" / final.stem)
     assert "|learning_rate|0.0003|" in table and "|seed|1|" in table and "0.123" not in table and "|seed|9|" not in table
 

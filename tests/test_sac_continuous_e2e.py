@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import sac_continuous as sac
-from tests.conftest import BASE_ENV, ROOT, assert_clean_error, only_run_dir, run_script, scalars
+from tests.conftest import BASE_ENV, ROOT, assert_clean_error, episode_lines, only_run_dir, run_script, scalars
 
 SCRIPT = "sac_continuous.py"
 # Short runs that reach the update: a small batch and an early learning_starts keep them fast. One torch thread:
@@ -203,6 +203,7 @@ def test_eval_checkpoint_is_deterministic_and_logged(tmp_path, uninterrupted_run
     for out in outs:
         assert out.returncode == 0, out.stderr
         assert "+-" in out.stdout and "over 2 episodes" in out.stdout
+        episode_lines(out.stdout, 2)  # progress: a line per episode
     assert outs[0].stdout == outs[1].stdout  # deterministic actions, seeded episodes
     logged = scalars(uninterrupted_run / "eval" / ckpt.stem, "eval/episodic_return")
     assert list(logged) == [600]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import BASE_ENV, ROOT, assert_clean_error, only_run_dir, scalars, wait_for_updates
+from tests.conftest import BASE_ENV, ROOT, assert_clean_error, episode_lines, only_run_dir, scalars, wait_for_updates
 from tests.fork_runner import run_forked
 
 pytest.importorskip("ray")
@@ -272,6 +272,7 @@ def test_eval_checkpoint_is_deterministic_and_logged(saved_run):
     for out in outs:
         assert out.returncode == 0, out.stderr
         assert "over 2 episodes" in out.stdout
+        episode_lines(out.stdout, 2)  # progress: a line per episode
     assert outs[0].stdout == outs[1].stdout
     assert list(scalars(saved_run[0] / "eval" / ckpt.stem, "eval/episodic_return")) == [1000]
 

@@ -6,6 +6,7 @@ model card; --eval-checkpoint / --export-checkpoint with --capture-video replay 
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -231,6 +232,8 @@ def test_ppo_continuous_keep_best_export_and_replay(tmp_path):
                       export_dir, "--capture-video", "--eval-episodes", 2)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "Overwriting existing videos" not in proc.stderr  # no warning about the script's own folders
+    # progress: a line per evaluation episode as it ends, then one for the replay recorded on video
+    assert re.findall(r"^episode (\d)/(\d): return", proc.stdout, flags=re.M) == [("1", "2"), ("2", "2"), ("1", "1")]
     config = check_export_folder(export_dir, "ppo_continuous", ckpt, 2, video=True)
     assert config["obs_rms"]["mean"] == ckpt["obs_rms"]["mean"].tolist()
     # policy.pt2 acts as evaluate() does: normalized obs (frozen statistics), the mean action, clipped to the bounds
