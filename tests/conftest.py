@@ -20,7 +20,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.run import read_scalars  # noqa: E402  (the harness's reader: one implementation for both)
-from tests.fork_runner import ENABLED as FORK_ENABLED, run_forked  # noqa: E402
+from tests.fork_runner import run_python  # noqa: E402
 
 # Why: run under `uv run` (the README's test command), Ray 2.60 starts every worker process through `uv run` too,
 # to copy the driver's environment to other machines; on one machine that only re-checks the environment at each
@@ -37,12 +37,7 @@ def run_script(script: str, *args, timeout: float = 300, env: dict = None, cwd: 
     torch each time)."""
     full_env = {**os.environ, **BASE_ENV, **(env or {})}
     full_env = {k: v for k, v in full_env.items() if v is not None}  # env={"VAR": None} unsets VAR
-    if FORK_ENABLED and "ray" not in Path(script).name:
-        return run_forked(ROOT / script, [str(a) for a in args], cwd, full_env, timeout)
-    cmd = [sys.executable, str(ROOT / script), *map(str, args)]
-    return subprocess.run(
-        cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-    )
+    return run_python(ROOT / script, args, cwd, full_env, timeout, fork="ray" not in Path(script).name)
 
 
 def only_run_dir(runs_dir: Path) -> Path:

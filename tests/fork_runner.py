@@ -115,14 +115,13 @@ _server = None
 
 
 def server() -> subprocess.Popen:
-    """This test process's fork server, started on first use with the environment the scripts get."""
+    """This test process's fork server, started on first use."""
     global _server
     if _server is None or _server.poll() is not None:
         root = str(Path(__file__).resolve().parents[1])
         code = f"import sys; sys.path.insert(0, {root!r}); from tests.fork_runner import serve; serve()"
-        env = {**os.environ, "MUJOCO_GL": "egl", "WANDB_MODE": "disabled"}
-        _server = subprocess.Popen([sys.executable, "-c", code], cwd=root, env=env, stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, bufsize=0)  # unbuffered: select() sees every reply
+        _server = subprocess.Popen([sys.executable, "-c", code], cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   bufsize=0)  # unbuffered: select() sees every reply (each child gets its own env)
     return _server
 
 
@@ -142,3 +141,14 @@ def run_forked(script: Path, args: list, cwd: Path, env: dict, timeout: float, h
     if not ready:
         raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err)
     return subprocess.CompletedProcess(cmd, returncode, out, err)
+
+
+def run_python(script: Path, args, cwd: Path, env: dict, timeout: float, fork: bool = True,
+               hidden: list = ()) -> subprocess.CompletedProcess:  # fmt: skip
+    """`python script *args` in cwd with env, output captured: on the fork server when `fork` (and ONEFILE_TESTS_FORK is
+    not 0), else in a fresh interpreter. `hidden`: paths kept off a forked run's sys.path (a fresh one never had them)."""
+    args = [str(a) for a in args]
+    if fork and ENABLED:
+        return run_forked(script, args, cwd, env, timeout, hidden)
+    return subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip

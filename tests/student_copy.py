@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 from tests.conftest import BASE_ENV, ROOT
-from tests.fork_runner import ENABLED as FORK_ENABLED, run_forked
+from tests.fork_runner import run_python
 
 
 def copy_alone(script: str, folder: Path, edits: list) -> Path:
@@ -45,8 +45,4 @@ def run_copy(path: Path, *args, timeout: float = 300, env: dict = None) -> subpr
     """Run the copy as a user would, from its own folder (the project root is not on its path)."""
     full_env = {**os.environ, **BASE_ENV, **(env or {})}
     full_env.pop("PYTHONPATH", None)
-    if FORK_ENABLED and "ray" not in path.name:  # the project root is hidden from the copy's sys.path
-        return run_forked(path, [str(a) for a in args], path.parent, full_env, timeout, hidden=[ROOT])
-    cmd = [sys.executable, str(path), *map(str, args)]
-    return subprocess.run(cmd, cwd=path.parent, env=full_env, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)  # fmt: skip
+    return run_python(path, args, path.parent, full_env, timeout, fork="ray" not in path.name, hidden=[ROOT])

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import BASE_ENV, ROOT, assert_clean_error, episode_lines, only_run_dir, scalars, wait_for_updates
-from tests.fork_runner import run_forked
+from tests.fork_runner import run_python
 
 pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")  # Ray vendors it: ray/thirdparty_files is on sys.path once ray is imported
@@ -257,7 +257,7 @@ def test_resume_without_buffer_warns_and_refills_before_updating(tmp_path, saved
 # The tests below start no Ray (refused before it starts, or no Ray needed): they run on the fork server, beside the
 # other workers' tests (tests/conftest.py: not in the "ray" group).
 def run_refused(*args, timeout: float = 120) -> subprocess.CompletedProcess:
-    return run_forked(ROOT / SCRIPT, [str(a) for a in args], ROOT, {**os.environ, **BASE_ENV}, timeout)
+    return run_python(ROOT / SCRIPT, args, ROOT, {**os.environ, **BASE_ENV}, timeout)
 
 
 def test_resume_refuses_a_fixed_flag_set_to_another_value(saved_run):
