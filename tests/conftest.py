@@ -31,13 +31,15 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 BASE_ENV = {"WANDB_MODE": "disabled", "MUJOCO_GL": "egl", "PYTHONUNBUFFERED": "1"}
 
 
-def run_script(script: str, *args, timeout: float = 300, env: dict = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def run_script(script: str, *args, timeout: float = 300, env: dict = None, cwd: Path = ROOT,
+               stop_when=None) -> subprocess.CompletedProcess:  # fmt: skip
     """`python ROOT/script *args` as a user runs it: its exit code, stdout and stderr. A script that may start Ray runs
     in a fresh interpreter; the others on the fork server (tests/fork_runner.py: the same run, without re-importing
     torch each time)."""
     full_env = {**os.environ, **BASE_ENV, **(env or {})}
     full_env = {k: v for k, v in full_env.items() if v is not None}  # env={"VAR": None} unsets VAR
-    return run_python(ROOT / script, args, cwd, full_env, timeout, fork="ray" not in Path(script).name)
+    return run_python(ROOT / script, args, cwd, full_env, timeout, fork="ray" not in Path(script).name,
+                      stop_when=stop_when)  # fmt: skip
 
 
 def only_run_dir(runs_dir: Path) -> Path:
@@ -70,6 +72,28 @@ def last10_return(runs_dir: Path) -> float:
     return float(np.mean(values[-10:]))
 
 
+def best_last10(runs_dir: Path) -> float:
+    """The best mean of 10 consecutive training episodes of the only run in runs_dir: a learning run's threshold is
+    met once this reaches it (the run may then stop, reached_return); a broken copy must stay below it all along."""
+    steps, values = read_scalars(only_run_dir(runs_dir), "charts/episodic_return")
+    assert len(values) >= 10, f"only {len(values)} episodes finished"
+    return float(np.convolve(values, np.ones(10) / 10, mode="valid").max())
+
+
+def reached_return(runs_dir: Path, threshold: float):
+    """stop_when for a learning run (run_script, run_copy, run_ray): True once 10 consecutive training episodes of
+    the run in runs_dir averaged `threshold` or more; the run then gets a Ctrl-C and ends at its iteration's end."""
+
+    def reached() -> bool:
+        dirs = [d for d in runs_dir.iterdir() if d.is_dir()] if runs_dir.is_dir() else []
+        if len(dirs) != 1:
+            return False
+        _, values = read_scalars(dirs[0], "charts/episodic_return")
+        return len(values) >= 10 and np.convolve(values, np.ones(10) / 10, mode="valid").max() >= threshold
+
+    return reached
+
+
 def episode_lines(stdout: str, episodes: int) -> list:
     """The returns of --eval-checkpoint's (or --export-checkpoint's) progress lines, `episode k/n: return R` (Atari:
     `game k/n: ...`): one per episode in order, as they finish, and their mean is the summary line's mean."""
@@ -98,7 +122,7 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
 # starve each other's timeouts.
 RAY_MODULES = {"test_sac_continuous_ray_e2e", "test_sac_continuous_ray_cluster", "test_sac_continuous_ray_learning"}
 RAY_TESTS = {"test_sac_keep_best_export_and_replay[sac_continuous_ray]",
-             "test_ray_learner_stops_on_a_nan_loss_shuts_ray_down_and_resumes"}  # elsewhere: tests that start Ray
+             "test_ray_learner_stops_on_a_nan_loss_shuts_ray_down_and_resumes", "test_the_readme_examples_run_in_order"}  # elsewhere: tests that start Ray
 # Modules whose module-scoped fixture trains a run: their tests stay on one worker, so the run is trained once.
 SHARED_RUN_MODULES = {"test_benchmarks", "test_docs", "test_ppo_continuous_e2e", "test_sac_continuous_e2e"}
 

@@ -19,12 +19,16 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 
 # ONEFILE_TESTS_FORK=0 runs every script in a fresh interpreter instead (to compare, or to rule the server out).
 ENABLED = os.environ.get("ONEFILE_TESTS_FORK", "1") != "0"
 # What the server imports once. Not mujoco: it reads MUJOCO_GL when imported, and a test may set it.
+POLL_S = 2.0  # how often run_python asks stop_when
 PRELOAD = ["numpy", "torch", "torch.nn", "torch.optim", "gymnasium", "tyro", "torch.utils.tensorboard"]
 
 
@@ -125,7 +129,8 @@ def server() -> subprocess.Popen:
     return _server
 
 
-def run_forked(script: Path, args: list, cwd: Path, env: dict, timeout: float, hidden: list = ()) -> subprocess.CompletedProcess:
+def run_forked(script: Path, args: list, cwd: Path, env: dict, timeout: float, hidden: list = (),
+               stop_when=None) -> subprocess.CompletedProcess:  # fmt: skip
     """subprocess.run([python, script, *args], capture_output=True, text=True, timeout=timeout), on the fork server."""
     cmd = [sys.executable, str(script), *args]
     proc = server()
@@ -133,22 +138,69 @@ def run_forked(script: Path, args: list, cwd: Path, env: dict, timeout: float, h
         out_path, err_path = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
         send(proc.stdin, (str(script), list(args), str(cwd), dict(env), out_path, err_path, [str(p) for p in hidden]))
         pid = receive(proc.stdout)
-        ready, _, _ = select.select([proc.stdout], [], [], timeout)
+        deadline, stopped = time.monotonic() + timeout, False
+        while True:
+            wait = deadline - time.monotonic() if stop_when is None or stopped else min(POLL_S, deadline - time.monotonic())
+            ready, _, _ = select.select([proc.stdout], [], [], max(wait, 0))
+            if ready or time.monotonic() >= deadline:
+                break
+            if stop_when():
+                os.kill(pid, signal.SIGINT)  # Ctrl-C: the script saves and exits (130) at the end of its iteration
+                stopped = True
         if not ready:
             os.kill(pid, signal.SIGKILL)
         returncode = receive(proc.stdout)
         out, err = (Path(p).read_text(errors="backslashreplace") if os.path.exists(p) else "" for p in (out_path, err_path))
     if not ready:
         raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err)
-    return subprocess.CompletedProcess(cmd, returncode, out, err)
+    return stopped_or_done(subprocess.CompletedProcess(cmd, returncode, out, err), stopped)
+
+
+def run_fresh(cmd: list, cwd: Path, env: dict, timeout: float, stop_when=None, started: list = None,
+              **popen) -> subprocess.CompletedProcess:  # fmt: skip
+    """subprocess.run(cmd, capture_output=True, text=True, timeout=timeout), with run_python's stop_when; `started`
+    gets the Popen (to stop what a run left behind, by its id), `popen` goes to Popen (start_new_session=True)."""
+    if stop_when is None and started is None and not popen:
+        return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL, **popen)  # fmt: skip
+    if started is not None:
+        started.append(proc)
+    deadline, stopped = time.monotonic() + timeout, False
+    with ThreadPoolExecutor(1) as pool:  # communicate() in a thread: the pipes are drained while we poll
+        output = pool.submit(proc.communicate)
+        while not output.done() and time.monotonic() < deadline:
+            wait = deadline - time.monotonic() if stop_when is None or stopped else POLL_S
+            try:
+                output.result(timeout=max(min(wait, deadline - time.monotonic()), 0))
+            except FutureTimeout:
+                if not stopped and stop_when is not None and stop_when():
+                    proc.send_signal(signal.SIGINT)
+                    stopped = True
+        if not output.done():
+            proc.kill()
+            out, err = output.result()
+            raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err)
+        out, err = output.result()
+    return stopped_or_done(subprocess.CompletedProcess(cmd, proc.returncode, out, err), stopped)
+
+
+def stopped_or_done(result: subprocess.CompletedProcess, stopped: bool) -> subprocess.CompletedProcess:
+    """A run that stop_when ended (Ctrl-C: it saved and exited 130) counts as completed: returncode 0, .stopped True."""
+    result.stopped = stopped
+    if stopped and result.returncode == 130:
+        result.returncode = 0
+    return result
 
 
 def run_python(script: Path, args, cwd: Path, env: dict, timeout: float, fork: bool = True,
-               hidden: list = ()) -> subprocess.CompletedProcess:  # fmt: skip
+               hidden: list = (), stop_when=None) -> subprocess.CompletedProcess:  # fmt: skip
     """`python script *args` in cwd with env, output captured: on the fork server when `fork` (and ONEFILE_TESTS_FORK is
-    not 0), else in a fresh interpreter. `hidden`: paths kept off a forked run's sys.path (a fresh one never had them)."""
+    not 0), else in a fresh interpreter. `hidden`: paths kept off a forked run's sys.path (a fresh one never had them).
+    `stop_when`: called every POLL_S seconds while the run goes; once it returns True the run gets a Ctrl-C (a
+    learning test stops a run that has reached its threshold)."""
     args = [str(a) for a in args]
     if fork and ENABLED:
-        return run_forked(script, args, cwd, env, timeout, hidden)
-    return subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)  # fmt: skip
+        return run_forked(script, args, cwd, env, timeout, hidden, stop_when)
+    return run_fresh([sys.executable, str(script), *args], cwd, env, timeout, stop_when)

@@ -247,7 +247,7 @@ def test_readme_export_snippet_plays_the_evaluation_episode_with_plain_torch(tra
     """The README's export command on a trained checkpoint, then its snippet in a process that has no path to this
     repository: policy.pt2 alone plays the episode that the script's evaluation played."""
     section = README.read_text().split("**Share a trained agent.**", 1)[1].split("```", 1)[0]
-    command = re.search(r"`uv run ppo_continuous\.py --export-checkpoint (runs/<run>/checkpoints/step_<step>)\.pt\s", section)
+    command = re.search(r"`uv run ppo_continuous\.py --export-checkpoint (runs/<run>/checkpoints/step_<step>)\.pt`", section)
     assert command, "the paragraph shows the export command, on a checkpoint that a default run writes"
     proc = run_script("ppo_continuous.py", "--export-checkpoint", trained["checkpoint"], "--eval-episodes", 1)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tests.conftest import ROOT
-from tests.fork_runner import run_forked
+from tests.fork_runner import run_forked, run_python
 
 PROBE = '''
 import atexit, os, sys, threading, time
@@ -60,3 +60,30 @@ def test_a_forked_run_that_runs_past_its_timeout_is_killed(probe, tmp_path):
         run_forked(probe, ["sleep"], tmp_path, dict(os.environ), timeout=2)
     assert time.time() - start < 10 and "argv ['sleep']" in caught.value.output
     assert run_forked(probe, ["0"], tmp_path, dict(os.environ), timeout=60).returncode == 0  # the server goes on
+
+
+STOPPABLE = '''
+import signal, sys, time
+signal.signal(signal.SIGINT, lambda *_: (print("saved on ctrl-c", flush=True), sys.exit(130)))
+for step in range(600):
+    print("step", step, flush=True)
+    open("progress", "w").write(str(step))
+    time.sleep(0.1)
+sys.exit(0)
+'''
+
+
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "fresh"])
+def test_stop_when_sends_ctrl_c_once_it_holds_and_the_stopped_run_counts_as_done(tmp_path, fork):
+    """A learning test's early stop: run_python asks stop_when every POLL_S; once True the run gets SIGINT, and its
+    exit 130 (saved on Ctrl-C) reads as 0 with .stopped set."""
+    script = tmp_path / "stoppable.py"
+    script.write_text(STOPPABLE)
+    progress = tmp_path / "progress"
+    reached = lambda: progress.exists() and int(progress.read_text() or 0) >= 5  # noqa: E731
+    start = time.monotonic()
+    proc = run_python(script, [], tmp_path, dict(os.environ), timeout=60, fork=fork, stop_when=reached)
+    assert proc.returncode == 0 and proc.stopped and "saved on ctrl-c" in proc.stdout, proc
+    assert time.monotonic() - start < 15, "stopped within a few polls, not at the end (60 s)"
+    steps = [int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("step")]
+    assert 5 <= steps[-1] < 100

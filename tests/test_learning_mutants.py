@@ -2,14 +2,15 @@
 
 Each test copies one script alone into tmp_path, breaks one line of the algorithm (exact text replacement: an edit
 that no longer matches the script fails loudly), runs it with the SAME run as the learning test (its PENDULUM_RUN
-constant) and asserts the last-10 return MISSES the -300 threshold that the unbroken script reaches.
+constant) and asserts that no 10 consecutive episodes average the -300 that the unbroken script reaches (the
+unbroken runs stop once they have; a broken copy runs its whole budget and must stay below all along).
 """
 
 import time
 
 import pytest
 
-from tests.conftest import last10_return
+from tests.conftest import best_last10
 from tests.student_copy import copy_alone, run_copy
 from tests.test_ppo_continuous_learning import PENDULUM_RUN as PPO_PENDULUM_RUN
 from tests.test_sac_continuous_learning import PENDULUM_RUN as SAC_PENDULUM_RUN
@@ -48,8 +49,8 @@ def run_mutant(tmp_path, script: str, edit: tuple, run_args: list) -> float:
     start = time.time()
     proc = run_copy(copy, *run_args, "--runs-dir", runs, timeout=900)
     assert proc.returncode == 0, proc.stderr
-    ret = last10_return(runs)
-    print(f"{script} mutant: last-10 return {ret:.1f} in {time.time() - start:.0f} s")
+    ret = best_last10(runs)
+    print(f"{script} mutant: best mean of 10 consecutive episodes {ret:.1f} in {time.time() - start:.0f} s")
     return ret
 
 

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tests.conftest import last10_return, run_script
+from tests.conftest import best_last10, reached_return, run_script
 
 SCRIPT = os.environ.get("SAC_CONTINUOUS_SCRIPT", "sac_continuous.py")
 # The learning test's whole run; tests/test_learning_mutants.py runs broken copies with it.
@@ -20,7 +20,8 @@ PENDULUM_RUN = ["--env-id", "Pendulum-v1", "--total-timesteps", "5000", "--learn
 def test_pendulum_reaches_minus_300(tmp_path):
     """Default hyperparameters, 500 random steps first. Measured (one thread): the mean of the last 10 training
     episodes at 5k steps is -180 (seed 1) and -225 (seed 2); the random policy scores -1,200 to -1,500. 5k steps
-    take about 50 s on one thread of the 2-core development machine. The issue's budget is 15k steps."""
-    proc = run_script(SCRIPT, *PENDULUM_RUN, "--runs-dir", tmp_path, timeout=600)
+    take about 50 s on one thread of the 2-core development machine. The run stops (Ctrl-C) once 10 consecutive
+    episodes average -300: the threshold is met then; broken copies run the whole budget without meeting it."""
+    proc = run_script(SCRIPT, *PENDULUM_RUN, "--runs-dir", tmp_path, timeout=600, stop_when=reached_return(tmp_path, -300))
     assert proc.returncode == 0, proc.stderr
-    assert last10_return(tmp_path) >= -300
+    assert best_last10(tmp_path) >= -300

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import BASE_ENV, ROOT, assert_clean_error, episode_lines, only_run_dir, scalars, wait_for_updates
-from tests.fork_runner import run_python
+from tests.fork_runner import run_fresh, run_python
 
 pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")  # Ray vendors it: ray/thirdparty_files is on sys.path once ray is imported
@@ -54,14 +54,15 @@ def start_ray_run(*args, script: str = SCRIPT) -> subprocess.Popen:
                             stdin=subprocess.DEVNULL, text=True, start_new_session=True)  # fmt: skip
 
 
-def run_ray(*args, timeout: float = 300, script: str = SCRIPT) -> subprocess.CompletedProcess:
+def run_ray(*args, timeout: float = 300, script: str = SCRIPT, stop_when=None) -> subprocess.CompletedProcess:
     """run_script for runs that start Ray: a timed-out or crashed run leaves no Ray process behind."""
-    proc = start_ray_run(*args, script=script)
+    cmd = [sys.executable, str(ROOT / script), *map(str, args)]
+    started = []
     try:
-        out, err = proc.communicate(timeout=timeout)
+        return run_fresh(cmd, ROOT, {**os.environ, **BASE_ENV}, timeout, stop_when, started, start_new_session=True)
     finally:
-        stop_session(proc.pid)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        if started:
+            stop_session(started[0].pid)
 
 
 def done_line(stdout: str) -> tuple:

