@@ -5,6 +5,7 @@ training command, and `<run>` / `<step>` replaced by the run the quick start mad
 LEFT_OUT names the examples that are not run, each with its reason; the test fails when one of them is no longer in
 the README, so the list stays true."""
 
+import inspect
 import os
 import re
 import shlex
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BASE_ENV, ROOT, episode_lines
+from tests.fork_runner import run_fresh, run_python
 from tests.test_sac_continuous_ray_e2e import stop_session
 
 README = ROOT / "README.md"
@@ -54,21 +56,24 @@ BUDGETS = {
     "a2c_atari.py": "--total-timesteps 250 --num-envs 2 --num-steps 5",
     "sac_continuous_ray.py": "--total-timesteps 400 --learning-starts 100 --batch-size 32 --worker-batch-steps 50",
 }
+def budget(args: list) -> list:
+    """The flags appended to `uv run SCRIPT.py ARGS` (args: SCRIPT.py ARGS)."""
+    if "--resume" in args:
+        return ["--total-timesteps", "384", "--checkpoint-interval", "128"]
+    if "--eval-checkpoint" in args or "--export-checkpoint" in args:
+        return ["--eval-episodes", "1"]
+    return BUDGETS.get(args[0], "").split()
+
+
+# bash's budget() runs budget() above (one source for both ways an example runs)
+BUDGET_CODE = f"import sys\nBUDGETS = {BUDGETS!r}\n{inspect.getsource(budget)}\nprint(*budget(sys.argv[1:]))"
 SHIMS = r"""
 python3() {  # the quick start's `python3 -m pip install -q uv && python3 -m uv ...`: uv is installed here already
   if [ "$1" = -m ] && [ "$2" = pip ]; then return 0; fi
   if [ "$1" = -m ] && [ "$2" = uv ]; then shift 2; uv "$@"; return; fi
   "$PYTHON" "$@"
 }
-budget() {
-  case " $* " in
-    *" --resume "*) echo --total-timesteps 384 --checkpoint-interval 128; return;;
-    *" --eval-checkpoint "*|*" --export-checkpoint "*) echo --eval-episodes 1; return;;
-  esac
-  case "$1" in
-%s
-  esac
-}
+budget() { "$PYTHON" -S -c "$BUDGET_CODE" "$@"; }
 uv() {  # `uv run [--extra X | --all-extras] SCRIPT.py ARGS`: this interpreter, the script's small budget appended
   [ "$1" = run ] || { echo "this test's uv knows only 'uv run'" >&2; return 2; }
   shift
@@ -76,7 +81,32 @@ uv() {  # `uv run [--extra X | --all-extras] SCRIPT.py ARGS`: this interpreter, 
   "$PYTHON" "$@" $(budget "$@")
 }
 set -e
-""" % "\n".join(f"    {script}) echo {flags};;" for script, flags in BUDGETS.items())
+"""
+# One `uv run SCRIPT.py ARGS` and nothing else of the shell: it runs on the fork server (tests/fork_runner.py), as
+# `python SCRIPT.py ARGS` does, without importing torch again. Ray's runs and shell lines go through bash.
+PLAIN_UV_RUN = re.compile(r"uv run(?: --extra \S+| --all-extras)* ((?!sac_continuous_ray)[\w]+\.py)(?: [^&;|$<>`]*)?")
+
+
+def run_example(kind: str, code: str, project: Path, env: dict) -> subprocess.CompletedProcess:
+    """One example, in the project folder: on the fork server where it is one plain command or a python block (both
+    as `python X` would run them), else in bash with the shims above, in a session of its own (Ray's processes)."""
+    if kind == "python" or PLAIN_UV_RUN.fullmatch(code):
+        if kind == "python":
+            script, args = project / "readme_example.py", []
+            script.write_text(code)
+        else:
+            words = shlex.split(code)[2:]
+            while words[0].startswith("--"):
+                words = words[2:] if words[0] == "--extra" else words[1:]
+            script, args = project / words[0], [*words[1:], *budget(words)]
+        return run_python(script, args, project, env, timeout=300, hidden=[ROOT])
+    started = []
+    try:
+        return run_fresh(["bash", "-c", SHIMS + code], project, {**env, "BUDGET_CODE": BUDGET_CODE}, 300, None, started,
+                         start_new_session=True)  # fmt: skip
+    finally:
+        if started:
+            stop_session(started[0].pid)  # whatever it left (Ray's processes), and nothing else
 
 
 def examples(text: str) -> list:
@@ -135,16 +165,10 @@ def test_the_readme_examples_run_in_order(tmp_path):
             step = newest_step(run_dir)
             code = code.replace("<run>", run_dir.name).replace("<global_step>", step).replace("<step>", step)
         assert not re.search(r"<\w+>", code), f"a placeholder this test does not fill: {code!r}"
-        argv = [sys.executable, "-c", code] if kind == "python" else ["bash", "-c", SHIMS + code]
-        proc = subprocess.Popen(argv, cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL, text=True, start_new_session=True)  # fmt: skip
         start = time.monotonic()
-        try:
-            out, err = proc.communicate(timeout=300)
-        finally:
-            stop_session(proc.pid)  # whatever it left (Ray's processes), and nothing else
-        assert proc.returncode == 0, f"README example failed ({proc.returncode}): {text}\n{err[-3000:]}"
-        ran.append((text, out))
+        proc = run_example(kind, code, project, env)
+        assert proc.returncode == 0, f"README example failed ({proc.returncode}): {text}\n{proc.stderr[-3000:]}"
+        ran.append((text, proc.stdout))
         print(f"{time.monotonic() - start:5.1f} s  {text[:100]!r}")
         if run_dir is None and (project / "runs").is_dir():
             (run_dir,) = (project / "runs").iterdir()  # the quick start's run: <run> in the examples below
