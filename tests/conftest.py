@@ -72,12 +72,19 @@ def last10_return(runs_dir: Path) -> float:
     return float(np.mean(values[-10:]))
 
 
+def best_window_mean(values: np.ndarray, window: int = 10) -> float:
+    """The best mean of `window` consecutive values (-inf when there are fewer)."""
+    if len(values) < window:
+        return -np.inf
+    return float(np.convolve(values, np.ones(window) / window, mode="valid").max())
+
+
 def best_last10(runs_dir: Path) -> float:
     """The best mean of 10 consecutive training episodes of the only run in runs_dir: a learning run's threshold is
     met once this reaches it (the run may then stop, reached_return); a broken copy must stay below it all along."""
     steps, values = read_scalars(only_run_dir(runs_dir), "charts/episodic_return")
     assert len(values) >= 10, f"only {len(values)} episodes finished"
-    return float(np.convolve(values, np.ones(10) / 10, mode="valid").max())
+    return best_window_mean(values)
 
 
 def reached_return(runs_dir: Path, threshold: float):
@@ -89,7 +96,7 @@ def reached_return(runs_dir: Path, threshold: float):
         if len(dirs) != 1:
             return False
         _, values = read_scalars(dirs[0], "charts/episodic_return")
-        return len(values) >= 10 and np.convolve(values, np.ones(10) / 10, mode="valid").max() >= threshold
+        return best_window_mean(values) >= threshold
 
     return reached
 
@@ -122,7 +129,8 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
 # starve each other's timeouts.
 RAY_MODULES = {"test_sac_continuous_ray_e2e", "test_sac_continuous_ray_cluster", "test_sac_continuous_ray_learning"}
 RAY_TESTS = {"test_sac_keep_best_export_and_replay[sac_continuous_ray]",
-             "test_ray_learner_stops_on_a_nan_loss_shuts_ray_down_and_resumes", "test_the_readme_examples_run_in_order"}  # elsewhere: tests that start Ray
+             "test_ray_learner_stops_on_a_nan_loss_shuts_ray_down_and_resumes",
+             "test_the_readme_examples_run_in_order"}  # elsewhere: tests that start Ray
 # Modules whose module-scoped fixture trains a run: their tests stay on one worker, so the run is trained once.
 SHARED_RUN_MODULES = {"test_benchmarks", "test_docs", "test_ppo_continuous_e2e", "test_sac_continuous_e2e"}
 

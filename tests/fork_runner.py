@@ -27,8 +27,8 @@ from pathlib import Path
 
 # ONEFILE_TESTS_FORK=0 runs every script in a fresh interpreter instead (to compare, or to rule the server out).
 ENABLED = os.environ.get("ONEFILE_TESTS_FORK", "1") != "0"
-# What the server imports once. Not mujoco: it reads MUJOCO_GL when imported, and a test may set it.
 POLL_S = 2.0  # how often run_python asks stop_when
+# What the server imports once. Not mujoco: it reads MUJOCO_GL when imported, and a test may set it.
 PRELOAD = ["numpy", "torch", "torch.nn", "torch.optim", "gymnasium", "tyro", "torch.utils.tensorboard"]
 
 
@@ -138,15 +138,8 @@ def run_forked(script: Path, args: list, cwd: Path, env: dict, timeout: float, h
         out_path, err_path = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
         send(proc.stdin, (str(script), list(args), str(cwd), dict(env), out_path, err_path, [str(p) for p in hidden]))
         pid = receive(proc.stdout)
-        deadline, stopped = time.monotonic() + timeout, False
-        while True:
-            wait = deadline - time.monotonic() if stop_when is None or stopped else min(POLL_S, deadline - time.monotonic())
-            ready, _, _ = select.select([proc.stdout], [], [], max(wait, 0))
-            if ready or time.monotonic() >= deadline:
-                break
-            if stop_when():
-                os.kill(pid, signal.SIGINT)  # Ctrl-C: the script saves and exits (130) at the end of its iteration
-                stopped = True
+        ready, stopped = wait_or_stop(lambda t: bool(select.select([proc.stdout], [], [], t)[0]), timeout, stop_when,
+                                      lambda: os.kill(pid, signal.SIGINT))  # fmt: skip
         if not ready:
             os.kill(pid, signal.SIGKILL)
         returncode = receive(proc.stdout)
@@ -160,30 +153,44 @@ def run_fresh(cmd: list, cwd: Path, env: dict, timeout: float, stop_when=None, s
               **popen) -> subprocess.CompletedProcess:  # fmt: skip
     """subprocess.run(cmd, capture_output=True, text=True, timeout=timeout), with run_python's stop_when; `started`
     gets the Popen (to stop what a run left behind, by its id), `popen` goes to Popen (start_new_session=True)."""
-    if stop_when is None and started is None and not popen:
-        return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL, **popen)  # fmt: skip
     if started is not None:
         started.append(proc)
-    deadline, stopped = time.monotonic() + timeout, False
     with ThreadPoolExecutor(1) as pool:  # communicate() in a thread: the pipes are drained while we poll
         output = pool.submit(proc.communicate)
-        while not output.done() and time.monotonic() < deadline:
-            wait = deadline - time.monotonic() if stop_when is None or stopped else POLL_S
-            try:
-                output.result(timeout=max(min(wait, deadline - time.monotonic()), 0))
-            except FutureTimeout:
-                if not stopped and stop_when is not None and stop_when():
-                    proc.send_signal(signal.SIGINT)
-                    stopped = True
-        if not output.done():
+        done, stopped = wait_or_stop(lambda t: wait_done(output, t), timeout, stop_when,
+                                     lambda: proc.send_signal(signal.SIGINT))  # fmt: skip
+        if not done:
             proc.kill()
             out, err = output.result()
             raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err)
         out, err = output.result()
     return stopped_or_done(subprocess.CompletedProcess(cmd, proc.returncode, out, err), stopped)
+
+
+def wait_done(future, seconds: float) -> bool:
+    try:
+        future.result(timeout=seconds)
+    except FutureTimeout:
+        return False
+    return True
+
+
+def wait_or_stop(wait, timeout: float, stop_when, interrupt) -> tuple:
+    """Call wait(seconds) -> finished? until the run finishes or `timeout` passes, asking stop_when every POLL_S and
+    calling interrupt() (a Ctrl-C: the script saves and exits 130 at the end of its iteration) once it holds.
+    Returns (finished, stopped)."""
+    deadline, stopped = time.monotonic() + timeout, False
+    while True:
+        left = deadline - time.monotonic()
+        if wait(max(left if stop_when is None or stopped else min(POLL_S, left), 0)):
+            return True, stopped
+        if time.monotonic() >= deadline:
+            return False, stopped
+        if not stopped and stop_when():
+            interrupt()
+            stopped = True
 
 
 def stopped_or_done(result: subprocess.CompletedProcess, stopped: bool) -> subprocess.CompletedProcess:

@@ -47,19 +47,22 @@ def stop_session(sid: int) -> None:
             pass
 
 
+def ray_command(*args, script: str = SCRIPT) -> list:
+    return [sys.executable, str(ROOT / script), *map(str, args)]
+
+
 def start_ray_run(*args, script: str = SCRIPT) -> subprocess.Popen:
     """The script in a session of its own (so that everything Ray starts for it can be found, and stopped, by id)."""
-    cmd = [sys.executable, str(ROOT / script), *map(str, args)]
-    return subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **BASE_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(ray_command(*args, script=script), cwd=ROOT, env={**os.environ, **BASE_ENV},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            start_new_session=True)  # fmt: skip
 
 
 def run_ray(*args, timeout: float = 300, script: str = SCRIPT, stop_when=None) -> subprocess.CompletedProcess:
     """run_script for runs that start Ray: a timed-out or crashed run leaves no Ray process behind."""
-    cmd = [sys.executable, str(ROOT / script), *map(str, args)]
     started = []
     try:
-        return run_fresh(cmd, ROOT, {**os.environ, **BASE_ENV}, timeout, stop_when, started, start_new_session=True)
+        return run_fresh(ray_command(*args, script=script), ROOT, {**os.environ, **BASE_ENV}, timeout, stop_when, started, start_new_session=True)
     finally:
         if started:
             stop_session(started[0].pid)
