@@ -29,11 +29,11 @@ def seed_returns(report: dict) -> np.ndarray:
     return np.array([s["last100_mean"] for s in report["per_seed"] if s["status"] == "ok"], dtype=np.float64)
 
 
-def bootstrap_mean_interval(values: np.ndarray, seed: int = 0) -> tuple:
+def bootstrap_mean_interval(values: np.ndarray, seed: int = 0, reps: int = REPS) -> tuple:
     """95 % percentile-bootstrap interval of the mean of `values` (rliable, one task)."""
     from rliable import library as rly
 
-    _, intervals = rly.get_interval_estimates({"x": values[:, None]}, lambda x: np.array([x.mean()]), reps=REPS,
+    _, intervals = rly.get_interval_estimates({"x": values[:, None]}, lambda x: np.array([x.mean()]), reps=reps,
                                               random_state=np.random.RandomState(seed))  # fmt: skip
     return float(intervals["x"][0, 0]), float(intervals["x"][1, 0])
 
@@ -43,13 +43,13 @@ def normalized(scores: np.ndarray, random: float, reference: float) -> np.ndarra
     return (scores - random) / (reference - random)
 
 
-def iqm_interval(matrix: np.ndarray, seed: int = 0) -> tuple:
+def iqm_interval(matrix: np.ndarray, seed: int = 0, reps: int = REPS) -> tuple:
     """IQM over all (seed, task) scores of a (seeds, tasks) matrix and its 95 % stratified bootstrap interval."""
     from rliable import library as rly
     from rliable import metrics
 
     point, intervals = rly.get_interval_estimates({"x": matrix}, lambda x: np.array([metrics.aggregate_iqm(x)]),
-                                                  reps=REPS, random_state=np.random.RandomState(seed))  # fmt: skip
+                                                  reps=reps, random_state=np.random.RandomState(seed))  # fmt: skip
     return float(point["x"][0]), float(intervals["x"][0, 0]), float(intervals["x"][1, 0])
 
 

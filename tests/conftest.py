@@ -130,7 +130,7 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
 RAY_MODULES = {"test_sac_continuous_ray_e2e", "test_sac_continuous_ray_cluster", "test_sac_continuous_ray_learning"}
 RAY_TESTS = {"test_sac_keep_best_export_and_replay[sac_continuous_ray]",
              "test_ray_learner_stops_on_a_nan_loss_shuts_ray_down_and_resumes",
-             "test_the_readme_examples_run_in_order"}  # elsewhere: tests that start Ray
+             "test_the_readme_ray_examples_run"}  # elsewhere: tests that start Ray
 # Modules whose module-scoped fixture trains a run: their tests stay on one worker, so the run is trained once.
 SHARED_RUN_MODULES = {"test_benchmarks", "test_docs", "test_ppo_continuous_e2e", "test_sac_continuous_e2e"}
 

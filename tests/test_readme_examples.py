@@ -148,7 +148,13 @@ def test_every_left_out_example_is_in_the_readme_and_the_rest_is_runnable():
     assert len(run) >= 10, run
 
 
-def test_the_readme_examples_run_in_order(tmp_path):
+def uses_ray(text: str) -> bool:
+    return "sac_continuous_ray" in text
+
+
+def run_examples_in_order(tmp_path: Path, select) -> tuple:
+    """Run the README's examples for which select(text) holds, in order, in a project folder of copies of the scripts:
+    (project folder, the first run made, {example: stdout})."""
     project = tmp_path / "project"
     project.mkdir()
     for script in SCRIPTS:
@@ -158,6 +164,8 @@ def test_the_readme_examples_run_in_order(tmp_path):
     for kind, text in examples(README.read_text()):
         if text in LEFT_OUT:
             left_out.append(text)
+            continue
+        if not select(text):
             continue
         code = text
         if "<run>" in code or "<step>" in code or "<global_step>" in code:
@@ -171,10 +179,23 @@ def test_the_readme_examples_run_in_order(tmp_path):
         ran.append((text, proc.stdout))
         print(f"{time.monotonic() - start:5.1f} s  {text[:100]!r}")
         if run_dir is None and (project / "runs").is_dir():
-            (run_dir,) = (project / "runs").iterdir()  # the quick start's run: <run> in the examples below
+            (run_dir,) = (project / "runs").iterdir()  # the first run made: <run> in the examples below
     print("left out:\n" + "\n".join(f"- {text!r}: {LEFT_OUT[text]}" for text in dict.fromkeys(left_out)))
+    return project, run_dir, dict(ran)
 
-    outputs = dict(ran)
+
+def test_the_readme_ray_examples_run(tmp_path):
+    """The README's sac_continuous_ray.py examples (they start Ray: one test at a time, tests/conftest.py); none of
+    them uses a run that another example made."""
+    project, _, outputs = run_examples_in_order(tmp_path, uses_ray)
+    assert outputs, "the README shows no sac_continuous_ray.py example this test runs"
+    made = {tuple(path.name.split("__")[:3]) for path in (project / "runs").iterdir()}
+    assert ("HalfCheetah-v4", "sac_continuous_ray", "1") in made, made
+
+
+def test_the_readme_examples_run_in_order(tmp_path):
+    """Every other example, in the README's order (the Ray ones: the test above)."""
+    project, run_dir, outputs = run_examples_in_order(tmp_path, lambda text: not uses_ray(text))
     # what the examples made, as the README says
     assert run_dir.name.startswith("HalfCheetah-v4__ppo_continuous__1__")
     resume = next(text for text in outputs if "--resume" in text)
@@ -192,5 +213,5 @@ def test_the_readme_examples_run_in_order(tmp_path):
     for seed in "123":
         assert (made["HalfCheetah-v4", "ppo_continuous", seed] / "checkpoints" / "step_0000000256.pt").exists()
     for key in [("Hopper-v4", "ppo_continuous", "1"), ("HalfCheetah-v4", "sac_continuous", "1"),
-                ("BreakoutNoFrameskip-v4", "ppo_atari", "1"), ("HalfCheetah-v4", "sac_continuous_ray", "1")]:
+                ("BreakoutNoFrameskip-v4", "ppo_atari", "1")]:
         assert key in made, f"no run {key} among {sorted(made)}"
