@@ -9,7 +9,7 @@ import torch
 
 from tests.conftest import assert_clean_error, best_last10, reached_return
 from tests.student_copy import copy_alone, import_copy, run_copy
-from tests.test_ppo_continuous_learning import PENDULUM_RECIPE
+from tests.test_ppo_continuous_learning import PENDULUM_RECIPE, PENDULUM_RUN
 
 SCRIPT = "ppo_continuous.py"
 ACTOR = """        self.actor_mean = nn.Sequential(
@@ -108,9 +108,10 @@ def test_edit_that_cannot_run_stops_with_a_message(edit, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("edit", ["activation ReLU", "width 128"])
 def test_edited_copy_learns_pendulum(edit, tmp_path):
-    """The unedited script's Pendulum recipe and threshold (tests/test_ppo_continuous_learning.py)."""
+    """The unedited script's Pendulum run and threshold (tests/test_ppo_continuous_learning.py). Measured (seed 1):
+    -300 reached at 50,400 steps (ReLU) and 65,600 (width 128), the unedited copy at 59,200."""
     path = copy_alone(SCRIPT, tmp_path / "student", WORKING_EDITS[edit])
-    proc = run_copy(path, *PENDULUM_RECIPE, "--total-timesteps", "153600", "--seed", "1", "--torch-threads", "1",
-                    "--runs-dir", tmp_path / "runs", timeout=600, stop_when=reached_return(tmp_path / "runs", -300))  # fmt: skip
+    proc = run_copy(path, *PENDULUM_RUN, "--runs-dir", tmp_path / "runs", timeout=600,
+                    stop_when=reached_return(tmp_path / "runs", -300))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert best_last10(tmp_path / "runs") >= -300
