@@ -12,6 +12,7 @@ from tests.conftest import ROOT
 pytest.importorskip("ale_py")
 
 
+@pytest.mark.slow  # eight fresh script runs: about 110 s on 2 cores
 def test_env_backends_benchmark_reports_every_backend_per_round(tmp_path):
     out = tmp_path / "backends"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "env_backends.py"), "--reps", "2", "--num-envs", "2",
