@@ -62,7 +62,8 @@ def run_ray(*args, timeout: float = 300, script: str = SCRIPT, stop_when=None) -
     """run_script for runs that start Ray: a timed-out or crashed run leaves no Ray process behind."""
     started = []
     try:
-        return run_fresh(ray_command(*args, script=script), ROOT, {**os.environ, **BASE_ENV}, timeout, stop_when, started, start_new_session=True)
+        return run_fresh(ray_command(*args, script=script), ROOT, {**os.environ, **BASE_ENV}, timeout, stop_when, started,
+                         start_new_session=True)  # fmt: skip
     finally:
         if started:
             stop_session(started[0].pid)

@@ -9,7 +9,7 @@ import torch
 
 from tests.conftest import assert_clean_error, best_last10, reached_return
 from tests.student_copy import copy_alone, import_copy, run_copy
-from tests.test_ppo_continuous_learning import PENDULUM_RECIPE, PENDULUM_RUN
+from tests.test_ppo_continuous_learning import PENDULUM_RUN
 
 SCRIPT = "ppo_continuous.py"
 ACTOR = """        self.actor_mean = nn.Sequential(
