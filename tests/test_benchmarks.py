@@ -376,6 +376,11 @@ def test_summary_pools_seeds_and_reads_comparisons(tmp_path):
     assert x["speed"] == "2.00× (3 reps)" and x["wall"] == "10 min, AMD EPYC, 2 seeds at once"
     assert y["ours"] == "**5.0**" and y["comparison"] == "12.5 ± 1.5 (a paper, 3 seeds)" and y["speed"] == "not measured"
     assert z["comparison"] == "later: not measured yet" and z["speed"] == "1.50× (3 reps, gymnasium backend)"
+    resumed = fake_report("r.py", {1: 50.0})
+    resumed["per_seed"][0]["wall_time_s"] = None  # a run finished with --resume, then --summarize-only
+    (tmp_path / "resumed.json").write_text(json.dumps(resumed))
+    (r,) = summary.table_rows([summary.Row("r.py", "Env-v0", "1k steps", "", ["resumed.json"], None)], tmp_path, speed)
+    assert r["wall"] == "not recorded (resumed run), AMD EPYC" and r["comparison"] == "none published"
     table = summary.markdown_table(cells)
     assert table.count("\n") == 4 and table.startswith("| script |")
     readme = f"intro\n{summary.TABLE_START}\nold table\n{summary.TABLE_END}\nrest\n"
