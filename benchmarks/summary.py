@@ -18,6 +18,7 @@ import argparse
 import json
 import re
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -94,6 +95,9 @@ ROWS = [
     Row("sac_continuous_ray.py", "HalfCheetah-v4", "150k steps", "`--num-rollout-workers 4`",
         ["sac_continuous_ray_HalfCheetah-v4_150k_4workers.json"],
         Comparison("runs", "`sac_continuous.py`, run here", SAC_150K), smooth=10),
+    Row("sac_continuous.py", "Hopper-v4", "200k steps", "", [f"sac_continuous_Hopper-v4_200k_seed{s}.json" for s in (1, 2)],
+        Comparison("runs", "CleanRL `sac_continuous_action.py`, run here",
+                   [f"reference_sac_continuous_action_Hopper-v4_200k_seed{s}.json" for s in (1, 2)]), smooth=10),
     Row("ppo_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "", PPO_ATARI_GYM,
         Comparison("published", "CleanRL `ppo_atari.py`, run here", ["ppo_atari_Breakout_1M_fp32_gymnasium.json"], seeds=1),
         smooth=100),
@@ -104,6 +108,8 @@ ROWS = [
     Row("a2c_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "", ["a2c_atari_Breakout_1M_fp32.json"],
         Comparison("runs", "Stable-Baselines3 `A2C` with the zoo's recipe, run here",
                    ["sb3_a2c_zoo_BreakoutNoFrameskip-v4_1M.json"]), smooth=100),
+    Row("a2c_atari.py", "BreakoutNoFrameskip-v4", "5M agent steps", "`--env-backend ale-vector`",
+        ["a2c_atari_Breakout_5M_alevector.json"], None, smooth=100),
     Row("a2c_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps",
         "`--bf16 --vf-coef 0.5 --optimizer rmsprop-torch` on envpool (a backend since replaced by `ale-vector`)",
         ["a2c_atari_Breakout_1M_bf16.json"],
@@ -311,11 +317,17 @@ def draw_panel(axes, row: Row, results: Path) -> None:
             values += [comp["mean"] + (comp["std"] or 0), comp["mean"] - (comp["std"] or 0)]
     elif row.comparison is not None:
         axes.plot([], [], color="tab:red", linestyle="--", label=f"{row.comparison.label.replace('`', '')}: not measured yet")
+    # wrapped legend labels stay inside the panel; a rising curve's legend goes upper left, in headroom above the data
+    handles, labels = axes.get_legend_handles_labels()
+    labels = [textwrap.fill(label, 46, subsequent_indent="  ") for label in labels]
+    legend_above = band is not None and mean > 0
+    headroom = 0.06 + (0.075 * sum(label.count("\n") + 1 for label in labels) if legend_above else 0.0)
     # an honest scale: from 0 for positive returns (to 0 for negative ones), so a final point is not magnified
     low, high = min(values + [0.0]), max(values + [0.0])
-    pad = 0.06 * (high - low or 1.0)
-    axes.set_ylim(low - (pad if low < 0 else 0), high + (pad if high > 0 else 0))
-    title = f"{row.script} · {row.env_id}" + (f"\n{row.flags.replace('`', '')}" if row.flags else "\ndefault args")
+    span = high - low or 1.0
+    axes.set_ylim(low - (0.06 * span if low < 0 else 0), high + (headroom * span if high > 0 else 0))
+    flags = textwrap.fill(row.flags.replace("`", ""), 50) if row.flags else "default args"
+    title = f"{row.script} · {row.env_id}\n{flags}"
     axes.set_title(title, fontsize=9)
     axes.set_xlim(0, budget * 1.03)
     axes.xaxis.set_major_formatter(FuncFormatter(steps_label))
@@ -324,7 +336,8 @@ def draw_panel(axes, row: Row, results: Path) -> None:
     axes.tick_params(labelsize=7)
     axes.grid(alpha=0.3)
     # where the lines are not: rising curves leave the upper left free, final points and lines the lower right
-    axes.legend(loc="lower right" if band is None else "upper left" if mean > 0 else "center right", fontsize=6.5)
+    axes.legend(handles, labels, loc="lower right" if band is None else "upper left" if legend_above else "center right",
+                fontsize=6.5)
 
 
 HOW_TO_READ = """How to read a panel
