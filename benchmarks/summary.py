@@ -210,7 +210,7 @@ def table_rows(rows: list = ROWS, results: Path = RESULTS, speed: Optional[dict]
         walls = [entry["wall_time_s"] for entry in entries if entry.get("wall_time_s")]
         at_once = max(report.get("harness", {}).get("parallel", 1) for report in reports)
         cpus = sorted({short_cpu(report) for report in reports})
-        # a run split by --resume records no wall time (benchmarks/run.py --summarize-only): say so, not "nan min"
+        # a run split by --resume records no wall time (benchmarks/run.py --summarize-only): say so, not "nan s"
         wall = f"{minutes(float(np.median(walls))) if walls else 'not recorded (resumed run)'}, {' / '.join(cpus)}" + (
             f", {at_once} seeds at once" if at_once > 1 else ""
         )
