@@ -11,7 +11,6 @@ import math
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -191,7 +190,7 @@ def test_ray_learner_stops_on_a_nan_loss_shuts_ray_down_and_resumes(tmp_path):
     stops, Ray with it (nothing left in the run's session), and the newest checkpoint (the learner trails collection:
     from before update 150) resumes with the unedited script."""
     pytest.importorskip("ray")
-    from tests.test_sac_continuous_ray_e2e import run_ray, session_pids, start_ray_run, stop_session
+    from tests.test_sac_continuous_ray_e2e import lingering, run_ray, start_ray_run, stop_session
 
     copy = copy_alone("sac_continuous_ray.py", tmp_path / "copy", [NAN_AT_GRAD_STEP_150])
     runs = tmp_path / "runs"
@@ -200,8 +199,7 @@ def test_ray_learner_stops_on_a_nan_loss_shuts_ray_down_and_resumes(tmp_path):
                         "--log-interval", "50", "--runs-dir", runs, script=str(copy))  # fmt: skip
     try:
         out, err = run.communicate(timeout=300)
-        time.sleep(1)
-        leftovers = session_pids(run.pid)  # Ray's processes included: they stay in the run's session
+        leftovers = lingering(run.pid)  # Ray's processes included: they stay in the run's session
     finally:
         stop_session(run.pid)
     assert not leftovers, f"processes left in the run's session: {leftovers}"

@@ -38,6 +38,16 @@ def session_pids(sid: int) -> list:
     return [int(pid) for pid in subprocess.run(["pgrep", "-s", str(sid)], capture_output=True, text=True).stdout.split()]
 
 
+def lingering(sid: int, grace_s: float = 15.0) -> list:
+    """The processes still in a finished run's session after up to `grace_s` seconds. Why wait: the driver has exited,
+    but Ray's workers and daemons take a moment to notice and exit (on a loaded 2-core machine more than a second);
+    a process that leaked stays, and is returned."""
+    deadline = time.time() + grace_s
+    while (left := session_pids(sid)) and time.time() < deadline:
+        time.sleep(0.5)
+    return left
+
+
 def stop_session(sid: int) -> None:
     """SIGKILL whatever is left of a run this test started in a session of its own, and nothing else."""
     for pid in session_pids(sid):
@@ -195,8 +205,7 @@ def test_a_killed_buffer_shard_ends_the_run_with_a_checkpoint_and_one_paragraph(
         wait_for_updates(tmp_path)
         os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=120)
-        time.sleep(1)
-        leftovers = session_pids(proc.pid)
+        leftovers = lingering(proc.pid)
     finally:
         stop_session(proc.pid)
     assert proc.returncode == 1, err
@@ -328,8 +337,7 @@ def test_ctrl_c_saves_shuts_ray_down_and_resumes_with_the_learner_paused(tmp_pat
             time.sleep(0.3)
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=90)
-        time.sleep(1)
-        leftovers = session_pids(proc.pid)  # Ray's workers included: they sit in process groups of their own
+        leftovers = lingering(proc.pid)  # Ray's workers included: they sit in process groups of their own
     finally:  # a run that ignored the signal, or left processes behind, must not outlive the test
         stop_session(proc.pid)
     assert proc.returncode == 130, err
