@@ -1,28 +1,27 @@
 """Proximal Policy Optimization (PPO) for continuous actions (MuJoCo, classic control), in one file.
 
 Map of this file, top to bottom:
-  Args            algorithm flags, then run flags (`python ppo_continuous.py --help` lists them)
+  Args            algorithm flags, then run flags (`python ppo_continuous.py --help` lists them), and their rules
   make_env        one gymnasium env; observation / reward normalization are done in the loop, visibly
-  Agent           Gaussian policy and value function: separate Tanh MLPs
+  Agent           Gaussian policy and value function: separate Tanh MLPs; `distribution` is the policy
+  Policy          the trained agent as it acts in evaluation and export; `evaluate` plays it
   helpers         running statistics, reward scaling, GAE, the PPO losses (one line of math above each)
   main()          set-up, then the loop: rollout -> advantages -> update -> log, then finish
-  # === Plumbing  runs, checkpoints, resume, errors, progress, speed set-up: not needed to follow the algorithm
+  # === Plumbing  runs, checkpoints, resume, errors, progress: not needed to follow the algorithm
 
 Runs on gymnasium 1.x: episode boundaries are handled explicitly, and a time-limit truncation is bootstrapped.
+Evaluate or export a saved agent with `python tools/agent.py eval|export CHECKPOINT`.
 Docs: docs/ppo_continuous.md; the algorithm: https://arxiv.org/abs/1707.06347
 """
 
-import atexit
 import copy
 import dataclasses
-import importlib
 import json
 import math
 import os
 import random
 import signal
 import sys
-import tempfile
 import time
 import warnings
 from contextlib import contextmanager
@@ -35,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
+from torch.distributions import Independent, Normal
 
 SCRIPT_NAME = "ppo_continuous"  # written into checkpoints; a checkpoint of another script is refused
 
@@ -42,10 +42,7 @@ SCRIPT_NAME = "ppo_continuous"  # written into checkpoints; a checkpoint of anot
 @dataclass
 class Args:
     """PPO for continuous actions (MuJoCo, classic control): trains an agent and logs to TensorBoard.
-
-    Modes:  --resume CKPT             continue the run of checkpoint CKPT
-            --eval-checkpoint CKPT    play checkpoint CKPT's agent, no training (see --eval-episodes)
-            --export-checkpoint CKPT  write a folder that runs CKPT's agent with plain torch (see --export-dir)"""
+    --resume CKPT continues the run of checkpoint CKPT; `python tools/agent.py eval|export CKPT` plays or exports it."""
     # --- algorithm ---
     env_id: str = "HalfCheetah-v4"  # gymnasium env id with continuous actions (MuJoCo, classic control)
     total_timesteps: int = 1_000_000  # env steps to train for, summed over all envs
@@ -74,7 +71,7 @@ class Args:
     seed: int = 1  # random seed of the run
     torch_deterministic: bool = True  # make cuDNN pick deterministic algorithms (torch.backends.cudnn.deterministic)
     cuda: bool = True  # use the GPU when there is one
-    torch_threads: int = 0  # torch's CPU threads; 0 = share this machine's cores among the runs of these scripts on it
+    torch_threads: int = 0  # torch's CPU threads; 0 = one per usable core (set it when runs share a machine)
     track: bool = False  # log to Weights and Biases too (WANDB_MODE=offline works without network)
     wandb_project_name: str = "onefile-rl"  # wandb project
     wandb_entity: Optional[str] = None  # wandb entity, a team or user (None = your wandb default)
@@ -84,18 +81,42 @@ class Args:
     checkpoint_interval: int = 100_000  # write a checkpoint every N env steps (0 = never; Ctrl-C and --save-model still save)
     keep_checkpoints: int = 3  # how many of the newest periodic checkpoints to keep (the final one is always kept)
     resume: Optional[str] = None  # continue the run of this checkpoint (appends to its run folder)
-    eval_checkpoint: Optional[str] = None  # play this checkpoint for --eval-episodes episodes, no training
-    eval_episodes: int = 10  # episodes per evaluation (every --eval-interval, after --save-model, with --eval-checkpoint)
+    eval_episodes: int = 10  # episodes per evaluation (every --eval-interval, and after --save-model)
     eval_interval: int = 0  # every N env steps, play --eval-episodes deterministic episodes on a separate env (0 = never)
     keep_best: bool = False  # keep checkpoints/best.pt: the agent with the best evaluation (else training) return so far
-    export_checkpoint: Optional[str] = None  # checkpoint to export as a folder that runs with plain torch (no training)
-    export_dir: Optional[str] = None  # folder to export into; None = <run folder>/export/<checkpoint name>
     progress: bool = True  # show progress: a one-line display on a terminal, a plain line every 30 s otherwise
 
     # --- derived from the flags above (not flags themselves) ---
     batch_size: tyro.conf.Suppress[int] = 0  # the batch size: num_envs * num_steps
     minibatch_size: tyro.conf.Suppress[int] = 0  # the mini-batch size: batch_size // num_minibatches
     num_iterations: tyro.conf.Suppress[int] = 0  # the number of iterations: total_timesteps // batch_size
+
+
+# Every numeric flag and the range it must lie in, checked before anything starts (check_flags, below the banner)
+FLAG_RULES = {
+    "total_timesteps": ">= 1", "learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gamma": "in [0, 1]",
+    "gae_lambda": "in [0, 1]", "num_minibatches": ">= 1", "update_epochs": ">= 1", "clip_coef": "> 0",
+    "ent_coef": ">= 0", "vf_coef": ">= 0", "max_grad_norm": "> 0", "target_kl": "> 0", "obs_clip": "> 0",
+    "reward_clip": "> 0", "seed": ">= 0", "torch_threads": ">= 0", "checkpoint_interval": ">= 0",
+    "keep_checkpoints": ">= 1", "eval_episodes": ">= 1", "eval_interval": ">= 0",
+}  # fmt: skip
+
+
+def validate_args(args: Args) -> None:
+    """What single-flag rules cannot say: sizes that must fit together. Then the derived sizes."""
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches != 0:
+        raise UserError(f"num_minibatches ({args.num_minibatches}) must divide the batch size num_envs * num_steps = "
+                        f"{args.num_envs} * {args.num_steps} = {batch_size}.")  # fmt: skip
+    if args.total_timesteps < batch_size:
+        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one batch (num_envs * num_steps = "
+                        f"{batch_size}): no update would run. Raise --total-timesteps or lower --num-steps.")  # fmt: skip
+    if args.norm_adv and batch_size // args.num_minibatches < 2:
+        raise UserError(f"--norm-adv divides by the advantages' standard deviation over a minibatch, undefined for a "
+                        f"minibatch of {batch_size // args.num_minibatches}: lower --num-minibatches (e.g. "
+                        f"{max(batch_size // 2, 1)}) or give --no-norm-adv.")  # fmt: skip
+    args.batch_size, args.minibatch_size = batch_size, batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // batch_size
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Callable[[], gym.Env]:
@@ -124,19 +145,6 @@ def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias_const: float = 
 # --- end shared: layer-init ---
 
 
-LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
-
-
-def gaussian_log_prob(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-    """log N(a; mu, sigma) summed over action dimensions: -((a-mu)/sigma)^2/2 - log(sigma) - log(sqrt(2 pi))."""
-    return (-0.5 * ((action - mean) * torch.exp(-log_std)) ** 2 - log_std - LOG_SQRT_2PI).sum(-1)
-
-
-def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
-    """H[N(mu, sigma)] summed over action dimensions: 1/2 + log(sqrt(2 pi)) + log(sigma) per dimension."""
-    return (0.5 + LOG_SQRT_2PI + log_std).sum(-1)
-
-
 class Agent(nn.Module):
     """Separate Tanh-MLP critic and actor mean; the actor's log-std is a state-independent parameter."""
 
@@ -161,14 +169,91 @@ class Agent(nn.Module):
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(x).squeeze(-1)
 
+    def distribution(self, x: torch.Tensor) -> torch.distributions.Distribution:
+        """pi(.|x) = N(mu(x), sigma^2), independent over action dimensions: the one place the policy is defined. The
+        rollout samples from it, the update takes its log-probs and entropy, evaluation its mean."""
+        # validate_args=False: the argument checks would cost more than the sampling itself on one step's batch
+        return Independent(Normal(self.actor_mean(x), self.actor_logstd.exp(), validate_args=False), 1)
+
     def get_action_and_value(self, x: torch.Tensor, action: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, ...]:
-        """(action, log pi(action|x), entropy, V(x)); samples a ~ N(mu(x), sigma) when no action is given."""
-        mean = self.actor_mean(x)
+        """(action, log pi(action|x), entropy of pi(.|x), V(x)); samples the action when none is given."""
+        dist = self.distribution(x)
         if action is None:
-            action = mean + self.actor_logstd.exp() * torch.randn_like(mean)
-        log_prob = gaussian_log_prob(mean, self.actor_logstd, action)
-        entropy = gaussian_entropy(self.actor_logstd)  # state-independent sigma: one value, shape (1,), for every x
-        return action, log_prob, entropy, self.get_value(x)
+            action = dist.sample()
+        return action, dist.log_prob(action), entropy_of(dist), self.get_value(x)
+
+
+def entropy_of(dist: torch.distributions.Distribution) -> torch.Tensor:
+    """H[pi(.|x)]; where torch has no closed form (e.g. a tanh-squashed Gaussian), the one-sample estimate -log pi(a|x)."""
+    try:
+        return dist.entropy()
+    except NotImplementedError:
+        return -dist.log_prob(dist.sample())
+
+
+def deterministic_action(dist: torch.distributions.Distribution) -> torch.Tensor:
+    """The action evaluation takes: the mean; for a transformed distribution (e.g. tanh-squashed), its base mean
+    passed through the transforms (torch has no mean for those)."""
+    if isinstance(dist, torch.distributions.TransformedDistribution):
+        action = deterministic_action(dist.base_dist)
+        for transform in dist.transforms:
+            action = transform(action)
+        return action
+    return dist.mean
+
+
+class Policy(nn.Module):
+    """The trained agent as it acts in evaluation and in an export: observations as the env returns them, normalized
+    with the frozen running statistics (float64, as normalize_obs), the distribution's mean, clipped to the bounds."""
+
+    def __init__(self, agent: Agent, obs_rms: Optional["RunningMeanStd"], obs_clip: float, low, high):
+        super().__init__()
+        self.agent, self.norm_obs, self.obs_clip = agent, obs_rms is not None, obs_clip
+        if obs_rms is not None:
+            self.register_buffer("obs_mean", torch.as_tensor(obs_rms.mean, dtype=torch.float64))
+            self.register_buffer("obs_std", torch.sqrt(torch.as_tensor(obs_rms.var, dtype=torch.float64) + 1e-8))
+        self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.to(torch.float64)
+        if self.norm_obs:
+            x = torch.clamp((x - self.obs_mean) / self.obs_std, -self.obs_clip, self.obs_clip)
+        return torch.clamp(deterministic_action(self.agent.distribution(x.float())), self.low, self.high)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: dict) -> "Policy":
+        """The checkpoint's agent and statistics, on the CPU (tools/agent.py evaluates and exports it)."""
+        args, obs_dim, act_dim = ckpt["args"], int(np.prod(ckpt["obs_shape"])), int(np.prod(ckpt["act_shape"]))
+        agent = Agent(obs_dim, act_dim)
+        agent.load_state_dict(ckpt["model"])
+        obs_rms = None
+        if args["norm_obs"]:
+            obs_rms = RunningMeanStd(shape=(obs_dim,))
+            load_plain(obs_rms, ckpt["obs_rms"])
+        space = make_env(args["env_id"], 0, False, "")().action_space
+        return cls(agent, obs_rms, args["obs_clip"], space.low, space.high)
+
+
+def evaluate(policy: nn.Module, env_id: str, episodes: int, seed: int, video_dir: Optional[str] = None,
+             report: Callable[[int, float], None] = lambda index, episode_return: None) -> list:  # fmt: skip
+    """`episodes` episodes of `policy` (deterministic) on a fresh env seeded seed, seed + 1, ...; their returns.
+    `report` hears of each finished episode (its index and return)."""
+    env = make_env(env_id, 0, video_dir is not None, video_dir or "")()
+    device = next(policy.parameters()).device
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        done, total = False, 0.0
+        while not done:
+            with torch.inference_mode():
+                action = policy(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))[0].cpu().numpy()
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+        report(episode, total)
+    env.close()
+    return returns
 
 
 # ---- algorithm helpers: no globals, tensors / arrays in and out (the tests import them) ----
@@ -332,14 +417,8 @@ class LoopState:
 
 
 def main() -> None:
-    args, ckpt, device = parse_command_line(Args, RESUME_OVERRIDABLE, FLAG_RULES, validate_args)
-    ckpt = split_flat_adam_state(ckpt)  # --resume of a checkpoint of the earlier build (plumbing, below the banner)
-    if args.eval_checkpoint or args.export_checkpoint:
-        return eval_only(args, device)  # evaluate or export a checkpoint: no training
-    args.batch_size = args.num_envs * args.num_steps
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    args.num_iterations = args.total_timesteps // args.batch_size
-    obs_shape, act_shape = probe_env(args.env_id)
+    args, ckpt, device = parse_command_line(Args, FLAG_RULES, validate_args)
+    obs_shape, act_shape = probe_env(args.env_id)  # below the banner: the env exists and has continuous actions
     run = Run(args, SCRIPT_NAME, ckpt, {"obs_shape": list(obs_shape), "act_shape": list(act_shape)}, args.batch_size)
     seed_everything(args.seed, args.torch_deterministic)
 
@@ -354,8 +433,8 @@ def main() -> None:
     action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
 
     agent = Agent(obs_dim, act_dim).to(device)
+    check_agent(agent, obs_dim, act_dim, device)  # below the banner: an edited Agent that cannot act stops here
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
-    acting = acting_path(agent.actor_mean, obs_dim, act_dim)  # speed, below the banner: numpy mirror, checked here
     obs_rms, return_rms = RunningMeanStd(shape=(obs_dim,)), RunningMeanStd(shape=())
 
     # ---- storage: everything indexed "at step t" of the rollout ----
@@ -370,8 +449,8 @@ def main() -> None:
                   episode_length=np.zeros(args.num_envs, np.int64), discounted_return=np.zeros(args.num_envs))  # fmt: skip
     run.attach(s, envs, model=agent, optimizer=optimizer, obs_rms=obs_rms, return_rms=return_rms, env_states=EnvStates(envs))
     # evaluation: deterministic episodes, normalization frozen; the Run plays them every --eval-interval env steps
-    run.play = lambda episodes, video_dir=None: evaluate(agent, args.env_id, obs_rms if args.norm_obs else None,
-                                                         args.obs_clip, episodes, args.seed + 10_000, device, video_dir)  # fmt: skip
+    policy = Policy(agent, obs_rms if args.norm_obs else None, args.obs_clip, action_low, action_high).to(device)
+    run.play = lambda episodes, video_dir=None: evaluate(policy, args.env_id, episodes, args.seed + 10_000, video_dir)
     if args.norm_obs and ckpt is None:
         obs_rms.update(s.raw_obs)
     next_obs = normalize_obs(s.raw_obs, obs_rms, args.obs_clip) if args.norm_obs else s.raw_obs.astype(np.float32)
@@ -382,14 +461,11 @@ def main() -> None:
 
         # ---- rollout: act with the current policy, record transitions ----
         with run.timer("rollout"):
-            policy_mean = acting(agent.actor_mean)  # mu(s) of one step's obs, with this rollout's weights
-            # a = mu(s) + sigma * eps, eps ~ N(0, I): the noise for the whole rollout in one draw of torch's RNG
-            std = agent.actor_logstd.detach().exp().cpu().numpy()
-            noise = torch.randn((args.num_steps, args.num_envs, act_dim)).numpy()
             for step in range(args.num_steps):
                 s.global_step += args.num_envs
                 obs_buf[step] = next_obs
-                action = policy_mean(next_obs) + std * noise[step]
+                with torch.inference_mode():  # a ~ pi(.|s): no gradient, no value (computed batched for the update)
+                    action = agent.distribution(torch.from_numpy(next_obs).to(device)).sample().cpu().numpy()
                 actions_buf[step] = action
                 # The env gets the action clipped to its bounds; training keeps the sampled one, whose log-prob we know.
                 s.raw_obs, reward, terminations, truncations, infos = envs.step(np.clip(action, action_low, action_high))
@@ -422,7 +498,7 @@ def main() -> None:
             # ---- advantages: values and log-probs of the whole rollout in one batched pass ----
             b_obs_t, actions_t = torch.from_numpy(obs_buf).to(device), torch.from_numpy(actions_buf).to(device)
             with torch.no_grad():
-                _, logprobs, _, values = agent.get_action_and_value(b_obs_t, actions_t)
+                logprobs, values = agent.distribution(b_obs_t).log_prob(actions_t), agent.get_value(b_obs_t)
                 next_values = agent.get_value(torch.from_numpy(next_obs_buf).to(device))
             advantages = compute_gae(
                 rewards_buf, values.cpu().numpy(), next_values.cpu().numpy(), terminations_buf, truncations_buf,
@@ -482,47 +558,17 @@ def main() -> None:
     run.close()
 
 
-# === Plumbing: runs, checkpoints, errors, speed set-up; not needed to follow the algorithm ===
-# What follows makes the script a dependable research tool: flag checks, resume, evaluation of a checkpoint, env
-# state capture, checkpoints, TensorBoard / wandb, progress, Ctrl-C, and the speed set-up. The `shared:` blocks are
-# the same text in every script (tests/test_shared_blocks.py).
-
-# Flags that --resume takes from the command line; every other field comes from the checkpoint.
-RESUME_OVERRIDABLE = (
-    "total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "runs_dir",
-    "checkpoint_interval", "keep_checkpoints", "resume", "eval_checkpoint", "eval_episodes", "eval_interval", "keep_best",
-    "export_checkpoint", "export_dir", "progress", "cuda", "torch_threads",
-)  # fmt: skip
-# Every numeric flag and the range it must lie in (checked before anything starts; see check_flags)
-FLAG_RULES = {
-    "total_timesteps": ">= 1", "learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gamma": "in [0, 1]",
-    "gae_lambda": "in [0, 1]", "num_minibatches": ">= 1", "update_epochs": ">= 1", "clip_coef": "> 0",
-    "ent_coef": ">= 0", "vf_coef": ">= 0", "max_grad_norm": "> 0", "target_kl": "> 0", "obs_clip": "> 0",
-    "reward_clip": "> 0", "seed": ">= 0", "torch_threads": ">= 0", "checkpoint_interval": ">= 0",
-    "keep_checkpoints": ">= 1", "eval_episodes": ">= 1", "eval_interval": ">= 0",
-}  # fmt: skip
-
-
-def validate_args(args: Args) -> None:
-    """What single-flag rules cannot say: sizes that must fit together."""
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches != 0:
-        raise UserError(f"num_minibatches ({args.num_minibatches}) must divide the batch size num_envs * num_steps = "
-                        f"{args.num_envs} * {args.num_steps} = {batch_size}.")  # fmt: skip
-    if args.total_timesteps < batch_size:
-        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one batch (num_envs * num_steps = "
-                        f"{batch_size}): no update would run. Raise --total-timesteps or lower --num-steps.")  # fmt: skip
-    if args.norm_adv and batch_size // args.num_minibatches < 2:
-        raise UserError(f"--norm-adv divides by the advantages' standard deviation over a minibatch, undefined for a "
-                        f"minibatch of {batch_size // args.num_minibatches}: lower --num-minibatches (e.g. "
-                        f"{max(batch_size // 2, 1)}) or give --no-norm-adv.")  # fmt: skip
+# === Plumbing: runs, checkpoints, errors; not needed to follow the algorithm ===
+# What follows makes the script a dependable research tool: flag checks, resume, env state capture, checkpoints,
+# TensorBoard / wandb, progress and Ctrl-C. The `shared:` blocks are the same text in every script
+# (tests/test_shared_blocks.py).
 
 
 def probe_env(env_id: str) -> tuple[tuple, tuple]:
     """Make the env once to check it exists and has a continuous (Box) action space; return (obs, action) shapes."""
     check_env_id(env_id)
     try:
-        env = gym.wrappers.FlattenObservation(gym.make(env_id))
+        env = make_env(env_id, 0, False, "")()
     except gym.error.Error as e:
         raise UserError(f"environment '{env_id}' could not be created: {e}") from None
     obs_space, act_space = env.observation_space, env.action_space
@@ -536,289 +582,48 @@ def probe_env(env_id: str) -> tuple[tuple, tuple]:
     return obs_space.shape, act_space.shape
 
 
-def evaluate(
-    agent: Agent,
-    env_id: str,
-    obs_rms: Optional[RunningMeanStd],
-    obs_clip: float,
-    episodes: int,
-    seed: int,
-    device: torch.device,
-    video_dir: Optional[str] = None,
-    report: Callable[[int, float], None] = lambda index, episode_return: None,
-) -> list:
-    """Deterministic episodes (the Gaussian's mean action) with the normalization statistics frozen; `report` hears of
-    each finished episode (its index and return)."""
-    env = make_env(env_id, 0, video_dir is not None, video_dir or "")()
-    low, high = env.action_space.low, env.action_space.high
-    returns = []
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
-        done, total = False, 0.0
-        while not done:
-            x = normalize_obs(obs, obs_rms, obs_clip) if obs_rms is not None else obs.astype(np.float32)
-            with torch.inference_mode():
-                action = agent.actor_mean(torch.as_tensor(x, device=device).unsqueeze(0))[0].cpu().numpy()
-            obs, reward, terminated, truncated, _ = env.step(np.clip(action, low, high))
-            total += float(reward)
-            done = terminated or truncated
-        returns.append(total)
-        report(episode, total)
-    env.close()
-    return returns
-
-
-def eval_only(args: Args, device: torch.device) -> None:
-    """--eval-checkpoint: deterministic episodes with frozen normalization; print and log eval/episodic_return.
-    --export-checkpoint: the checkpoint's agent as a folder that runs with plain torch (export_agent)."""
-    path = args.eval_checkpoint or args.export_checkpoint
-    ckpt = load_checkpoint(path)
-    saved = Args(**{f.name: ckpt["args"][f.name] for f in dataclasses.fields(Args) if f.name in ckpt["args"]})
-    obs_shape, act_shape = probe_env(saved.env_id)
-    check_checkpoint_matches(ckpt, path, SCRIPT_NAME, {"obs_shape": list(obs_shape), "act_shape": list(act_shape)})
-    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_shape))
-    agent = Agent(obs_dim, act_dim).to(device)
-    agent.load_state_dict(ckpt["model"])
-    obs_rms = None
-    if saved.norm_obs:
-        obs_rms = RunningMeanStd(shape=(obs_dim,))
-        load_plain(obs_rms, ckpt["obs_rms"])
-    eval_seed = saved.seed + 10_000
-
-    def play(episodes: int, video_dir: Optional[str] = None) -> list:
-        return evaluate(agent, saved.env_id, obs_rms, saved.obs_clip, episodes, eval_seed, device, video_dir,
-                        episode_printer(episodes))  # fmt: skip
-
-    if args.export_checkpoint:
-        space = make_env(saved.env_id, 0, False, "")().action_space
-        config = {"script": SCRIPT_NAME, "algorithm": "PPO (continuous actions)", "env_id": saved.env_id,
-                  "global_step": ckpt["global_step"], "agent_class": "Agent",
-                  "agent_kwargs": {"obs_dim": obs_dim, "act_dim": act_dim}, "hidden_sizes": [64, 64],
-                  "activation": "tanh", "obs_shape": list(obs_shape), "action_low": space.low.tolist(),
-                  "action_high": space.high.tolist(), "norm_obs": saved.norm_obs, "obs_clip": saved.obs_clip,
-                  "obs_rms": None if obs_rms is None else {"mean": obs_rms.mean.tolist(), "var": obs_rms.var.tolist(),
-                                                           "count": float(obs_rms.count)},
-                  "evaluation": "deterministic episodes (the Gaussian's mean action), normalization statistics frozen",
-                  "policy_input": f"float32 observations, shape (batch, {obs_dim}), as the env returns them (flattened)",
-                  "policy_output": f"float32 actions, shape (batch, {act_dim}), within the action bounds"}  # fmt: skip
-        policy = ActingPolicy(agent.actor_mean, obs_rms, saved.obs_clip, space.low, space.high)
-        usage = EXPORT_USAGE.format(env_id=saved.env_id)
-        return export_agent(args, ckpt, policy, torch.zeros(2, obs_dim), agent.state_dict(), config, play, usage)
-    run_dir = Path(path).resolve().parent.parent
-    eval_dir = run_dir / "eval" / Path(path).stem
-    returns = play(args.eval_episodes, str(eval_dir / "videos") if args.capture_video else None)
-    writer = make_writer(eval_dir, saved, purge_step=None)
-    writer.add_scalar("eval/episodic_return", float(np.mean(returns)), ckpt["global_step"])
-    writer.close()
-    print(f"eval {saved.env_id} at step {ckpt['global_step']}: {np.mean(returns):.2f} +- {np.std(returns):.2f} "
-          f"over {len(returns)} episodes")  # fmt: skip
-
-
-class ActingPolicy(nn.Module):
-    """What evaluate() does with an observation, as one torch module for torch.export: normalize it with the frozen
-    statistics (in float64, as normalize_obs), the actor's mean (the deterministic action), clip to the bounds."""
-
-    def __init__(self, actor_mean: nn.Module, obs_rms: Optional[RunningMeanStd], obs_clip: float, low, high):
-        super().__init__()
-        self.actor_mean, self.norm_obs, self.obs_clip = actor_mean, obs_rms is not None, obs_clip
-        if obs_rms is not None:
-            self.register_buffer("obs_mean", torch.as_tensor(obs_rms.mean, dtype=torch.float64))
-            self.register_buffer("obs_std", torch.sqrt(torch.as_tensor(obs_rms.var, dtype=torch.float64) + 1e-8))
-        self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32))
-        self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32))
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.to(torch.float64)
-        if self.norm_obs:  # fixed when exported: the program holds one branch
-            x = torch.clamp((x - self.obs_mean) / self.obs_std, -self.obs_clip, self.obs_clip)
-        return torch.clamp(self.actor_mean(x.float()), self.low, self.high)
-
-
-EXPORT_USAGE = """
-import gymnasium as gym
-import torch
-
-policy = torch.export.load("policy.pt2").module()
-env = gym.make("{env_id}")
-obs, _ = env.reset(seed=0)
-done, total = False, 0.0
-while not done:
-    action = policy(torch.as_tensor(obs, dtype=torch.float32).reshape(1, -1))[0].numpy()
-    obs, reward, terminated, truncated, _ = env.step(action)
-    total, done = total + float(reward), terminated or truncated
-print(total)
-"""
-
-
-def split_flat_adam_state(ckpt: Optional[dict]) -> Optional[dict]:
-    """`ckpt` with Adam's state per weight tensor. Why: the earlier build's Adam stepped one flat tensor of all of
-    Agent's weights, in the order of ckpt["model"]; its moments, split, continue those runs exactly."""
-    if ckpt is None or len(ckpt["optimizer"]["param_groups"][0]["params"]) == len(ckpt["model"]):
-        return ckpt
-    (group,), flat = ckpt["optimizer"]["param_groups"], ckpt["optimizer"]["state"].get(0, {})
-    weights = list(ckpt["model"].values())
-    pieces = {k: v.split([w.numel() for w in weights]) for k, v in flat.items() if k != "step"}
-    state = {i: {"step": flat["step"].clone(), **{k: v[i].view_as(w).clone() for k, v in pieces.items()}}
-             for i, w in enumerate(weights)} if flat else {}  # fmt: skip
-    return {**ckpt, "optimizer": {"state": state, "param_groups": [{**group, "params": list(range(len(weights)))}]}}
-
-
-# ---- speed set-up: the rollout's acting path, derived from the module it stands for ----
-# Why: on one step's observation torch's per-op dispatch costs several times what numpy's does (docs, "Acting");
-# training, batched, stays in torch. NUMPY_LAYERS: layer type -> (layer -> its numpy function).
-NUMPY_LAYERS = {
-    nn.Linear: lambda m: numpy_linear(m.weight, m.bias),
-    nn.Tanh: lambda m: np.tanh,
-    nn.ReLU: lambda m: lambda x: np.maximum(x, 0.0),
-    nn.Identity: lambda m: lambda x: x,
-    nn.Sigmoid: lambda m: lambda x: 0.5 * np.tanh(0.5 * x) + 0.5,  # = 1 / (1 + e^-x), without overflow
-    nn.LeakyReLU: lambda m: lambda x: np.where(x >= 0, x, m.negative_slope * x),
-    nn.ELU: lambda m: lambda x: np.where(x > 0, x, m.alpha * np.expm1(np.minimum(x, 0.0))),
-}
-
-
-def numpy_linear(weight: torch.Tensor, bias: Optional[torch.Tensor]) -> Callable[[np.ndarray], np.ndarray]:
-    """x W^T + b in numpy, with copies of the weights as they are now (an update later does not change them)."""
-    w = weight.detach().cpu().numpy().copy()
-    b = 0.0 if bias is None else bias.detach().cpu().numpy().copy()
-    return lambda x: x @ w.T + b
-
-
-def numpy_mirror(module: nn.Sequential) -> Callable[[np.ndarray], np.ndarray]:
-    """`module` as a numpy function of a batch: its layers in order, each through NUMPY_LAYERS, current weights."""
-    layers = [NUMPY_LAYERS[type(layer)](layer) for layer in module]
-
-    def forward(x: np.ndarray) -> np.ndarray:
-        for layer in layers:
-            x = layer(x)
-        return x
-
-    return forward
-
-
-def torch_acting(module: nn.Module) -> Callable[[np.ndarray], np.ndarray]:
-    """`module` itself as a function of numpy observations (float32 in, numpy out, no gradient)."""
-    device = next(module.parameters()).device
-
-    def forward(x: np.ndarray) -> np.ndarray:
-        with torch.no_grad():
-            return module(torch.as_tensor(x, dtype=torch.float32, device=device)).cpu().numpy()
-
-    return forward
-
-
-def mirror_gap(module: nn.Module) -> Optional[str]:
-    """Why numpy_mirror cannot compute `module` (None where it can): it walks a plain nn.Sequential's layers."""
-    if not isinstance(module, nn.Sequential) or type(module).forward is not nn.Sequential.forward:
-        return f"the numpy mirror walks an nn.Sequential's layers; {type(module).__name__} has its own forward"
-    unknown = [type(layer).__name__ for layer in module if type(layer) not in NUMPY_LAYERS]
-    return f"the numpy mirror does not know {', '.join(unknown)}" if unknown else None
-
-
-def acting_path(module: nn.Module, obs_dim: int, act_dim: int) -> Callable[[nn.Module], Callable]:
-    """How the rollout computes `module` (the actor's mean): numpy_mirror where it knows every layer and agrees with
-    the module on 64 fixed observations, else torch_acting, said in one line. Refuses sizes that do not fit the env."""
-    probe = np.random.default_rng(0).normal(size=(64, obs_dim)).astype(np.float32)  # own generator: run RNGs untouched
+def check_agent(agent: Agent, obs_dim: int, act_dim: int, device: torch.device) -> None:
+    """Before any step: an Agent (perhaps edited) must give, for a batch of observations, actions of size act_dim,
+    one log-prob, entropy and value per observation. Else stop at once, naming what to change."""
+    x = torch.randn(8, obs_dim, device=device)
     try:
-        expected = torch_acting(module)(probe)
-    except RuntimeError as e:  # torch's size mismatch: say which sizes must agree
-        raise UserError(f"agent.actor_mean cannot compute a batch of observations of size obs_dim = {obs_dim} "
+        with torch.no_grad():
+            action, log_prob, entropy, value = agent.get_action_and_value(x)
+            deterministic_action(agent.distribution(x))
+    except (RuntimeError, NotImplementedError) as e:  # torch's size mismatch: say which sizes must agree
+        raise UserError(f"the Agent cannot act on a batch of observations of size obs_dim = {obs_dim} "
                         f"({str(e).splitlines()[0]}). Each layer's input size must be the previous layer's output "
                         "size, and the first layer's input size obs_dim.") from None  # fmt: skip
-    if expected.shape != (64, act_dim):
-        raise UserError(f"agent.actor_mean maps 64 observations to an array of shape {tuple(expected.shape)}, not "
-                        f"(64, act_dim = {act_dim}): its last layer's output size must be act_dim.")  # fmt: skip
-    gap = mirror_gap(module)
-    if gap is None and not np.allclose(numpy_mirror(module)(probe), expected, rtol=1e-5, atol=1e-5):
-        gap = "the numpy mirror disagrees with it on 64 test observations"
-    if gap is None:
-        return numpy_mirror
-    print(f"acting: through the torch module ({gap})")
-    return torch_acting
+    got = {"action": tuple(action.shape), "log-prob": tuple(log_prob.shape), "entropy": tuple(entropy.shape),
+           "value": tuple(value.shape)}  # fmt: skip
+    want = {"action": (8, act_dim), "log-prob": (8,), "entropy": (8,), "value": (8,)}
+    if got != want:
+        raise UserError(f"for 8 observations the Agent gives shapes {got}, not {want}: the actor's last layer must "
+                        "output act_dim numbers, the critic's one, and distribution() one event of act_dim actions "
+                        "per observation (torch.distributions.Independent(..., 1)).")  # fmt: skip
 
 
 # --- shared: run ---
-class StopRequest:
-    """Ctrl-C / SIGTERM handler: the first signal asks the loop to stop at the end of the current iteration (a
-    consistent state to save); a second one interrupts at once, without saving.
-    Why a flag, not `except KeyboardInterrupt`: the exception lands at an arbitrary point (inside the TensorBoard
-    writer, a checkpoint write, ...); a flag checked between iterations never cuts anything half-way."""
-
-    def __init__(self):
-        self.requested = False
-
-    def __call__(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-
-class Progress:
-    """On a terminal: one self-overwriting line with an ETA. Otherwise (Slurm, nohup, CI logs): a plain line every
-    `every_s` seconds and one at the end, so a log file shows the run advancing."""
-
-    def __init__(self, enabled: bool, total: int, every_s: float = 30.0):
-        self.enabled, self.tty, self.total, self.every_s = enabled, sys.stdout.isatty(), total, every_s
-        self.last_print, self.line = time.monotonic(), ""
-
-    def update(self, step: int, sps: float, recent_return: Optional[float], recent_sps: float) -> None:
-        """sps: since the run (re)started, as logged; the ETA uses recent_sps, the last log window's speed, since a
-        run's speed changes as it goes (SAC: random-action steps first, then a gradient step per env step)."""
-        if not self.enabled:
-            return
-        ret = "   n/a" if recent_return is None else f"{recent_return:9.1f}"
-        eta = (self.total - step) / recent_sps if recent_sps > 0 else math.inf
-        eta_text = "?" if not math.isfinite(eta) else time.strftime("%H:%M:%S", time.gmtime(eta))
-        if eta >= 86_400 and math.isfinite(eta):
-            eta_text = f"{eta / 86_400:.1f} days"
-        self.line = f"step {step:>10,}/{self.total:,} | {sps:6.0f} SPS | return (last 10) {ret} | ETA {eta_text}"
-        if self.tty:
-            print(f"\r{self.line}", end="", flush=True)
-        elif time.monotonic() - self.last_print >= self.every_s:
-            print(self.line, flush=True)
-            self.last_print = time.monotonic()
-
-    def close(self) -> None:
-        if self.enabled and self.line:
-            print() if self.tty else print(self.line, flush=True)
-
-
-def to_plain(obj) -> dict:
-    """An object's attributes (a dataclass's fields) as plain data that loads with weights_only=True: arrays become
-    tensors; all are copies. For loop states, and for parts without state_dict() (e.g. running statistics)."""
-    plain = {}
-    for name, value in vars(obj).items():
-        if isinstance(value, (np.ndarray, np.generic)):  # np.generic: 0-d arithmetic gives numpy scalars
-            value = torch.from_numpy(np.array(value))
-        elif isinstance(value, torch.Tensor):
-            value = value.detach().cpu().clone()
-        plain[name] = value
-    return plain
-
-
-def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
-    """Set an object's attributes from to_plain's dict, in their current types and devices. Dataclass fields marked
-    metadata={"env": True} describe the envs' episodes: kept as they are when the envs restart from a reset."""
-    env_fields = {f.name for f in dataclasses.fields(obj) if f.metadata.get("env")} if dataclasses.is_dataclass(obj) else set()
-    for name, current in vars(obj).items():
-        if name not in saved or (name in env_fields and not env_exact):
-            continue
-        value = saved[name]
-        if isinstance(current, (np.ndarray, np.generic)):
-            value = value.numpy().astype(current.dtype)
-        elif isinstance(current, torch.Tensor):
-            value = value.to(current.device)
-        setattr(obj, name, value)
+# Flags that --resume takes from the command line (those the script has); every other one comes from the checkpoint.
+RESUME_OVERRIDABLE = (
+    "total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "runs_dir",
+    "checkpoint_interval", "keep_checkpoints", "resume", "eval_episodes", "eval_interval", "keep_best", "progress",
+    "cuda", "torch_threads", "save_buffer", "log_interval", "address",
+)  # fmt: skip
+# Metrics NaN by definition in some updates (the explained variance of equal returns), not a sign of a broken run.
+MAY_BE_NAN = ("losses/explained_variance",)
+# The flags a non-finite loss or weight most often comes from, named in the stop message when the script has them.
+NON_FINITE_FLAGS = ("learning_rate", "policy_lr", "q_lr", "max_grad_norm", "num_minibatches", "norm_adv", "norm_obs",
+                    "norm_reward")  # fmt: skip
 
 
 class Run:
-    """A training run's bookkeeping, the same in every script: the run folder (a new
-    `runs/<env>__<exp>__<seed>__<time>`, or the resumed checkpoint's), args.json, TensorBoard, wandb, the progress
-    line, Ctrl-C / SIGTERM, the log window (SPS and phase timings) and checkpoints. A checkpoint holds the loop
-    state (a dataclass with global_step and iteration), every part given to attach() (anything with state_dict /
-    load_state_dict, or plain attributes), the recent returns, the best score (--keep-best) and the RNG states: plain
-    data, written atomically. `run.play(episodes, video_dir)`, where a script sets it, is its evaluation: the Run plays
-    it every --eval-interval env steps and after --save-model."""
+    """A training run's bookkeeping: the run folder (a new `runs/<env>__<exp>__<seed>__<time>`, or the resumed
+    checkpoint's), args.json, TensorBoard, wandb, the progress line, Ctrl-C / SIGTERM, the log window (SPS, phase
+    timings) and checkpoints. A checkpoint holds the loop state (a dataclass with global_step and iteration), every
+    part given to attach() (anything with state_dict / load_state_dict, or plain attributes), the recent returns, the
+    best score (--keep-best) and the RNG states: plain data, written atomically. `run.play(episodes, video_dir)`,
+    where a script sets it, is its evaluation, played every --eval-interval env steps and after --save-model."""
 
     def __init__(self, args, script: str, ckpt: Optional[dict], shapes: dict, log_every: int):
         self.args, self.script, self.ckpt, self.shapes, self.log_every = args, script, ckpt, shapes, log_every
@@ -827,37 +632,40 @@ class Run:
             if ckpt["iteration"] >= args.num_iterations:
                 raise UserError(f"checkpoint '{args.resume}' is at iteration {ckpt['iteration']} (step "
                                 f"{ckpt['global_step']}) and --total-timesteps {args.total_timesteps} gives "
-                                f"{args.num_iterations} iterations: nothing left to do. Raise --total-timesteps to "
-                                "continue.")  # fmt: skip
+                                f"{args.num_iterations} iterations: nothing left to do. Raise --total-timesteps.")  # fmt: skip
             self.dir, self.name = Path(args.resume).resolve().parent.parent, ckpt["run_name"]
         else:
             safe_env_id = args.env_id.replace("/", "-").replace(":", "-")  # "ALE/Pong-v5": no nested folders
             self.name = f"{safe_env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
             self.dir = Path(args.runs_dir) / self.name
+            Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
+            for n in range(2, 1000):  # why exclusive: two runs started in the same second must not share a folder
+                try:
+                    self.dir.mkdir()
+                    break
+                except FileExistsError:
+                    self.name = f"{safe_env_id}__{args.exp_name}__{args.seed}__{int(time.time())}-{n}"
+                    self.dir = Path(args.runs_dir) / self.name
         self.ckpt_dir = self.dir / "checkpoints"
-        self.dir.mkdir(parents=True, exist_ok=True)
         if args.track:
             init_tracking(args, self.name, self.dir)
-        self.writer = make_writer(self.dir, args, purge_step=None if ckpt is None else ckpt["global_step"] + 1)
-        self.args_json = self.dir / "args.json" if ckpt is None else None  # a resumed run keeps the first start's
-        if self.args_json:  # the flags, and what they resolved to on this machine ("compute")
-            record = {**dataclasses.asdict(args), "compute": compute_record(args)}
-            self.args_json.write_text(json.dumps(record, indent=2))
+        from torch.utils.tensorboard import SummaryWriter
+
+        # on resume, purge_step hides events logged after the checkpoint: one continuous curve
+        self.writer = SummaryWriter(str(self.dir), purge_step=None if ckpt is None else ckpt["global_step"] + 1)
+        if ckpt is None:  # a resumed run keeps the first start's args.json and hyperparameter table
+            table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+            self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+            compute = {"device": "cuda" if torch.cuda.is_available() and args.cuda else "cpu",
+                       "torch_threads": torch.get_num_threads()}  # fmt: skip
+            (self.dir / "args.json").write_text(json.dumps({**dataclasses.asdict(args), "compute": compute}, indent=2))
         print(f"run: {self.dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
-        self.recent_returns: list = []  # the last 10 episodes' returns, for the progress line
+        self.recent_returns: list = []  # the last 10 episodes' returns, for the progress line and keep-best
         self.phase_time: dict = {}  # seconds per phase (run.timer) in the current log window
-        self.state, self.parts, self.closing, self.stopped = None, {}, None, False
+        self.state, self.parts, self.closing, self.stopped, self.last = None, {}, None, False, False
         self.stop, self.window_step = StopRequest(), 0
-        self.last = False  # set by a loop whose length is not known ahead: the current iteration is the last
         self.play: Optional[Callable[..., list]] = None  # the script's evaluation: (episodes, video_dir) -> returns
         self.best = KeepBest(args.keep_best, self.ckpt_dir / "best.pt", ckpt)
-
-    def note_compute(self, **resolved) -> None:
-        """Correct args.json's "compute" record where the set-up resolved otherwise (e.g. a fast path's fallback)."""
-        if self.args_json:
-            record = json.loads(self.args_json.read_text())
-            record["compute"].update(resolved)
-            self.args_json.write_text(json.dumps(record, indent=2))
 
     def attach(self, state, envs, **parts) -> None:
         """Register what a checkpoint holds (the loop state and the parts) and what to close at the end; on
@@ -877,18 +685,15 @@ class Run:
         set_rng_states(self.ckpt["rng_states"])
 
     def iterations(self, state, num_iterations: int):
-        """The loop's iteration numbers, continuing a resumed run. After each iteration: at the end of a log window
-        its SPS, phase timings and the progress line; periodic checkpoints (every --checkpoint-interval env steps);
-        a clean stop after Ctrl-C / SIGTERM. A loop whose length is not known ahead sets `run.last = True` in the
-        iteration that is to be its last."""
-        self.stop = StopRequest()
-        signal.signal(signal.SIGINT, self.stop)
-        signal.signal(signal.SIGTERM, self.stop)
+        """The loop's iteration numbers, continuing a resumed run. After each: at the end of a log window its SPS,
+        phase timings and the progress line; evaluation every --eval-interval and checkpoints every
+        --checkpoint-interval env steps; a clean stop after Ctrl-C / SIGTERM. A loop whose length is not known ahead
+        sets `run.last = True` in the iteration that is to be its last."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self.stop)
         progress = Progress(self.args.progress, self.args.total_timesteps)
-        start_time, start_step = time.time(), state.global_step
-        self.window_step, saved_step, threads_checked = state.global_step, state.global_step, time.monotonic()
-        window_start = time.monotonic()
-        evaluated_step = state.global_step
+        start_time, start_step, window_start = time.time(), state.global_step, time.monotonic()
+        self.window_step = saved_step = evaluated_step = state.global_step
         try:
             for iteration in range(state.iteration + 1, num_iterations + 1):
                 state.iteration = iteration
@@ -903,14 +708,6 @@ class Run:
                     recent = float(np.mean(self.recent_returns)) if self.recent_returns else None
                     progress.update(state.global_step, sps, recent, window / max(time.monotonic() - window_start, 1e-9))
                     self.window_step, window_start = state.global_step, time.monotonic()
-                if time.monotonic() - threads_checked > 5.0:
-                    threads_before = torch.get_num_threads()
-                    threads = share_threads(self.args.torch_threads, RUNS_FOLDER)
-                    if threads != threads_before:  # another run started or ended: say so, the numbers may differ
-                        note = f"torch threads {threads_before} -> {threads} at step {state.global_step}"
-                        print(note)
-                        self.writer.add_text("run/torch_threads", note, state.global_step)
-                    threads_checked = time.monotonic()
                 interval = self.args.eval_interval
                 if self.play is not None and interval > 0 and state.global_step // interval > evaluated_step // interval:
                     self.evaluated(self.play(self.args.eval_episodes))
@@ -921,19 +718,15 @@ class Run:
                     self.save("step")
                     prune_checkpoints(self.ckpt_dir, self.args.keep_checkpoints)
                     saved_step = state.global_step
-                if self.stop.requested:
-                    self.stopped = True
-                    break
-                if self.last:
+                if self.stop.requested or self.last:
+                    self.stopped = self.stop.requested
                     break
         finally:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             progress.close()
 
     def log_due(self) -> bool:
-        """Does the current iteration end a log window? Yes when global_step passed a multiple of log_every (every
-        iteration when log_every <= the steps per iteration), at the last iteration, and after Ctrl-C / SIGTERM."""
+        """Does this iteration end a log window? When global_step passed a multiple of log_every, at the last
+        iteration, and after Ctrl-C / SIGTERM."""
         step = self.state.global_step
         return (step // self.log_every > self.window_step // self.log_every or self.state.iteration == self.args.num_iterations
                 or self.last or self.stop.requested)  # fmt: skip
@@ -946,8 +739,7 @@ class Run:
         self.phase_time[phase] = self.phase_time.get(phase, 0.0) + time.perf_counter() - start
 
     def log(self, step: int, scalars: dict) -> None:
-        """Log an update's (or a window's) metrics, after checking them and the weights for NaN / Inf: once per log
-        call, no sync per minibatch (the losses and the gradient norm arrive as numbers)."""
+        """Log an update's metrics, after checking them and the weights for NaN / Inf (one sync per log call)."""
         for tag, value in scalars.items():
             if not math.isfinite(value) and tag not in MAY_BE_NAN:
                 self.non_finite(f"{tag} ({value})", cause="training")
@@ -964,9 +756,8 @@ class Run:
         self.recent_returns = (self.recent_returns + [float(episode_return)])[-10:]
 
     def checkpoint(self, best: bool = False) -> dict:
-        """The checkpoint as plain data. For best.pt (best=True) a copy, which later training does not change (an
-        asynchronous evaluation's snapshot), without the parts that hold a replay buffer (they say
-        `holds_replay_buffer`): best.pt keeps an agent, and a buffer would make it as large as the buffer."""
+        """The checkpoint as plain data. For best.pt (best=True) a copy that later training does not change, without
+        the parts that say `holds_replay_buffer` (best.pt keeps an agent, not a buffer)."""
         state = {"format": 1, "script": self.script, "run_name": self.name, "args": dataclasses.asdict(self.args),
                  "global_step": self.state.global_step, "iteration": self.state.iteration, **self.shapes,
                  **{name: None if best and getattr(part, "holds_replay_buffer", False)
@@ -978,13 +769,12 @@ class Run:
         return copy.deepcopy(state) if best else state
 
     def save(self, kind: str) -> Path:
-        """Write a checkpoint `<kind>_<global step>.pt`; tensors are saved as they are now (torch.save copies).
-        An interrupted checkpoint of an earlier step goes once another kind is written."""
+        """Write `<kind>_<global step>.pt` (checked for NaN first: a broken state is never saved). A later checkpoint
+        supersedes an interrupted one, unless that may hold the replay buffer and this one not."""
         path = self.ckpt_dir / checkpoint_name(kind, self.state.global_step)
         state = self.checkpoint()
-        self.check_weights(state, f"the {kind} checkpoint about to be written")  # a broken state is never saved
+        self.check_weights(state, f"the {kind} checkpoint about to be written")
         save_checkpoint(state, path)
-        # a later checkpoint supersedes an interrupted one, unless that may hold the replay buffer and this one not
         if kind != "interrupted" and getattr(self.args, "save_buffer", True):
             for old in self.ckpt_dir.glob("interrupted_??????????.pt"):
                 if old.stem[-10:].isdigit() and int(old.stem[-10:]) < self.state.global_step:
@@ -993,27 +783,26 @@ class Run:
 
     def evaluated(self, returns: list, step: Optional[int] = None, snapshot: Optional[dict] = None) -> None:
         """An evaluation's returns, logged as eval/episodic_return at `step` (default: now); with --keep-best a new
-        best mean writes best.pt: `snapshot` (run.checkpoint(best=True) of the weights evaluated, for an evaluation
-        that ran while training went on), else the agent as it is now."""
+        best mean writes best.pt: `snapshot` (of the weights evaluated, for an evaluation that ran while training
+        went on), else the agent as it is now."""
         step = self.state.global_step if step is None else step
         self.writer.add_scalar("eval/episodic_return", float(np.mean(returns)), step)
         self.best.offer(float(np.mean(returns)), step, "eval/best_return", self, snapshot)
 
     def finish(self) -> bool:
         """After the loop. Stopped by Ctrl-C / SIGTERM: save, say how to resume, exit 130. Else --keep-best's last
-        look at the training returns; with --save-model: the final evaluation (run.play, with video under
-        videos/eval), then the final checkpoint, and return True (a script without run.play evaluates it itself)."""
+        look at the training returns; with --save-model the final evaluation (run.play, video under videos/eval),
+        then the final checkpoint. Signals stay caught until the save is written: a second one cannot cut it."""
+        self.stop.saving = True
         if self.stopped:
             path = self.save("interrupted")
             print(f"interrupted: saved step {self.state.global_step} (iteration {self.state.iteration}) to {path}\n"
-                  f"resume with: {launch_command(self.script)} --resume {quote(str(path))}", file=sys.stderr)  # fmt: skip
+                  f"resume with: {launch_command()} --resume {quote(str(path))}", file=sys.stderr)  # fmt: skip
             self.close()
             sys.exit(130)
         self.best.offer_training_return(self)
         if self.args.save_model and self.play is not None:
-            returns = self.play(
-                self.args.eval_episodes, str(self.dir / "videos" / "eval") if self.args.capture_video else None
-            )
+            returns = self.play(self.args.eval_episodes, str(self.dir / "videos" / "eval") if self.args.capture_video else None)
             self.evaluated(returns)
             print(f"eval: {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
         if self.args.save_model:
@@ -1053,7 +842,7 @@ class Run:
                   else f"a step too large for these settings: {', '.join(flags)} (a lower learning rate, a larger "
                   "batch or normalization usually help)")  # fmt: skip
         resume = (f"The newest checkpoint from before it, {newest}, is untouched: resume it with "
-                  f"`{launch_command(self.script)} --resume {quote(str(newest))}` once the cause is fixed"
+                  f"`{launch_command()} --resume {quote(str(newest))}` once the cause is fixed"
                   if newest else "No checkpoint was written before it (--checkpoint-interval sets how often)")  # fmt: skip
         print(f"error: non-finite value (NaN or Inf) in {quantity} at env step {state.global_step} (iteration "
               f"{state.iteration}): the run stopped and saved nothing of this state. Likely cause: {likely}. "
@@ -1062,9 +851,8 @@ class Run:
         sys.exit(3)
 
     def close(self) -> None:
-        rss = peak_rss_mb()
-        if rss is not None:
-            print(f"peak RSS: {rss:.0f} MB")
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         self.writer.close()
         if self.closing is not None:
             self.closing.close()
@@ -1074,12 +862,74 @@ class Run:
             wandb.finish()
 
 
-# Metrics that are NaN by definition in some updates, not a sign of a broken run: the explained variance of returns
-# that are all equal (e.g. no reward yet).
-MAY_BE_NAN = ("losses/explained_variance",)
-# The flags a non-finite loss or weight most often comes from, named in the stop message when the script has them.
-NON_FINITE_FLAGS = ("learning_rate", "policy_lr", "q_lr", "max_grad_norm", "num_minibatches", "batch_size",
-                    "norm_adv", "norm_obs", "norm_reward", "bf16")  # fmt: skip
+class StopRequest:
+    """Ctrl-C / SIGTERM handler: ask the loop to stop at the end of the current iteration, a consistent state to
+    save. Why a flag, not `except KeyboardInterrupt`: the exception lands anywhere (inside the TensorBoard writer, a
+    checkpoint write); a flag checked between iterations never cuts anything half-way. A second signal while the
+    final checkpoint is written is ignored for the same reason; before that, it interrupts at once."""
+
+    def __init__(self):
+        self.requested, self.saving = False, False
+
+    def __call__(self, signum, frame) -> None:
+        if self.requested and not self.saving:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+class Progress:
+    """On a terminal: one self-overwriting line with an ETA. Otherwise (Slurm, nohup, CI logs): a plain line every
+    `every_s` seconds and one at the end, so a log file shows the run advancing."""
+
+    def __init__(self, enabled: bool, total: int, every_s: float = 30.0):
+        self.enabled, self.tty, self.total, self.every_s = enabled, sys.stdout.isatty(), total, every_s
+        self.last_print, self.line = time.monotonic(), ""
+
+    def update(self, step: int, sps: float, recent_return: Optional[float], recent_sps: float) -> None:
+        """The ETA uses recent_sps, the last window's speed: a run's speed changes as it goes (SAC's random steps)."""
+        if not self.enabled:
+            return
+        ret = "   n/a" if recent_return is None else f"{recent_return:9.1f}"
+        eta = (self.total - step) / recent_sps if recent_sps > 0 else math.inf
+        eta_text = "?" if not math.isfinite(eta) else time.strftime("%H:%M:%S", time.gmtime(eta))
+        eta_text = f"{eta / 86_400:.1f} days" if math.isfinite(eta) and eta >= 86_400 else eta_text
+        self.line = f"step {step:>10,}/{self.total:,} | {sps:6.0f} SPS | return (last 10) {ret} | ETA {eta_text}"
+        if self.tty:
+            print(f"\r{self.line}", end="", flush=True)
+        elif time.monotonic() - self.last_print >= self.every_s:
+            print(self.line, flush=True)
+            self.last_print = time.monotonic()
+
+    def close(self) -> None:
+        if self.enabled and self.line:
+            print() if self.tty else print(self.line, flush=True)
+
+
+def to_plain(obj) -> dict:
+    """An object's attributes as plain data that loads with weights_only=True (arrays become tensors; copies)."""
+    plain = {}
+    for name, value in vars(obj).items():
+        if isinstance(value, (np.ndarray, np.generic)):  # np.generic: 0-d arithmetic gives numpy scalars
+            value = torch.from_numpy(np.array(value))
+        elif isinstance(value, torch.Tensor):
+            value = value.detach().cpu().clone()
+        plain[name] = value
+    return plain
+
+
+def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
+    """Set an object's attributes from to_plain's dict, in their current types and devices. Dataclass fields marked
+    metadata={"env": True} describe the envs' episodes: kept as they are when the envs restart from a reset."""
+    env_fields = {f.name for f in dataclasses.fields(obj) if f.metadata.get("env")} if dataclasses.is_dataclass(obj) else set()
+    for name, current in vars(obj).items():
+        if name not in saved or (name in env_fields and not env_exact):
+            continue
+        value = saved[name]
+        if isinstance(current, (np.ndarray, np.generic)):
+            value = value.numpy().astype(current.dtype)
+        elif isinstance(current, torch.Tensor):
+            value = value.to(current.device)
+        setattr(obj, name, value)
 
 
 def first_non_finite(obj, path: str = "") -> Optional[str]:
@@ -1101,7 +951,7 @@ def first_non_finite(obj, path: str = "") -> Optional[str]:
 
 def weights_of(part) -> dict:
     """A checkpoint part's weights, for the check at each log: a module's parameters, or the modules' parameters and
-    the tensors among a plain object's attributes (e.g. SAC's Learner); nothing of other parts (optimizers, envs)."""
+    the tensors among a plain object's attributes; nothing of other parts (optimizers, envs, replay buffers)."""
     if isinstance(part, nn.Module):
         return dict(part.named_parameters())
     if getattr(part, "holds_replay_buffer", False) or not hasattr(part, "__dict__"):
@@ -1110,50 +960,12 @@ def weights_of(part) -> dict:
             for name, value in vars(part).items() if isinstance(value, (nn.Module, torch.Tensor))}  # fmt: skip
 
 
-def compute_record(args) -> dict:
-    """What the flags resolved to at the start: dtype, device, env backend and torch's thread count (args.json)."""
-    return {"dtype": "bfloat16" if getattr(args, "bf16", False) else "float32",
-            "device": "cuda" if torch.cuda.is_available() and args.cuda else "cpu",
-            "env_backend": getattr(args, "env_backend", "gymnasium"), "torch_threads": torch.get_num_threads()}  # fmt: skip
-
-
-def wandb_credentials_available() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    return netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")
-
-
-def check_tracking(track: bool) -> None:
-    """Never wait at wandb's login prompt: with no credentials and WANDB_MODE not offline/disabled, stop at once,
-    before anything is written."""
-    mode = os.environ.get("WANDB_MODE", "").lower()
-    if track and mode not in ("offline", "disabled", "dryrun") and not wandb_credentials_available():
-        raise UserError("--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
-                        "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`).")  # fmt: skip
-
-
 def init_tracking(args, run_name: str, run_dir: Path) -> None:
     """wandb mirrors the TensorBoard scalars (sync_tensorboard=True: call before creating the SummaryWriter)."""
-    check_tracking(True)
     import wandb
 
     wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
                name=run_name, dir=str(run_dir), save_code=True)  # fmt: skip
-
-
-def make_writer(run_dir: Path, args, purge_step: Optional[int]):
-    """TensorBoard writer. On resume, purge_step hides events logged after the checkpoint (one continuous curve)."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    writer = SummaryWriter(str(run_dir), purge_step=purge_step)
-    if purge_step is None:
-        table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-        writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-    return writer
-
-
-EXTRAS = {"ppo_atari": "atari", "a2c_atari": "atari", "sac_continuous_ray": "ray"}  # the pyproject extra each needs
 
 
 def quote(word: str) -> str:
@@ -1163,21 +975,15 @@ def quote(word: str) -> str:
     return shlex.quote(word)
 
 
-def episode_printer(episodes: int, noun: str = "episode") -> Callable[[int, float], None]:
-    """--eval-checkpoint and --export-checkpoint: a line per finished episode, so a long evaluation shows progress."""
-    return lambda index, episode_return: print(f"{noun} {index + 1}/{episodes}: return {episode_return:.2f}", flush=True)
-
-
-def launch_command(script: str) -> str:
-    """The start of a command that runs this script again when pasted into the same shell: `uv run [--extra X] PATH`
-    when uv runs it from the project's own .venv, else the interpreter running it now and PATH."""
+def launch_command() -> str:
+    """A command that runs this script again when pasted into the same shell: `uv run [--extra X] PATH` when uv runs
+    it from the project's own .venv, else the interpreter running it now and PATH."""
     path, here = Path(__file__).resolve(), Path.cwd().resolve()
-    project = path.parent
     shown = os.path.relpath(path) if path.is_relative_to(here) else str(path)
-    if os.environ.get("UV") and Path(sys.prefix).resolve() == (project / ".venv").resolve():
-        # why --project: outside the project folder, uv run would not find its .venv
-        where = "" if here.is_relative_to(project) else f" --project {quote(str(project))}"
-        return f"uv run{where}{f' --extra {EXTRAS[script]}' if script in EXTRAS else ''} {quote(shown)}"
+    if os.environ.get("UV") and Path(sys.prefix).resolve() == (path.parent / ".venv").resolve():
+        where = "" if here.is_relative_to(path.parent) else f" --project {quote(str(path.parent))}"  # else no .venv
+        extra = {"ppo_atari": " --extra atari", "a2c_atari": " --extra atari", "sac_continuous_ray": " --extra ray"}
+        return f"uv run{where}{extra.get(path.stem, '')} {quote(shown)}"
     return f"{quote(sys.executable)} {quote(shown)}"
 
 
@@ -1186,13 +992,10 @@ def launch_command(script: str) -> str:
 
 # --- shared: keep-best ---
 class KeepBest:
-    """--keep-best: checkpoints/best.pt holds the agent with the best score so far, written (atomically) when the
-    score improves: at most once per evaluation, or per --checkpoint-interval where evaluation is off. The score is
-    the mean return of the script's evaluation (logged as eval/best_return), or where evaluation is off
-    (--eval-interval 0) the mean return of the last 10 training episodes (charts/best_training_return): those were
-    played by the policies of the last few updates, not by the saved one alone. Every checkpoint stores the best
-    score, so a resumed run keeps a better best.pt. best.pt resumes like any checkpoint, but never holds the replay
-    buffer; --keep-checkpoints never deletes it (it prunes step_*.pt only)."""
+    """--keep-best: checkpoints/best.pt holds the agent with the best score so far: the mean return of the script's
+    evaluation (eval/best_return), or where evaluation is off the mean return of the last 10 training episodes
+    (charts/best_training_return, played by the last few updates' policies). Every checkpoint stores the best score,
+    so a resumed run keeps a better best.pt; best.pt never holds the replay buffer and is never pruned."""
 
     def __init__(self, enabled: bool, path: Path, ckpt: Optional[dict]):
         self.enabled, self.path, self.step = enabled, path, None
@@ -1221,115 +1024,6 @@ class KeepBest:
 # --- end shared: keep-best ---
 
 
-# --- shared: export ---
-# Flags that say nothing about how the agent was trained: the model card's command leaves them out.
-NOT_TRAINING_FLAGS = ("exp_name", "cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
-                      "runs_dir", "keep_checkpoints", "save_buffer", "resume", "eval_checkpoint", "export_checkpoint",
-                      "export_dir", "log_interval", "progress")  # fmt: skip
-
-
-def export_agent(args, ckpt: dict, policy: nn.Module, example_obs: torch.Tensor, model_state: dict, config: dict,
-                 play: Callable[..., list], usage: str) -> Path:  # fmt: skip
-    """--export-checkpoint: a folder that someone without this repository can run and share.
-    policy.pt2  the acting policy (observation normalization, network, deterministic action, action scaling or
-                clipping) as a torch.export program: torch.export.load("policy.pt2").module()(obs) is the action;
-    model.pt    the network's state_dict (loads with weights_only=True), with config.json (sizes, spaces,
-                normalization statistics): config["agent_class"](**config["agent_kwargs"]) of the script;
-    README.md   a model card: the env, the training, the evaluation over --eval-episodes, use, reproduction;
-    replay.mp4  one evaluation episode, with --capture-video."""
-    import shutil
-
-    source = Path(args.export_checkpoint)
-    out = Path(args.export_dir) if args.export_dir else source.resolve().parent.parent / "export" / source.stem
-    out.mkdir(parents=True, exist_ok=True)
-    policy = copy.deepcopy(policy).cpu().eval().requires_grad_(False)  # a CPU copy: `play` below runs on the device
-    # the batch dimension stays free: any number of observations in, as many actions out
-    program = torch.export.export(policy, (example_obs,), dynamic_shapes=({0: torch.export.Dim("batch")},))
-    tmp = out / ".policy.tmp.pt2"  # atomic, as the checkpoints: written whole, then renamed (torch.export wants .pt2)
-    torch.export.save(program, tmp)
-    os.replace(tmp, out / "policy.pt2")
-    save_checkpoint(model_state, out / "model.pt")
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    returns = play(args.eval_episodes)
-    (out / "replay.mp4").unlink(missing_ok=True)  # a video in the folder is this agent's
-    if args.capture_video:
-        with tempfile.TemporaryDirectory() as temp:
-            video_dir = str(Path(temp) / "video")  # why a new folder: RecordVideo warns when its folder exists
-            try:
-                play(1, video_dir)
-            except gym.error.DependencyNotInstalled as e:  # e.g. classic control renders with pygame: say, go on
-                print(f"warning: no replay.mp4, the env cannot render here ({e})", file=sys.stderr)
-            videos = sorted(Path(video_dir).glob("*.mp4"))
-            if videos:
-                shutil.move(videos[0], out / "replay.mp4")
-    video = (out / "replay.mp4").is_file()
-    (out / "README.md").write_text(model_card(args, ckpt, config, returns, usage, video))
-    print(f"exported {source} (step {ckpt['global_step']}) to {out}: eval {np.mean(returns):.2f} +- "
-          f"{np.std(returns):.2f} over {len(returns)} episodes")  # fmt: skip
-    return out
-
-
-def reproduce_command(script: str, saved: dict, cls) -> str:
-    """`launch_command(script)` with the training flags whose saved value differs from the default."""
-    defaults, words = dataclasses.asdict(cls()), [launch_command(script)]
-    for f in dataclasses.fields(cls):
-        value = saved.get(f.name, defaults[f.name])
-        if "Suppress" in str(f.type) or f.name in NOT_TRAINING_FLAGS or value == defaults[f.name] or value is None:
-            continue
-        flag = f.name.replace("_", "-")
-        words.append(f"--{flag}" if value is True else f"--no-{flag}" if value is False else f"--{flag} {value}")
-    return " ".join(words)
-
-
-def script_source() -> dict:
-    """This script's name, SHA-256 and, when it runs from a git checkout, the commit (noting local changes)."""
-    import hashlib
-    import subprocess
-
-    path = Path(__file__).resolve()
-    source = {"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "commit": None}
-    try:
-        git = ["git", "-C", str(path.parent)]
-        head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        if head.returncode == 0:
-            changed = subprocess.run([*git, "diff", "--quiet", "HEAD", "--", path.name], timeout=10).returncode != 0
-            source["commit"] = head.stdout.strip() + (" (with local changes to the script)" if changed else "")
-    except (OSError, subprocess.SubprocessError):  # no git: the SHA-256 identifies the script alone
-        pass
-    return source
-
-
-def model_card(args, ckpt: dict, config: dict, returns: list, usage: str, video: bool) -> str:
-    """The export's README.md."""
-    source, saved = script_source(), ckpt["args"]
-    commit = f"; git commit `{source['commit']}`" if source["commit"] else ""
-    files = ["- `policy.pt2`: the acting policy as a `torch.export` program (plain torch, no code of this repository)",
-             "- `model.pt`, `config.json`: the network's `state_dict` (`torch.load(..., weights_only=True)`) and its "
-             f"sizes, spaces and normalization statistics, for `{config['agent_class']}(**config[\"agent_kwargs\"])` "
-             f"of `{source['file']}`",
-             "- `README.md`: this card"] + (["- `replay.mp4`: one evaluation episode"] if video else [])  # fmt: skip
-    return "\n".join([
-        f"# {config['algorithm']} on {saved['env_id']}", "",
-        f"Trained by `{source['file']}` (onefile-rl) for "
-        f"{ckpt['global_step']:,} env steps (checkpoint `{Path(args.export_checkpoint).name}` of run "
-        f"`{ckpt['run_name']}`).", "",
-        "## Evaluation", "",
-        f"Return **{np.mean(returns):.2f} ± {np.std(returns):.2f}** (mean ± std) over {len(returns)} episodes (evaluation "
-        f"seed {saved['seed'] + 10_000}): {config['evaluation']}.", "",
-        "## Use", "",
-        f"Input: {config['policy_input']}. Output: {config['policy_output']}.", "",
-        "```python", usage.strip(), "```", "",
-        "## Files", "", *files, "",
-        "## Reproduce", "",
-        "```", reproduce_command(Path(source["file"]).stem, saved, type(args)), "```", "",
-        f"Script `{source['file']}`, SHA-256 `{source['sha256']}`{commit}. Exported with torch {torch.__version__}, "
-        f"gymnasium {gym.__version__}.", "",
-    ])  # fmt: skip
-
-
-# --- end shared: export ---
-
-
 # --- shared: checkpoint ---
 def save_checkpoint(state: dict, path: Path) -> None:
     """Write atomically: a temporary file in the same folder, fsync, then rename over the target. A crash or
@@ -1346,21 +1040,18 @@ def save_checkpoint(state: dict, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def load_checkpoint(path: str, older_flags: Optional[dict] = None) -> dict:
-    """Load with weights_only=True: plain tensors and Python data only, never arbitrary pickled objects.
-    older_flags: {flag: the value runs had before the flag existed}, filled into a checkpoint that lacks the flag."""
-    p = Path(path)
-    if not p.is_file():
+def load_checkpoint(path: str) -> dict:
+    """Load with weights_only=True: plain tensors and Python data only, never arbitrary pickled objects."""
+    if not Path(path).is_file():
         raise UserError(f"checkpoint '{path}' does not exist (or is not a file).")
     try:
         # why the CPU: RNG and env states must be CPU tensors; the modules copy their weights to their own device
-        state = torch.load(p, map_location="cpu", weights_only=True)
+        state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
         raise UserError(f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint ({type(e).__name__}: "
                         f"{str(e).splitlines()[0] if str(e) else ''}).") from None  # fmt: skip
     if not isinstance(state, dict) or "format" not in state or "args" not in state:
         raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
-    state["args"] = {**(older_flags or {}), **state["args"]}
     return state
 
 
@@ -1391,14 +1082,8 @@ def checkpoint_name(kind: str, global_step: int) -> str:
 
 
 # --- shared: validation ---
-RULES = {
-    "> 0": lambda v: v > 0,
-    ">= 0": lambda v: v >= 0,
-    ">= 1": lambda v: v >= 1,
-    "in [0, 1]": lambda v: 0 <= v <= 1,
-    "in (0, 1]": lambda v: 0 < v <= 1,
-    "in [0, 1)": lambda v: 0 <= v < 1,
-}
+RULES = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0, ">= 1": lambda v: v >= 1, "in [0, 1]": lambda v: 0 <= v <= 1,
+         "in (0, 1]": lambda v: 0 < v <= 1, "in [0, 1)": lambda v: 0 <= v < 1}  # fmt: skip
 
 
 def check_flags(args, rules: dict) -> None:
@@ -1409,32 +1094,9 @@ def check_flags(args, rules: dict) -> None:
             raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
 
 
-def check_paths(args) -> None:
-    """Every path flag, before anything is made: a checkpoint flag names a file, and the folder the run writes in
-    is a folder (or can be made) and writable: a new run's --runs-dir; the checkpoint's run folder on --resume,
-    its eval/ or export/ folder on --eval-checkpoint / --export-checkpoint; else --export-dir. Why: a wrong path
-    otherwise fails after the set-up, or with pathlib's traceback."""
-    flag = next((name for name in ("resume", "eval_checkpoint", "export_checkpoint") if getattr(args, name)), None)
-    if flag is None:
-        return check_folder("--runs-dir", args.runs_dir, Path(args.runs_dir), "the run's folder is made in it")
-    value, name = getattr(args, flag), "--" + flag.replace("_", "-")
-    path = Path(value)
-    if not os.path.isfile(path):  # os.path: no PermissionError from a path under an unreadable folder
-        problem = "is a folder, not a file" if os.path.isdir(path) else "does not exist (or cannot be read)"
-        raise UserError(f"{name} '{value}': the checkpoint {problem}.")
-    run_dir = path.resolve().parent.parent
-    if flag == "resume":
-        for folder in (run_dir, run_dir / "checkpoints"):
-            check_folder(name, value, folder, f"a resumed run writes in '{folder}'")
-    elif flag == "export_checkpoint" and args.export_dir:
-        check_folder("--export-dir", args.export_dir, Path(args.export_dir), "the export is written in it")
-    else:  # <run folder>/eval/<checkpoint name>, or export/
-        kind, what = ("eval", "evaluation is logged") if flag == "eval_checkpoint" else ("export", "export is written")
-        check_folder(name, value, run_dir / kind / path.stem, f"the {what} in '{run_dir / kind / path.stem}'")
-
-
 def check_folder(flag: str, value: str, folder: Path, why: str) -> None:
-    """Refuse `folder` (named by `flag`'s `value`) if it cannot be made, or written in: check the part that exists."""
+    """Refuse `folder` (named by `flag`'s `value`) if it cannot be made, or written in: check the part that exists.
+    Why before anything starts: a wrong path otherwise fails after the set-up, or with pathlib's traceback."""
     existing = folder.absolute()
     while not os.path.lexists(existing):  # os.path: no PermissionError from a path under an unreadable folder
         existing = existing.parent
@@ -1446,60 +1108,49 @@ def check_folder(flag: str, value: str, folder: Path, why: str) -> None:
         raise UserError(f"{flag} '{value}': {why}, but {where} is not writable (no permission).")
 
 
-def flags_on_command_line(argv: list, cls) -> set:
-    """Field names of the flags typed on the command line (`--x`, `--x=v`, `--no-x`). Why read argv: tyro cannot
-    tell a flag set to its default from a flag not given."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    given = set()
-    for word in argv:
-        if word.startswith("--"):
-            name = word[2:].split("=", 1)[0].replace("-", "_")
-            given.add(name[3:] if name not in names and name.startswith("no_") else name)
-    return given & names
-
-
-def merge_resume_args(cli, saved: dict, overridable: tuple, given: set):
-    """--resume: the checkpoint's Args, except the flags in `overridable` (taken from the command line). A fixed flag
-    typed on the command line with another value than the checkpoint's is refused, never silently ignored."""
-    cls = type(cli)
-    merged = dict(saved)
-    for f in dataclasses.fields(cls):
-        if f.name in overridable or f.name not in saved:
-            merged[f.name] = getattr(cli, f.name)
-        elif f.name in given and getattr(cli, f.name) != saved[f.name]:
-            raise UserError(f"--{f.name.replace('_', '-')} {getattr(cli, f.name)} conflicts with the checkpoint, which "
-                            f"was trained with {saved[f.name]}: a resumed run keeps it. Drop the flag, or start a new "
-                            "run.")  # fmt: skip
-    return cls(**{f.name: merged[f.name] for f in dataclasses.fields(cls)})
-
-
-def parse_command_line(cls, overridable: tuple, rules: dict, validate: Callable, older_flags: Optional[dict] = None):
+def parse_command_line(cls, rules: dict, validate: Callable):
     """(args, the --resume checkpoint or None, device): flags parsed and checked before anything starts, torch's
-    threads set, and on --resume the checkpoint loaded (older_flags: see load_checkpoint) and its Args merged with
-    the command line's."""
+    threads set; on --resume the checkpoint loaded and its Args merged with the command line's: the flags in
+    RESUME_OVERRIDABLE from the command line, every other from the checkpoint (a conflicting one is refused)."""
     args = tyro.cli(cls)
     if args.capture_video and not os.environ.get("DISPLAY"):
         # headless: MuJoCo renders through EGL (Mesa's software EGL works without a GPU). Set before mujoco loads.
         os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL") or "egl"
     quiet_mujoco_warnings()
-    if args.resume and args.eval_checkpoint:
-        raise UserError("--resume and --eval-checkpoint exclude each other: evaluate a checkpoint, or continue it.")
-    if args.export_checkpoint and (args.resume or args.eval_checkpoint):
-        raise UserError("--export-checkpoint excludes --resume and --eval-checkpoint: export a checkpoint, or use it.")
-    check_paths(args)  # before anything is made or loaded
-    check_flags(args, rules)  # a resumed run is checked again once its Args are merged with the checkpoint's
-    if not args.resume:
-        validate(args)
-    check_tracking(args.track)
+    if args.track and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun"):
+        netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))  # never wait at wandb's login prompt
+        if not os.environ.get("WANDB_API_KEY") and not (netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")):
+            raise UserError("--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
+                            "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`).")  # fmt: skip
+    check_flags(args, rules)
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    register_run(RUNS_FOLDER, args.torch_threads)  # a fixed count holds its cores: the others share what is left
-    share_threads(args.torch_threads, RUNS_FOLDER)
-    ckpt = None
-    if args.resume:
-        ckpt = load_checkpoint(args.resume, older_flags)
-        args = merge_resume_args(args, ckpt["args"], overridable, flags_on_command_line(sys.argv[1:], cls))
-        check_flags(args, rules)
+    # why not one thread per core when runs share a machine: torch's OpenMP threads spin and slow each other many times
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # taskset, cgroups
+    torch.set_num_threads(args.torch_threads or cores)
+    if not args.resume:
+        check_folder("--runs-dir", args.runs_dir, Path(args.runs_dir), "the run's folder is made in it")
         validate(args)
+        return args, None, device
+    if os.path.isdir(args.resume):
+        raise UserError(f"--resume '{args.resume}': the checkpoint is a folder, not a file.")
+    ckpt, run_dir = load_checkpoint(args.resume), Path(args.resume).resolve().parent.parent
+    for folder in (run_dir, run_dir / "checkpoints"):
+        check_folder("--resume", args.resume, folder, f"a resumed run writes in '{folder}'")
+    given = {w[2:].split("=", 1)[0].replace("-", "_") for w in sys.argv[1:] if w.startswith("--")}
+    given |= {name[3:] for name in given if name.startswith("no_")}  # --no-x sets x
+    merged = {}
+    for f in dataclasses.fields(cls):
+        saved = ckpt["args"].get(f.name, getattr(args, f.name))
+        if f.name in RESUME_OVERRIDABLE or f.name not in ckpt["args"]:
+            merged[f.name] = getattr(args, f.name)
+        elif f.name in given and getattr(args, f.name) != saved:
+            raise UserError(f"--{f.name.replace('_', '-')} {getattr(args, f.name)} conflicts with the checkpoint, which "
+                            f"was trained with {saved}: a resumed run keeps it. Drop the flag, or start a new run.")  # fmt: skip
+        else:
+            merged[f.name] = saved
+    args = cls(**merged)
+    check_flags(args, rules)
+    validate(args)
     return args, ckpt, device
 
 
@@ -1521,12 +1172,12 @@ def run_cli(main: Callable[[], None]) -> None:
 
 
 def check_env_id(env_id: str) -> None:
-    """Fail early and clearly on an unknown id, or an Atari game (for the Atari scripts). "module:Env-v0" ids import
-    `module` first, as gym.make does."""
+    """Fail early and clearly on an unknown id, or an Atari game where continuous actions are needed (and the
+    reverse). A "module:Env-v0" id imports `module` first, as gym.make does."""
     module, _, name = env_id.rpartition(":")
     try:
         if module:
-            importlib.import_module(module)
+            __import__(module)
         spec = gym.spec(name)
     except ImportError as e:
         raise UserError(f"environment id '{env_id}': module '{module}' could not be imported ({e}).") from None
@@ -1538,26 +1189,23 @@ def check_env_id(env_id: str) -> None:
             spec = gym.spec(name)
         except (ImportError, gym.error.Error):
             raise UserError(f"unknown environment id '{env_id}' ({e}). Check the spelling and version suffix.") from None
-    if "ale_py" in str(spec.entry_point):
-        raise UserError(f"'{env_id}' is an Atari game: use ppo_atari.py or a2c_atari.py (this script takes "
-                        "continuous-action environments).")  # fmt: skip
+    atari_script = "atari" in Path(__file__).stem
+    if ("ale_py" in str(spec.entry_point)) != atari_script:
+        raise UserError(f"'{env_id}' is an Atari game: use ppo_atari.py or a2c_atari.py (this script takes continuous-"
+                        "action environments)." if not atari_script else f"'{env_id}' is not an Atari game: this "
+                        "script takes Atari games (e.g. BreakoutNoFrameskip-v4); use ppo_continuous.py or "
+                        "sac_continuous.py for continuous actions.")  # fmt: skip
 
 
 def quiet_mujoco_warnings() -> None:
-    """MuJoCo 4 warns at every model load that the -v4 files' `settotalmass` attribute is deprecated; the -v4 and
-    -v5 gymnasium environments still load and run the same. Hide that one warning (and gymnasium's note that -v4 is
-    out of date), keep every other MuJoCo warning."""
+    """MuJoCo 4 warns at every load of a -v4 model that `settotalmass` is deprecated (the envs run the same), and
+    gymnasium that -v4 is out of date: hide those two, keep every other warning."""
     warnings.filterwarnings("ignore", message=r".*The environment .* is out of date.*")
     try:
         import mujoco
     except ImportError:
         return
-
-    def on_warning(message: str) -> None:
-        if "settotalmass" not in message:
-            print(f"MuJoCo warning: {message}", file=sys.stderr)
-
-    mujoco.set_mju_user_warning(on_warning)
+    mujoco.set_mju_user_warning(lambda m: None if "settotalmass" in m else print(f"MuJoCo warning: {m}", file=sys.stderr))
 
 
 # --- end shared: errors ---
@@ -1573,13 +1221,10 @@ def seed_everything(seed: int, torch_deterministic: bool) -> None:
 
 def get_rng_states() -> dict:
     """The global RNG states (python, numpy, torch, cuda) as plain data that loads with weights_only=True."""
-    np_state = np.random.get_state()
-    states = {
-        "python": random.getstate(),
-        "numpy": {"key": torch.from_numpy(np_state[1].astype(np.int64)), "pos": np_state[2], "has_gauss": np_state[3],
-                  "cached_gaussian": np_state[4]},
-        "torch": torch.get_rng_state(),
-    }  # fmt: skip
+    _, key, pos, has_gauss, cached = np.random.get_state()
+    states = {"python": random.getstate(), "torch": torch.get_rng_state(),
+              "numpy": {"key": torch.from_numpy(key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss,
+                        "cached_gaussian": cached}}  # fmt: skip
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
@@ -1595,75 +1240,6 @@ def set_rng_states(states: dict) -> None:
 
 
 # --- end shared: seeding ---
-
-
-# --- shared: threads ---
-def usable_cores() -> int:
-    """Cores this process may run on: os.sched_getaffinity respects taskset / cgroups but exists only on Linux;
-    elsewhere (macOS, Windows) os.cpu_count()."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def peak_rss_mb() -> Optional[float]:
-    """Peak resident memory of this process in MB; None where the `resource` module is missing (Windows)."""
-    try:
-        import resource
-    except ImportError:
-        return None
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
-
-
-RUNS_FOLDER = Path(tempfile.gettempdir()) / "onefile-rl-runs"  # one file per live run, named by its pid
-
-
-def register_run(folder: Path, threads: int) -> None:
-    """Leave this process's entry in `folder`, holding its --torch-threads, for as long as it lives (share_threads)."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        entry = folder / str(os.getpid())
-        entry.write_text(str(threads))
-        atexit.register(entry.unlink, missing_ok=True)
-    except OSError:  # a read-only temp dir: this run then counts only the others
-        pass
-
-
-def live_runs(folder: Path) -> tuple[int, int]:
-    """(runs sharing the cores, cores held by runs with a fixed --torch-threads) among the live runs of these scripts
-    on this machine; at least one sharing run: this one. Entries of dead processes are removed."""
-    sharing, fixed = 0, 0
-    for entry in folder.glob("[0-9]*"):
-        try:
-            os.kill(int(entry.name), 0)
-        except ProcessLookupError:
-            entry.unlink(missing_ok=True)
-            continue
-        except (ValueError, OSError):  # PermissionError: another user's live process
-            pass
-        try:
-            threads = int(entry.read_text() or 0)  # empty: an entry being written, or from before the count was kept
-        except (ValueError, OSError):
-            threads = 0
-        sharing, fixed = (sharing, fixed + threads) if threads > 0 else (sharing + 1, fixed)
-    return max(sharing, 1), fixed
-
-
-def share_threads(requested: int, folder: Path) -> int:
-    """Set torch's CPU threads: --torch-threads N > 0 fixes N; 0 (the default) shares the cores that runs with a fixed
-    count leave among the runs of these scripts alive on this machine (re-checked every few seconds). Why: torch's
-    OpenMP threads spin while they wait; two runs with a thread per core each ran ~6x slower on 2 cores."""
-    threads = requested
-    if requested == 0:
-        sharing, fixed = live_runs(folder)
-        threads = max(1, (usable_cores() - fixed) // sharing)
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
-    return threads
-
-
-# --- end shared: threads ---
 
 
 # --- shared: env-state ---

@@ -1,0 +1,220 @@
+"""Act on a finished run: evaluate a checkpoint, or export its agent as a folder that runs with plain torch.
+
+    python tools/agent.py eval runs/<run>/checkpoints/best.pt [--episodes 10] [--capture-video]
+    python tools/agent.py export runs/<run>/checkpoints/best.pt [--out DIR] [--force] [--capture-video]
+
+Works for the checkpoint of any script of this project: it imports the script that wrote it (the `script` the
+checkpoint names, from this project's folder) and uses its own `Policy` (the agent as it acts when evaluated) and
+`evaluate`. The scripts never import this tool.
+
+The export folder holds
+  policy.pt2   the acting policy (normalization, network, deterministic action, clipping) as a torch.export program:
+               `torch.export.load("policy.pt2").module()(obs)` is the action. Loading a program unpickles parts of
+               it: load only programs from people you trust; model.pt is the safe alternative;
+  model.pt     the Policy's state_dict, loadable with `torch.load(path, weights_only=True)`, with config.json;
+  README.md    a model card: the env, the training, the evaluation, use, how to reproduce;
+  replay.mp4   one evaluation episode, with --capture-video.
+"""
+
+import argparse
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ("ppo_continuous", "ppo_atari", "a2c_atari", "sac_continuous", "sac_continuous_ray")
+# Flags that say nothing about how the agent was trained: the model card's command leaves them out.
+NOT_TRAINING_FLAGS = ("exp_name", "cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
+                      "runs_dir", "keep_checkpoints", "save_buffer", "resume", "log_interval", "progress",
+                      "torch_threads", "checkpoint_interval", "eval_interval", "eval_episodes", "keep_best", "address")  # fmt: skip
+USAGE = """import gymnasium as gym
+import torch
+
+policy = torch.export.load("policy.pt2").module()
+env = {make_env}
+obs, _ = env.reset(seed=0)
+done, total = False, 0.0
+while not done:
+    action = policy(torch.as_tensor(obs).unsqueeze(0))[0].numpy()
+    obs, reward, terminated, truncated, _ = env.step(action)
+    total, done = total + float(reward), terminated or truncated
+print(total)"""
+
+
+class ToolError(Exception):
+    """Bad input (a path, a checkpoint): one paragraph, exit code 2."""
+
+
+def load_script(ckpt: dict, path: str):
+    """The module of the script that wrote the checkpoint, imported from this project's folder."""
+    script = ckpt.get("script")
+    if script not in SCRIPTS or not (ROOT / f"{script}.py").is_file():
+        raise ToolError(f"checkpoint '{path}' was written by '{script}', which is not one of this project's scripts "
+                        f"({', '.join(SCRIPTS)}) in {ROOT}.")  # fmt: skip
+    spec = importlib.util.spec_from_file_location(f"onefile_{script}", ROOT / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+def load(path: str):
+    """(script module, checkpoint, its Policy on the CPU), or a ToolError naming what is wrong."""
+    if not os.path.isfile(path):
+        raise ToolError(f"checkpoint '{path}' does not exist (or is not a file).")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)  # plain data only, never arbitrary objects
+    except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
+        raise ToolError(f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint "
+                        f"({type(e).__name__}).") from None  # fmt: skip
+    if not isinstance(ckpt, dict) or "args" not in ckpt or "script" not in ckpt:
+        raise ToolError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
+    script = load_script(ckpt, path)
+    env_id = str(ckpt["args"]["env_id"])
+    if ":" in env_id:  # why: "module:Env" would import any module on sys.path; a checkpoint is data, not code
+        raise ToolError(f"checkpoint '{path}' names the env '{env_id}', which imports a module; register the env "
+                        "and store its plain id, or run the evaluation from your own code.")  # fmt: skip
+    try:
+        script.check_env_id(env_id)
+        policy = script.Policy.from_checkpoint(ckpt).eval()
+    except script.UserError as e:
+        raise ToolError(str(e)) from None
+    except (RuntimeError, KeyError) as e:  # load_state_dict's size mismatch or missing keys
+        raise ToolError(f"checkpoint '{path}' does not fit {script.__name__[8:]}.py as it is now: the networks changed "
+                        f"shape since it was written ({str(e).splitlines()[0]}). Evaluate it with the script version "
+                        "that wrote it (the model card or args.json name it).") from None  # fmt: skip
+    return script, ckpt, policy.requires_grad_(False)
+
+
+def play(script, ckpt: dict, policy, episodes: int, video_dir=None) -> list:
+    seed = ckpt["args"]["seed"] + 10_000  # the training run's evaluation seed
+    report = lambda i, r: print(f"episode {i + 1}/{episodes}: return {r:.2f}", flush=True)  # noqa: E731
+    return script.evaluate(policy, ckpt["args"]["env_id"], episodes, seed, video_dir, report)
+
+
+def evaluate_command(opts) -> None:
+    """Deterministic episodes; the mean is printed and logged as eval/episodic_return in <run>/eval/<checkpoint>."""
+    script, ckpt, policy = load(opts.checkpoint)
+    out = Path(opts.checkpoint).resolve().parent.parent / "eval" / Path(opts.checkpoint).stem
+    returns = play(script, ckpt, policy, opts.episodes, str(out / "videos") if opts.capture_video else None)
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(out)) as writer:
+        writer.add_scalar("eval/episodic_return", float(np.mean(returns)), ckpt["global_step"])
+    print(f"eval {ckpt['args']['env_id']} at step {ckpt['global_step']}: {np.mean(returns):.2f} +- "
+          f"{np.std(returns):.2f} over {len(returns)} episodes")  # fmt: skip
+
+
+def export_command(opts) -> Path:
+    """The export folder, written whole in a temporary folder beside it, then renamed: never half an export, and
+    never over an existing folder's files unless --force (then the old folder is replaced as a whole)."""
+    script, ckpt, policy = load(opts.checkpoint)
+    source = Path(opts.checkpoint).resolve()
+    out = Path(opts.out) if opts.out else source.parent.parent / "export" / source.stem
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not opts.force:
+        raise ToolError(f"--out '{out}' exists and is not empty: nothing was written. Give --force to replace it, "
+                        "or another --out.")  # fmt: skip
+    out.parent.mkdir(parents=True, exist_ok=True)
+    args = ckpt["args"]
+    obs = torch.zeros((2, *ckpt["obs_shape"]), dtype=torch.uint8 if "atari" in script.__name__ else torch.float32)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as temp:
+        tmp = Path(temp) / "export"
+        tmp.mkdir()
+        # the batch dimension stays free: any number of observations in, as many actions out
+        program = torch.export.export(policy, (obs,), dynamic_shapes=({0: torch.export.Dim("batch")},))
+        torch.export.save(program, tmp / "policy.pt2")
+        torch.save(policy.state_dict(), tmp / "model.pt")
+        config = {"script": f"{ckpt['script']}.py", "env_id": args["env_id"], "global_step": ckpt["global_step"],
+                  "run_name": ckpt["run_name"], "obs_shape": ckpt["obs_shape"], "obs_dtype": str(obs.dtype),
+                  "policy": f"{ckpt['script']}.Policy.from_checkpoint(checkpoint)", "args": args}  # fmt: skip
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        returns = play(script, ckpt, policy, opts.episodes)
+        if opts.capture_video:
+            play(script, ckpt, policy, 1, str(Path(temp) / "video"))
+            videos = sorted((Path(temp) / "video").glob("*.mp4"))
+            if videos:
+                shutil.move(videos[0], tmp / "replay.mp4")
+        (tmp / "README.md").write_text(model_card(script, ckpt, opts.checkpoint, returns, (tmp / "replay.mp4").exists()))
+        if out.exists():  # --force: the old folder goes only once the new one is complete
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        os.replace(tmp, out)
+    print(f"exported {opts.checkpoint} (step {ckpt['global_step']}) to {out}: eval {np.mean(returns):.2f} +- "
+          f"{np.std(returns):.2f} over {len(returns)} episodes")  # fmt: skip
+    return out
+
+
+def reproduce_command(script, saved: dict) -> str:
+    """The command that trains this agent again: the flags whose saved value differs from the default."""
+    defaults, words = dataclasses.asdict(script.Args()), [f"python {script.__name__[8:]}.py"]
+    for name, default in defaults.items():
+        value = saved.get(name, default)
+        if name in NOT_TRAINING_FLAGS or value == default or value is None or name not in script.Args.__annotations__:
+            continue
+        if "Suppress" in str(script.Args.__annotations__[name]):
+            continue
+        flag = name.replace("_", "-")
+        words.append(f"--{flag}" if value is True else f"--no-{flag}" if value is False else f"--{flag} {value}")
+    return " ".join(words)
+
+
+def model_card(script, ckpt: dict, path: str, returns: list, video: bool) -> str:
+    """The export's README.md."""
+    file, saved = Path(script.__file__), ckpt["args"]
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    make_env = ("gym.make(...) with the wrappers of make_env in " + file.name) if "atari" in file.name else \
+        f'gym.make("{saved["env_id"]}")'  # fmt: skip
+    return "\n".join([
+        f"# {script.__doc__.splitlines()[0].split(' (')[0].split(',')[0]} on {saved['env_id']}", "",
+        f"Trained by `{file.name}` (onefile-rl) for {ckpt['global_step']:,} env steps (checkpoint "
+        f"`{Path(path).name}` of run `{ckpt['run_name']}`).", "",
+        "## Evaluation", "",
+        f"Return **{np.mean(returns):.2f} ± {np.std(returns):.2f}** (mean ± std) over {len(returns)} deterministic "
+        f"episodes (seeds from {saved['seed'] + 10_000}).", "",
+        "## Use", "",
+        "```python", USAGE.format(make_env=make_env), "```", "",
+        "`policy.pt2` is a program: load only programs from people you trust. `model.pt` holds plain tensors "
+        f"(`torch.load(path, weights_only=True)`), the state_dict of `{file.name}`'s `Policy`.", "",
+        "## Files", "", "- `policy.pt2`, `model.pt`, `config.json`, `README.md`" + (", `replay.mp4`" if video else ""), "",
+        "## Reproduce", "", "```", reproduce_command(script, saved), "```", "",
+        f"Script `{file.name}`, SHA-256 `{hashlib.sha256(file.read_bytes()).hexdigest()}`"
+        + (f", git commit `{commit}`" if commit else "") + f"; torch {torch.__version__}.", "",
+    ])  # fmt: skip
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, text in (("eval", "play deterministic episodes, print and log their mean"),
+                       ("export", "write a folder that runs the agent with plain torch")):  # fmt: skip
+        command = commands.add_parser(name, help=text)
+        command.add_argument("checkpoint", help="a checkpoint written by one of the scripts (runs/<run>/checkpoints/*.pt)")
+        command.add_argument("--episodes", type=int, default=10, help="evaluation episodes (default 10)")
+        command.add_argument("--capture-video", action="store_true", help="record a video of the evaluation")
+        if name == "export":
+            command.add_argument("--out", help="the export folder (default <run folder>/export/<checkpoint name>)")
+            command.add_argument("--force", action="store_true", help="replace an existing, non-empty --out")
+    opts = parser.parse_args(argv)
+    if opts.episodes < 1:
+        parser.error("--episodes must be >= 1")
+    if opts.capture_video and not os.environ.get("DISPLAY"):
+        os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo renders through EGL; set before mujoco loads
+    try:
+        (evaluate_command if opts.command == "eval" else export_command)(opts)
+    except ToolError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
