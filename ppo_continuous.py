@@ -225,6 +225,8 @@ class Policy(nn.Module):
     def from_checkpoint(cls, ckpt: dict) -> "Policy":
         """The checkpoint's agent and statistics, on the CPU (tools/agent.py evaluates and exports it)."""
         args, obs_dim, act_dim = ckpt["args"], int(np.prod(ckpt["obs_shape"])), int(np.prod(ckpt["act_shape"]))
+        obs_shape, act_shape = probe_env(args["env_id"])  # the env exists, and the checkpoint's agent fits it
+        check_checkpoint_matches(ckpt, ckpt.get("path", ""), SCRIPT_NAME, {"obs_shape": list(obs_shape), "act_shape": list(act_shape)})
         agent = Agent(obs_dim, act_dim)
         agent.load_state_dict(ckpt["model"])
         obs_rms = None
@@ -593,7 +595,7 @@ def check_agent(agent: Agent, obs_dim: int, act_dim: int, device: torch.device) 
     except (RuntimeError, NotImplementedError) as e:  # torch's size mismatch: say which sizes must agree
         raise UserError(f"the Agent cannot act on a batch of observations of size obs_dim = {obs_dim} "
                         f"({str(e).splitlines()[0]}). Each layer's input size must be the previous layer's output "
-                        "size, and the first layer's input size obs_dim.") from None  # fmt: skip
+                        f"size, the first layer's input size obs_dim, the actor's output size act_dim = {act_dim}.") from None  # fmt: skip
     got = {"action": tuple(action.shape), "log-prob": tuple(log_prob.shape), "entropy": tuple(entropy.shape),
            "value": tuple(value.shape)}  # fmt: skip
     want = {"action": (8, act_dim), "log-prob": (8,), "entropy": (8,), "value": (8,)}
@@ -1136,22 +1138,34 @@ def parse_command_line(cls, rules: dict, validate: Callable):
     ckpt, run_dir = load_checkpoint(args.resume), Path(args.resume).resolve().parent.parent
     for folder in (run_dir, run_dir / "checkpoints"):
         check_folder("--resume", args.resume, folder, f"a resumed run writes in '{folder}'")
-    given = {w[2:].split("=", 1)[0].replace("-", "_") for w in sys.argv[1:] if w.startswith("--")}
-    given |= {name[3:] for name in given if name.startswith("no_")}  # --no-x sets x
-    merged = {}
-    for f in dataclasses.fields(cls):
-        saved = ckpt["args"].get(f.name, getattr(args, f.name))
-        if f.name in RESUME_OVERRIDABLE or f.name not in ckpt["args"]:
-            merged[f.name] = getattr(args, f.name)
-        elif f.name in given and getattr(args, f.name) != saved:
-            raise UserError(f"--{f.name.replace('_', '-')} {getattr(args, f.name)} conflicts with the checkpoint, which "
-                            f"was trained with {saved}: a resumed run keeps it. Drop the flag, or start a new run.")  # fmt: skip
-        else:
-            merged[f.name] = saved
-    args = cls(**merged)
+    args = merge_resume_args(args, ckpt["args"], flags_on_command_line(sys.argv[1:], cls))
     check_flags(args, rules)
     validate(args)
     return args, ckpt, device
+
+
+def flags_on_command_line(argv: list, cls) -> set:
+    """Field names of the flags typed (`--x`, `--x=v`, `--no-x`). Why argv: tyro cannot tell a flag set to its
+    default from a flag not given."""
+    given = {word[2:].split("=", 1)[0].replace("-", "_") for word in argv if word.startswith("--")}
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {name[3:] if name not in names and name.startswith("no_") else name for name in given} & names
+
+
+def merge_resume_args(cli, saved: dict, given: set):
+    """--resume: the checkpoint's Args, except the flags in RESUME_OVERRIDABLE (taken from the command line). A fixed
+    flag typed with another value than the checkpoint's is refused, never silently ignored."""
+    merged = {}
+    for f in dataclasses.fields(cli):
+        if f.name in RESUME_OVERRIDABLE or f.name not in saved:
+            merged[f.name] = getattr(cli, f.name)
+        elif f.name in given and getattr(cli, f.name) != saved[f.name]:
+            raise UserError(f"--{f.name.replace('_', '-')} {getattr(cli, f.name)} conflicts with the checkpoint, which "
+                            f"was trained with {saved[f.name]}: a resumed run keeps it. Drop the flag, or start a new "
+                            "run.")  # fmt: skip
+        else:
+            merged[f.name] = saved[f.name]
+    return type(cli)(**merged)
 
 
 # --- end shared: validation ---

@@ -16,6 +16,7 @@ import torch
 from tests.conftest import BASE_ENV, ROOT, assert_clean_error, episode_lines, only_run_dir, run_script, scalars
 
 SCRIPT = "ppo_continuous.py"
+TOOL = "tools/agent.py"
 # Small but complete iterations: 2 envs x 128 steps, 4 minibatches, 2 epochs. One torch thread: tests may run beside
 # other work on 2 cores.
 SMALL = ["--num-envs", "2", "--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "2", "--torch-threads", "1"]
@@ -95,7 +96,7 @@ def test_eval_checkpoint_is_deterministic_and_logged(tmp_path):
                       "--eval-episodes", "1", "--runs-dir", tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     ckpt = next((only_run_dir(tmp_path) / "checkpoints").glob("final_*.pt"))
-    outs = [run_script(SCRIPT, "--eval-checkpoint", ckpt, "--eval-episodes", "3", "--torch-threads", "1") for _ in range(2)]
+    outs = [run_script(TOOL, "eval", ckpt, "--episodes", "3") for _ in range(2)]
     for out in outs:
         assert out.returncode == 0, out.stderr
         assert "+-" in out.stdout and "over 3 episodes" in out.stdout
@@ -125,7 +126,6 @@ def pendulum_checkpoint(tmp_path_factory) -> Path:
         (["--total-timesteps", "1000"], ["below one batch", "2048"]),
         (["--num-steps", "4", "--num-minibatches", "4"], ["--norm-adv divides", "minibatch of 1", "--no-norm-adv"]),
         (["--resume", "does/not/exist.pt"], ["does not exist"]),
-        (["--eval-checkpoint", "does/not/exist.pt"], ["does not exist"]),
         (["--learning-rate", "0"], ["--learning-rate must be > 0, not 0.0"]),
         (["--gae-lambda", "1.5"], ["--gae-lambda must be in [0, 1], not 1.5"]),
         (["--keep-checkpoints", "0"], ["--keep-checkpoints must be >= 1, not 0"]),
@@ -137,13 +137,16 @@ def test_bad_input_gets_a_short_message(tmp_path, flags, needles):
     assert not any(tmp_path.iterdir()), "nothing is written for a rejected run"
 
 
-@pytest.mark.parametrize("mode", ["--resume", "--eval-checkpoint"])
+@pytest.mark.parametrize("mode", [["--resume"], ["eval"], ["export"]])
 def test_corrupt_or_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path, pendulum_checkpoint, mode):
+    """The script's --resume and the tool's eval / export refuse the same bad checkpoints, touching nothing."""
+    run = (lambda path: run_script(SCRIPT, *mode, path, "--total-timesteps", "100000", timeout=120)) if mode == ["--resume"] \
+        else (lambda path: run_script(TOOL, *mode, path, timeout=120))  # fmt: skip
     corrupt = tmp_path / "run" / "checkpoints" / "corrupt.pt"
     corrupt.parent.mkdir(parents=True)
     corrupt.write_bytes(pendulum_checkpoint.read_bytes()[:-200])
     before = corrupt.read_bytes()
-    assert_clean_error(run_script(SCRIPT, mode, corrupt, "--total-timesteps", "100000", timeout=120), "corrupt")
+    assert_clean_error(run(corrupt), "corrupt")
     assert corrupt.read_bytes() == before
     assert sorted(p.name for p in (tmp_path / "run").rglob("*")) == ["checkpoints", "corrupt.pt"]
 
@@ -152,14 +155,14 @@ def test_corrupt_or_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path
     ckpt["args"]["env_id"] = "HalfCheetah-v4"
     other = tmp_path / "run" / "checkpoints" / "other_env.pt"
     torch.save(ckpt, other)
-    assert_clean_error(run_script(SCRIPT, mode, other, "--total-timesteps", "100000", timeout=120), "does not fit", "(17,)")
+    assert_clean_error(run(other), "does not fit", "(17,)")
 
     # a checkpoint written by another script of the project
     ckpt = torch.load(pendulum_checkpoint, weights_only=True)
     ckpt["script"] = "sac_continuous"
     foreign = tmp_path / "run" / "checkpoints" / "foreign.pt"
     torch.save(ckpt, foreign)
-    assert_clean_error(run_script(SCRIPT, mode, foreign, "--total-timesteps", "100000", timeout=120), "sac_continuous.py")
+    assert_clean_error(run(foreign), "sac_continuous.py")
 
 
 def test_resume_refuses_a_fixed_flag_with_another_value(tmp_path, pendulum_checkpoint):
@@ -251,7 +254,7 @@ def test_capture_video_headless_in_training_and_eval(tmp_path):
     run_dir = only_run_dir(tmp_path)
     assert list((run_dir / "videos").glob("rl-video-episode-0.mp4"))
     ckpt = next((run_dir / "checkpoints").glob("final_*.pt"))
-    proc = run_script(SCRIPT, "--eval-checkpoint", ckpt, "--eval-episodes", "1", "--capture-video", env=env)
+    proc = run_script(TOOL, "eval", ckpt, "--episodes", "1", "--capture-video", env=env)
     assert proc.returncode == 0, proc.stderr
     assert list((run_dir / "eval" / ckpt.stem / "videos").glob("*.mp4"))
 

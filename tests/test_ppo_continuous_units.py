@@ -132,12 +132,41 @@ def test_scale_rewards_divides_by_return_std_and_restarts_at_any_episode_end():
 # ---------------------------------------------------------------------------------------------------------------
 # Policy math and losses
 # ---------------------------------------------------------------------------------------------------------------
-def test_gaussian_log_prob_and_entropy_match_torch_distributions():
+def test_agent_distribution_is_the_gaussian_with_state_independent_std():
+    """pi(.|x) = N(mu(x), exp(log_std)^2), independent over action dims: one log-prob and one entropy per observation."""
     torch.manual_seed(0)
-    mean, log_std, action = torch.randn(5, 3), torch.randn(1, 3), torch.randn(5, 3)
-    normal = torch.distributions.Normal(mean, log_std.exp())
-    torch.testing.assert_close(ppo.gaussian_log_prob(mean, log_std, action), normal.log_prob(action).sum(-1))
-    torch.testing.assert_close(ppo.gaussian_entropy(log_std).expand(5), normal.entropy().sum(-1))
+    agent = ppo.Agent(4, 3)
+    with torch.no_grad():
+        agent.actor_logstd.copy_(torch.tensor([[-0.5, 0.0, 0.7]]))
+    x, action = torch.randn(5, 4), torch.randn(5, 3)
+    normal = torch.distributions.Normal(agent.actor_mean(x), agent.actor_logstd.exp())
+    dist = agent.distribution(x)
+    torch.testing.assert_close(dist.log_prob(action), normal.log_prob(action).sum(-1))
+    torch.testing.assert_close(dist.entropy(), normal.entropy().sum(-1))
+    _, log_prob, entropy, value = agent.get_action_and_value(x, action)
+    torch.testing.assert_close(log_prob, normal.log_prob(action).sum(-1))
+    assert entropy.shape == (5,) and value.shape == (5,)
+    # sampling: the empirical std of many samples is exp(log_std), the mean mu(x)
+    samples = agent.distribution(x[:1].expand(20_000, 4)).sample()
+    np.testing.assert_allclose(samples.std(0).numpy(), np.exp([-0.5, 0.0, 0.7]), rtol=0.05)
+    np.testing.assert_allclose(samples.mean(0).numpy(), agent.actor_mean(x[:1])[0].detach().numpy(), atol=0.05)
+
+
+def test_policy_acts_with_the_distribution_mean_frozen_normalization_and_bounds():
+    torch.manual_seed(0)
+    agent = trained_like(ppo.Agent(3, 1))
+    rms = ppo.RunningMeanStd(shape=(3,))
+    rms.update(np.random.default_rng(0).normal(2.0, 3.0, size=(100, 3)))
+    policy = ppo.Policy(agent, rms, 10.0, np.array([-2.0]), np.array([2.0]))
+    obs = np.random.default_rng(1).normal(2.0, 3.0, size=(8, 3)).astype(np.float32)
+    with torch.no_grad():
+        expected = agent.actor_mean(torch.from_numpy(ppo.normalize_obs(obs, rms, 10.0))).clamp(-2, 2)
+        torch.testing.assert_close(policy(torch.from_numpy(obs)), expected)
+    # a tanh-squashed Gaussian (a student's edit): the deterministic action is the squashed mean
+    squashed = torch.distributions.TransformedDistribution(
+        agent.distribution(torch.zeros(2, 3)), [torch.distributions.TanhTransform(), torch.distributions.AffineTransform(0, 2)]
+    )
+    torch.testing.assert_close(ppo.deterministic_action(squashed), 2 * torch.tanh(agent.actor_mean(torch.zeros(2, 3))))
 
 
 def test_ppo_losses_hand_computed():
@@ -162,8 +191,9 @@ def test_policy_gradient_raises_probability_of_advantaged_actions():
     mean = torch.zeros(1, 1, requires_grad=True)
     log_std = torch.zeros(1, 1)
     action = torch.tensor([[0.5]])
-    old_lp = ppo.gaussian_log_prob(mean, log_std, action).detach()
-    new_lp = ppo.gaussian_log_prob(mean, log_std, action)
+    dist = torch.distributions.Independent(torch.distributions.Normal(mean, log_std.exp()), 1)
+    old_lp = dist.log_prob(action).detach()
+    new_lp = dist.log_prob(action)
     pg, _, _ = ppo.ppo_losses(new_lp, old_lp, torch.tensor([1.0]), torch.zeros(1), torch.zeros(1), torch.zeros(1), 0.2, True)
     pg.backward()
     assert mean.grad.item() < 0  # gradient descent moves the mean towards the action
@@ -195,124 +225,18 @@ def module_output(module: torch.nn.Module, x: np.ndarray) -> np.ndarray:
 OBS = np.random.default_rng(0).normal(size=(64, 17)).astype(np.float32) * 3
 
 
-ACTIVATIONS = [nn.Tanh(), nn.ReLU(), nn.Identity(), nn.Sigmoid(), nn.LeakyReLU(0.2), nn.ELU(0.7)]
-
-
-@pytest.mark.parametrize("activation", ACTIVATIONS)
-def test_numpy_mirror_computes_the_module(activation, capsys):
-    """Each layer the mirror knows, in an actor_mean-like stack (one Linear without bias), with trained-like weights."""
-    actor = trained_like(nn.Sequential(nn.Linear(17, 64), activation, nn.Linear(64, 64, bias=False), activation,
-                                       nn.Linear(64, 6)))  # fmt: skip
-    acting = ppo.acting_path(actor, 17, 6)
-    assert acting is ppo.numpy_mirror and capsys.readouterr().out == ""
-    np.testing.assert_allclose(acting(actor)(OBS), module_output(actor, OBS), rtol=1e-5, atol=1e-5)
-
-
-def test_acting_path_of_the_agent_is_the_mirror_with_the_current_weights(capsys):
+def test_agent_check_refuses_sizes_that_do_not_fit():
+    """An edited Agent whose sizes do not fit the env stops before any step, naming what to change."""
     agent = ppo.Agent(17, 6)
-    acting = ppo.acting_path(agent.actor_mean, 17, 6)  # as main() calls it: once, at set-up
-    assert acting is ppo.numpy_mirror and capsys.readouterr().out == ""
-    before = acting(agent.actor_mean)  # a rollout's policy: the weights it was built with, copied
-    expected_before = module_output(agent.actor_mean, OBS)
-    trained_like(agent)  # an update
-    np.testing.assert_allclose(before(OBS), expected_before, rtol=1e-5, atol=1e-5)
-    after = acting(agent.actor_mean)  # the next rollout's policy
-    np.testing.assert_allclose(after(OBS), module_output(agent.actor_mean, OBS), rtol=1e-5, atol=1e-5)
+    agent.actor_mean = nn.Sequential(nn.Linear(17, 128), nn.Tanh(), nn.Linear(64, 6))
+    with pytest.raises(ppo.UserError, match="input size"):
+        ppo.check_agent(agent, 17, 6, torch.device("cpu"))
+    agent.actor_mean = nn.Sequential(nn.Linear(17, 64), nn.Tanh(), nn.Linear(64, 2))
+    with pytest.raises(ppo.UserError, match="act_dim"):
+        ppo.check_agent(agent, 17, 6, torch.device("cpu"))
+    ppo.check_agent(ppo.Agent(17, 6), 17, 6, torch.device("cpu"))  # the unedited agent passes
 
 
-class Doubled(nn.Module):
-    """A layer of the student's own."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return 2 * x
-
-
-class SkipFirst(nn.Sequential):
-    """A Sequential whose forward is not Sequential's."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x) + x[:, :1]
-
-
-class NotSequential(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = nn.Linear(17, 6)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.linear(x))
-
-
-@pytest.mark.parametrize("actor, reason", [
-    (nn.Sequential(nn.Linear(17, 64), nn.LayerNorm(64), nn.Tanh(), nn.Linear(64, 6)), "does not know LayerNorm"),
-    (nn.Sequential(nn.Linear(17, 64), nn.Dropout(0.0), Doubled(), nn.Linear(64, 6)), "does not know Dropout, Doubled"),
-    (SkipFirst(nn.Linear(17, 64), nn.Tanh(), nn.Linear(64, 6)), "SkipFirst has its own forward"),
-    (NotSequential(), "NotSequential has its own forward"),
-])  # fmt: skip
-def test_acting_falls_back_to_the_module_saying_why_in_one_line(actor, reason, capsys):
-    actor = trained_like(actor)
-    acting = ppo.acting_path(actor, 17, 6)
-    printed = capsys.readouterr().out.splitlines()
-    assert acting is ppo.torch_acting
-    assert len(printed) == 1 and printed[0].startswith("acting: through the torch module (") and reason in printed[0]
-    np.testing.assert_array_equal(acting(actor)(OBS), module_output(actor, OBS))
-
-
-def test_acting_check_at_start_falls_back_when_the_mirror_disagrees(monkeypatch, capsys):
-    monkeypatch.setitem(ppo.NUMPY_LAYERS, nn.Tanh, lambda m: np.sin)  # a mirror that no longer computes Tanh
-    assert ppo.acting_path(ppo.Agent(17, 6).actor_mean, 17, 6) is ppo.torch_acting
-    said = "acting: through the torch module (the numpy mirror disagrees with it on 64 test observations)\n"
-    assert capsys.readouterr().out == said
-
-
-def test_acting_check_draws_from_no_run_rng():
-    """The check at start has its own generator: a run's numbers are the same with or without it."""
-    agent = ppo.Agent(17, 6)
-    before = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
-    ppo.acting_path(agent.actor_mean, 17, 6)
-    after = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
-    assert torch.equal(before[0], after[0]) and np.array_equal(before[1], after[1]) and before[2] == after[2]
-
-
-def test_acting_check_refuses_sizes_that_do_not_fit():
-    with pytest.raises(ppo.UserError, match=r"actor_mean cannot compute .* input size"):
-        ppo.acting_path(nn.Sequential(nn.Linear(17, 128), nn.Tanh(), nn.Linear(64, 6)), 17, 6)
-    with pytest.raises(ppo.UserError, match=r"shape \(64, 2\), not \(64, act_dim = 6\)"):
-        ppo.acting_path(nn.Sequential(nn.Linear(17, 64), nn.Tanh(), nn.Linear(64, 2)), 17, 6)
-
-
-def test_a_flat_adam_checkpoint_of_the_earlier_build_continues_exactly():
-    """The earlier build's Adam stepped one flat tensor of all of Agent's weights; split per tensor, the next steps
-    are the same as the flat optimizer's."""
-    torch.manual_seed(0)
-    agent = ppo.Agent(4, 2)
-    params = list(agent.parameters())
-    flat = nn.Parameter(torch.cat([p.detach().reshape(-1) for p in params]))
-    flat_opt = torch.optim.Adam([flat], lr=1e-2, eps=1e-5, fused=True)
-    grads = [torch.randn_like(flat) for _ in range(3)]
-    flat.grad = grads[0]
-    flat_opt.step()  # the checkpoint is written after a step
-    with torch.no_grad():  # the agent holds the checkpoint's weights
-        for p, piece in zip(params, flat.detach().split([p.numel() for p in params])):
-            p.copy_(piece.view_as(p))
-    ckpt = {"optimizer": flat_opt.state_dict(), "model": agent.state_dict()}
-    optimizer = torch.optim.Adam(agent.parameters(), lr=1e-2, eps=1e-5, fused=True)
-    optimizer.load_state_dict(ppo.split_flat_adam_state(ckpt)["optimizer"])
-    for grad in grads[1:]:
-        flat.grad = grad
-        flat_opt.step()
-        for p, piece in zip(params, grad.split([p.numel() for p in params])):
-            p.grad = piece.view_as(p).clone()
-        optimizer.step()
-    torch.testing.assert_close(torch.cat([p.detach().reshape(-1) for p in params]), flat.detach(), rtol=0, atol=0)
-    assert ppo.split_flat_adam_state(None) is None
-    current = {"optimizer": optimizer.state_dict(), "model": agent.state_dict()}
-    assert ppo.split_flat_adam_state(current) is current  # a checkpoint of this build: as it is
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Environment state capture: a restored env continues bit-exactly
-# ---------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("env_id, warmup", [("HalfCheetah-v4", 40), ("HalfCheetah-v5", 40), ("Pendulum-v1", 190)])
 def test_env_state_roundtrip_is_exact(env_id, warmup):
     ppo.quiet_mujoco_warnings()
@@ -397,14 +321,14 @@ def test_merge_resume_args_keeps_checkpoint_values_and_refuses_conflicts():
     cli = ppo.Args(learning_rate=5e-4, total_timesteps=20_000, resume="x.pt")
     given = ppo.flags_on_command_line(["--resume", "x.pt", "--total-timesteps=20000"], ppo.Args)
     assert given == {"resume", "total_timesteps"}
-    merged = ppo.merge_resume_args(cli, vars(saved), ppo.RESUME_OVERRIDABLE, given)
+    merged = ppo.merge_resume_args(cli, vars(saved), given)
     assert merged.env_id == "Pendulum-v1" and merged.learning_rate == 1e-3  # the checkpoint wins...
     assert merged.total_timesteps == 20_000 and merged.resume == "x.pt"  # ...except total_timesteps and output flags
     # a fixed flag typed with the checkpoint's own value is fine; with another value it is refused, naming both
-    same = ppo.merge_resume_args(ppo.Args(learning_rate=1e-3), vars(saved), ppo.RESUME_OVERRIDABLE, {"learning_rate"})
+    same = ppo.merge_resume_args(ppo.Args(learning_rate=1e-3), vars(saved), {"learning_rate"})
     assert same.learning_rate == 1e-3
     with pytest.raises(ppo.UserError, match=r"--learning-rate 0.0005 .*1e-3|--learning-rate 0.0005 .*0.001"):
-        ppo.merge_resume_args(cli, vars(saved), ppo.RESUME_OVERRIDABLE, given | {"learning_rate"})
+        ppo.merge_resume_args(cli, vars(saved), given | {"learning_rate"})
     # a boolean turned off with --no-X counts as given
     assert ppo.flags_on_command_line(["--no-norm-obs", "--seed", "3"], ppo.Args) == {"norm_obs", "seed"}
 

@@ -1,7 +1,10 @@
 """Student edits to ppo_continuous.py, each applied to a copy of the script alone in an empty folder
-(tests/student_copy.py). Every edit either keeps the script correct (the rollout's acting path computes what the
-edited actor_mean computes, and one real update moves every parameter tensor) or stops the run at once with a
-message naming what to change. What they found in the earlier build: docs/ppo_continuous.md, "Editing the script"."""
+(tests/student_copy.py). Every edit either keeps the script correct (the rollout samples the edited policy, and one
+real update moves every parameter tensor) or stops the run at once with a message naming what to change. What they
+found in earlier builds: docs/ppo_continuous.md, "Editing the script"."""
+
+import signal
+import sys
 
 import numpy as np
 import pytest
@@ -23,7 +26,17 @@ ACTOR = """        self.actor_mean = nn.Sequential(
 HIDDEN = "            layer_init(nn.Linear(64, 64)),\n            nn.Tanh(),\n"
 LOSS = "loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss"
 ZERO_GRAD = "optimizer.zero_grad()"
-FALLBACK = "acting: through the torch module"
+LOGSTD = "        self.actor_logstd = nn.Parameter(torch.zeros(1, act_dim))\n"
+DIST = "        return Independent(Normal(self.actor_mean(x), self.actor_logstd.exp(), validate_args=False), 1)\n"
+# the std as a second head, a function of the state (started at std = e^-1, away from the unedited e^0)
+STATE_STD = [(LOGSTD, "        self.actor_logstd = nn.Sequential(layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(),\n"
+                      "                                          layer_init(nn.Linear(64, act_dim), std=0.01, bias_const=-1.0))\n"),
+             (DIST, DIST.replace("self.actor_logstd.exp()", "self.actor_logstd(x).exp()"))]  # fmt: skip
+# a tanh-squashed Gaussian scaled to Pendulum's bounds (+-2); torch's TransformedDistribution adds the log-prob
+# correction log|d a / d u| = log(2 (1 - tanh(u)^2)) itself
+SQUASHED = [(DIST, "        base = Independent(Normal(self.actor_mean(x), self.actor_logstd.exp(), validate_args=False), 1)\n"
+                   "        squash = [torch.distributions.TanhTransform(cache_size=1), torch.distributions.AffineTransform(0.0, 2.0)]\n"
+                   "        return torch.distributions.TransformedDistribution(base, squash)\n")]  # fmt: skip
 
 # edit -> (old, new) replacements; each must leave the script correct
 WORKING_EDITS = {
@@ -35,15 +48,14 @@ WORKING_EDITS = {
     "zero_grad(set_to_none=True)": [(ZERO_GRAD, "optimizer.zero_grad(set_to_none=True)")],
     "zero_grad(set_to_none=False)": [(ZERO_GRAD, "optimizer.zero_grad(set_to_none=False)")],
     "extra loss term": [(LOSS, LOSS + " + 1e-3 * sum((p**2).sum() for p in agent.actor_mean.parameters())")],
+    "state-dependent std": STATE_STD,
+    "tanh-squashed Gaussian": SQUASHED,
 }
-# the edits the mirror cannot compute: the run must say so, once, and act through the module
-FALLS_BACK = {"LayerNorm": "(the numpy mirror does not know LayerNorm)"}
 # edit -> (replacements, what the message must name); each must stop the run before any update
 STOPPING_EDITS = {
     "first layer widened alone": ([(ACTOR, ACTOR.replace("Linear(obs_dim, 64)", "Linear(obs_dim, 128)"))],
-                                  ("actor_mean", "input size")),  # fmt: skip
-    "action size hard-coded": ([(ACTOR, ACTOR.replace("Linear(64, act_dim)", "Linear(64, 2)"))],
-                               ("actor_mean", "act_dim")),  # fmt: skip
+                                  ("Agent", "input size")),  # fmt: skip
+    "action size hard-coded": ([(ACTOR, ACTOR.replace("Linear(64, act_dim)", "Linear(64, 2)"))], ("Agent", "act_dim")),
 }
 
 OBS_DIM, ACT_DIM = 17, 6  # HalfCheetah's sizes for the in-process check; the real run is Pendulum's (3, 1)
@@ -54,35 +66,64 @@ ONE_UPDATE = ["--env-id", "Pendulum-v1", "--num-envs", 1, "--num-steps", 64, "--
               "--seed", 1, "--torch-threads", 1, "--no-progress"]  # fmt: skip
 
 
-def acting_function(module, actor, obs_dim: int, act_dim: int):
-    """What main() calls: once at set-up (the check), then once per rollout with the current weights."""
-    return module.acting_path(actor, obs_dim, act_dim)
+def rollout_samples(script, monkeypatch, tmp_path, steps: int = 512) -> tuple:
+    """main() of the copy, in-process, for one iteration on Pendulum without normalization: the observations the
+    policy saw and the actions it chose (as envs.step received them), with the weights of the run's start."""
+    seen, chosen = [], []
+    real_step = script.gym.vector.SyncVectorEnv.step
+
+    def recording_step(envs, actions):
+        chosen.append(np.array(actions))
+        out = real_step(envs, actions)
+        seen.append(out[0].copy())
+        return out
+
+    real_reset = script.gym.vector.SyncVectorEnv.reset
+    monkeypatch.setattr(script.gym.vector.SyncVectorEnv, "step", recording_step)
+    monkeypatch.setattr(script.gym.vector.SyncVectorEnv, "reset",
+                        lambda envs, **kw: (lambda out: (seen.append(out[0].copy()), out)[1])(real_reset(envs, **kw)))  # fmt: skip
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setattr(sys, "argv", ["x", "--env-id", "Pendulum-v1", "--num-steps", str(steps), "--num-minibatches", "2",
+                                      "--update-epochs", "1", "--total-timesteps", str(steps), "--no-norm-obs",
+                                      "--no-norm-reward", "--torch-threads", "1", "--runs-dir", str(tmp_path),
+                                      "--checkpoint-interval", "0", "--no-progress"])  # fmt: skip
+    handlers, threads = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)), torch.get_num_threads()
+    try:
+        script.main()
+    finally:
+        signal.signal(signal.SIGINT, handlers[0])
+        signal.signal(signal.SIGTERM, handlers[1])
+        torch.set_num_threads(threads)
+    return np.concatenate(seen[:steps]).astype(np.float32), np.concatenate(chosen)
+
+
+@pytest.mark.parametrize("edit", ["unedited, plain zero_grad()", "state-dependent std", "tanh-squashed Gaussian"])
+def test_rollout_samples_the_edited_policy(edit, tmp_path, monkeypatch):
+    """The actions main()'s rollout sends to the env are samples of the (edited) Agent.distribution: their mean
+    log-likelihood under it matches that of fresh samples of it (-entropy), within sampling noise. A rollout that
+    samples another distribution (a hand-written copy of the unedited policy) scores lower by their KL divergence."""
+    script = import_copy(copy_alone(SCRIPT, tmp_path / "student", WORKING_EDITS[edit]))
+    obs, actions = rollout_samples(script, monkeypatch, tmp_path / "runs")
+    script.seed_everything(1, True)  # main(): seed, then Agent(obs_dim, act_dim); nothing between draws from torch
+    agent = script.Agent(3, 1)
+    with torch.no_grad():
+        dist = agent.distribution(torch.from_numpy(obs))
+        inside = (np.abs(actions[:, 0]) < 2.0)  # Pendulum clips to +-2; a clipped action has no density to compare
+        taken = dist.log_prob(torch.from_numpy(np.clip(actions, -1.999, 1.999)))[torch.from_numpy(inside)].mean()
+        fresh = torch.stack([dist.log_prob(dist.sample()) for _ in range(20)])  # (20, steps)
+        fresh = fresh[(fresh.isfinite()) & (dist.sample().abs()[..., 0] < 2.0).expand(20, -1)].mean()
+    assert abs(float(taken) - float(fresh)) < 0.15, f"{edit}: log-likelihood of the rollout's actions {taken:.3f}, " \
+        f"of the policy's own samples {fresh:.3f}"  # fmt: skip
 
 
 @pytest.mark.parametrize("edit", WORKING_EDITS)
-def test_edit_keeps_acting_and_training_correct(edit, tmp_path, capsys):
+def test_edit_keeps_training_correct(edit, tmp_path):
+    """A real run of the copy: exit 0, and one update changes every parameter tensor, by no more than its Adam steps
+    can move it."""
     path = copy_alone(SCRIPT, tmp_path / "student", WORKING_EDITS[edit])
     script = import_copy(path)
-
-    # (1) the acting path computes the edited actor_mean, within 1e-5, on 64 fixed observations
-    torch.manual_seed(0)
-    agent = script.Agent(OBS_DIM, ACT_DIM)
-    acting = acting_function(script, agent.actor_mean, OBS_DIM, ACT_DIM)
-    printed = capsys.readouterr().out
-    with torch.no_grad():  # weights as after some training: non-zero biases, a non-tiny output layer
-        for p in agent.parameters():
-            p.add_(0.3 * torch.randn_like(p))
-    obs = np.random.default_rng(1).normal(size=(64, OBS_DIM)).astype(np.float32) * 3
-    with torch.no_grad():
-        expected = agent.actor_mean(torch.from_numpy(obs)).numpy()
-    np.testing.assert_allclose(acting(agent.actor_mean)(obs), expected, rtol=1e-5, atol=1e-5)
-    assert printed.count(FALLBACK) == (1 if edit in FALLS_BACK else 0), printed
-
-    # (2) a real run: one update changes every parameter tensor, by no more than its Adam steps can move it
     proc = run_copy(path, *ONE_UPDATE, "--runs-dir", tmp_path / "runs", timeout=120)
     assert proc.returncode == 0, proc.stderr
-    fallback_lines = [line for line in proc.stdout.splitlines() if line.startswith(FALLBACK)]
-    assert fallback_lines == ([f"{FALLBACK} {FALLS_BACK[edit]}"] if edit in FALLS_BACK else []), proc.stdout
     (checkpoint,) = (tmp_path / "runs").rglob("step_*.pt")
     trained = torch.load(checkpoint, weights_only=True)["model"]
     script.seed_everything(1, True)  # main(): seed, then Agent(obs_dim, act_dim); nothing between draws from torch
@@ -106,7 +147,7 @@ def test_edit_that_cannot_run_stops_with_a_message(edit, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("edit", ["activation ReLU", "width 128"])
+@pytest.mark.parametrize("edit", ["activation ReLU", "width 128", "state-dependent std", "tanh-squashed Gaussian"])
 def test_edited_copy_learns_pendulum(edit, tmp_path):
     """The unedited script's Pendulum run and threshold (tests/test_ppo_continuous_learning.py). Measured (seed 1):
     -300 reached at 50,400 steps (ReLU) and 65,600 (width 128), the unedited copy at 59,200."""

@@ -79,11 +79,12 @@ def load(path: str):
                         f"({type(e).__name__}).") from None  # fmt: skip
     if not isinstance(ckpt, dict) or "args" not in ckpt or "script" not in ckpt:
         raise ToolError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
-    script = load_script(ckpt, path)
+    script, ckpt["path"] = load_script(ckpt, path), path
     env_id = str(ckpt["args"]["env_id"])
     if ":" in env_id:  # why: "module:Env" would import any module on sys.path; a checkpoint is data, not code
         raise ToolError(f"checkpoint '{path}' names the env '{env_id}', which imports a module; register the env "
                         "and store its plain id, or run the evaluation from your own code.")  # fmt: skip
+    script.quiet_mujoco_warnings()
     try:
         script.check_env_id(env_id)
         policy = script.Policy.from_checkpoint(ckpt).eval()
