@@ -134,6 +134,11 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Call
     return thunk
 
 
+def eval_env(env_id: str, video_dir: Optional[str] = None) -> gym.Env:
+    """The env evaluation plays on (env 0's, recording a video into video_dir if given)."""
+    return make_env(env_id, 0, video_dir is not None, video_dir or "")()
+
+
 # --- shared: layer-init ---
 def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Module:
     """Orthogonal weights with gain `std`, constant bias: the initialization the PPO implementations share."""
@@ -184,7 +189,7 @@ class Agent(nn.Module):
 
 
 def entropy_of(dist: torch.distributions.Distribution) -> torch.Tensor:
-    """H[pi(.|x)]; where torch has no closed form (e.g. a tanh-squashed Gaussian), the one-sample estimate -log pi(a|x)."""
+    """H[pi(.|x)]; where torch has no closed form (e.g. tanh-squashed), the one-sample estimate -log pi(a|x)."""
     try:
         return dist.entropy()
     except NotImplementedError:
@@ -192,14 +197,13 @@ def entropy_of(dist: torch.distributions.Distribution) -> torch.Tensor:
 
 
 def deterministic_action(dist: torch.distributions.Distribution) -> torch.Tensor:
-    """The action evaluation takes: the mean; for a transformed distribution (e.g. tanh-squashed), its base mean
-    passed through the transforms (torch has no mean for those)."""
-    if isinstance(dist, torch.distributions.TransformedDistribution):
-        action = deterministic_action(dist.base_dist)
-        for transform in dist.transforms:
-            action = transform(action)
-        return action
-    return dist.mean
+    """The mean; for a transformed distribution (e.g. tanh-squashed, where torch has none) the base mean transformed."""
+    if not isinstance(dist, torch.distributions.TransformedDistribution):
+        return dist.mean
+    action = deterministic_action(dist.base_dist)
+    for transform in dist.transforms:
+        action = transform(action)
+    return action
 
 
 class Policy(nn.Module):
@@ -220,42 +224,6 @@ class Policy(nn.Module):
         if self.norm_obs:
             x = torch.clamp((x - self.obs_mean) / self.obs_std, -self.obs_clip, self.obs_clip)
         return torch.clamp(deterministic_action(self.agent.distribution(x.float())), self.low, self.high)
-
-    @classmethod
-    def from_checkpoint(cls, ckpt: dict) -> "Policy":
-        """The checkpoint's agent and statistics, on the CPU (tools/agent.py evaluates and exports it)."""
-        args, obs_dim, act_dim = ckpt["args"], int(np.prod(ckpt["obs_shape"])), int(np.prod(ckpt["act_shape"]))
-        obs_shape, act_shape = probe_env(args["env_id"])  # the env exists, and the checkpoint's agent fits it
-        check_checkpoint_matches(ckpt, ckpt.get("path", ""), SCRIPT_NAME, {"obs_shape": list(obs_shape), "act_shape": list(act_shape)})
-        agent = Agent(obs_dim, act_dim)
-        agent.load_state_dict(ckpt["model"])
-        obs_rms = None
-        if args["norm_obs"]:
-            obs_rms = RunningMeanStd(shape=(obs_dim,))
-            load_plain(obs_rms, ckpt["obs_rms"])
-        space = make_env(args["env_id"], 0, False, "")().action_space
-        return cls(agent, obs_rms, args["obs_clip"], space.low, space.high)
-
-
-def evaluate(policy: nn.Module, env_id: str, episodes: int, seed: int, video_dir: Optional[str] = None,
-             report: Callable[[int, float], None] = lambda index, episode_return: None) -> list:  # fmt: skip
-    """`episodes` episodes of `policy` (deterministic) on a fresh env seeded seed, seed + 1, ...; their returns.
-    `report` hears of each finished episode (its index and return)."""
-    env = make_env(env_id, 0, video_dir is not None, video_dir or "")()
-    device = next(policy.parameters()).device
-    returns = []
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
-        done, total = False, 0.0
-        while not done:
-            with torch.inference_mode():
-                action = policy(torch.as_tensor(obs, dtype=torch.float32, device=device).unsqueeze(0))[0].cpu().numpy()
-            obs, reward, terminated, truncated, _ = env.step(action)
-            total, done = total + float(reward), terminated or truncated
-        returns.append(total)
-        report(episode, total)
-    env.close()
-    return returns
 
 
 # ---- algorithm helpers: no globals, tensors / arrays in and out (the tests import them) ----
@@ -279,20 +247,15 @@ class RunningMeanStd:
         self.count = total
 
 
-def normalize_obs(obs: np.ndarray, rms: RunningMeanStd, clip: float, epsilon: float = 1e-8) -> np.ndarray:
-    """(obs - mean) / sqrt(var + eps), clipped to [-clip, clip], as float32 for the network."""
+def normalize_obs(obs: np.ndarray, rms: Optional[RunningMeanStd], clip: float, epsilon: float = 1e-8) -> np.ndarray:
+    """(obs - mean) / sqrt(var + eps), clipped to [-clip, clip], as float32 for the network (rms None: obs as is)."""
+    if rms is None:
+        return obs.astype(np.float32)
     return np.clip((obs - rms.mean) / np.sqrt(rms.var + epsilon), -clip, clip).astype(np.float32)
 
 
-def scale_rewards(
-    rewards: np.ndarray,
-    discounted_returns: np.ndarray,
-    episode_ended: np.ndarray,
-    rms: RunningMeanStd,
-    gamma: float,
-    clip: float,
-    epsilon: float = 1e-8,
-) -> tuple[np.ndarray, np.ndarray]:
+def scale_rewards(rewards: np.ndarray, discounted_returns: np.ndarray, episode_ended: np.ndarray, rms: RunningMeanStd,
+                  gamma: float, clip: float, epsilon: float = 1e-8) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Reward scaling: divide by the running std of the discounted return G <- gamma*G + r (not its mean: the
     reward's sign must survive). Returns (scaled rewards, new G). G restarts at any episode end, termination or
     truncation alike: the next reward belongs to a new episode."""
@@ -303,15 +266,8 @@ def scale_rewards(
 
 
 # --- shared: gae ---
-def compute_gae(
-    rewards: np.ndarray,
-    values: np.ndarray,
-    next_values: np.ndarray,
-    terminations: np.ndarray,
-    truncations: np.ndarray,
-    gamma: float,
-    gae_lambda: float,
-) -> np.ndarray:
+def compute_gae(rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray, terminations: np.ndarray,
+                truncations: np.ndarray, gamma: float, gae_lambda: float) -> np.ndarray:  # fmt: skip
     """Generalized Advantage Estimation over a (num_steps, num_envs) rollout, all arrays "after step t":
 
     next_values[t] is V of the true next state of transition t (V(final obs) when the episode ended at t).
@@ -352,16 +308,9 @@ def true_next_obs(raw_obs: np.ndarray, episode_ended: np.ndarray, infos: dict) -
 
 
 # --- shared: ppo-losses ---
-def ppo_losses(
-    new_logprob: torch.Tensor,
-    old_logprob: torch.Tensor,
-    advantages: torch.Tensor,
-    new_values: torch.Tensor,
-    old_values: torch.Tensor,
-    returns: torch.Tensor,
-    clip_coef: float,
-    clip_vloss: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def ppo_losses(new_logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor, new_values: torch.Tensor,
+               old_values: torch.Tensor, returns: torch.Tensor, clip_coef: float,
+               clip_vloss: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """The clipped-surrogate policy loss and the (optionally clipped) value loss; also log(ratio) for diagnostics."""
     log_ratio = new_logprob - old_logprob
     ratio = log_ratio.exp()
@@ -438,6 +387,7 @@ def main() -> None:
     check_agent(agent, obs_dim, act_dim, device)  # below the banner: an edited Agent that cannot act stops here
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     obs_rms, return_rms = RunningMeanStd(shape=(obs_dim,)), RunningMeanStd(shape=())
+    norm = obs_rms if args.norm_obs else None  # normalize_obs(x, None, ...) only casts to float32
 
     # ---- storage: everything indexed "at step t" of the rollout ----
     obs_buf = np.zeros((args.num_steps, args.num_envs, obs_dim), np.float32)  # normalized obs the policy saw
@@ -450,12 +400,12 @@ def main() -> None:
     s = LoopState(raw_obs=envs.reset(seed=args.seed)[0], episode_return=np.zeros(args.num_envs),
                   episode_length=np.zeros(args.num_envs, np.int64), discounted_return=np.zeros(args.num_envs))  # fmt: skip
     run.attach(s, envs, model=agent, optimizer=optimizer, obs_rms=obs_rms, return_rms=return_rms, env_states=EnvStates(envs))
-    # evaluation: deterministic episodes, normalization frozen; the Run plays them every --eval-interval env steps
-    policy = Policy(agent, obs_rms if args.norm_obs else None, args.obs_clip, action_low, action_high).to(device)
-    run.play = lambda episodes, video_dir=None: evaluate(policy, args.env_id, episodes, args.seed + 10_000, video_dir)
+    # evaluation: deterministic episodes, statistics frozen as they are now; run.play every --eval-interval env steps
+    run.play = lambda episodes, video_dir=None: evaluate(Policy(agent, norm, args.obs_clip, action_low, action_high).to(
+        device), eval_env(args.env_id, video_dir), episodes, args.seed + 10_000)  # fmt: skip
     if args.norm_obs and ckpt is None:
         obs_rms.update(s.raw_obs)
-    next_obs = normalize_obs(s.raw_obs, obs_rms, args.obs_clip) if args.norm_obs else s.raw_obs.astype(np.float32)
+    next_obs = normalize_obs(s.raw_obs, norm, args.obs_clip)
 
     for iteration in run.iterations(s, args.num_iterations):  # between iterations: checkpoints, Ctrl-C, progress
         lr = annealed(iteration, args.num_iterations, args.learning_rate) if args.anneal_lr else args.learning_rate
@@ -480,21 +430,13 @@ def main() -> None:
                 s.episode_return[episode_ended], s.episode_length[episode_ended] = 0.0, 0
                 if args.norm_obs:
                     obs_rms.update(s.raw_obs)
-                    next_obs = normalize_obs(s.raw_obs, obs_rms, args.obs_clip)
-                    # Easy to miss: the final obs is bootstrapped from, so it goes through the same normalization.
-                    next_obs_buf[step] = (
-                        normalize_obs(real_next_raw, obs_rms, args.obs_clip) if episode_ended.any() else next_obs
-                    )
-                else:
-                    next_obs = s.raw_obs.astype(np.float32)
-                    next_obs_buf[step] = real_next_raw
+                next_obs = normalize_obs(s.raw_obs, norm, args.obs_clip)
+                # Easy to miss: the final obs is bootstrapped from, so it goes through the same normalization.
+                next_obs_buf[step] = normalize_obs(real_next_raw, norm, args.obs_clip) if episode_ended.any() else next_obs
                 if args.norm_reward:
-                    rewards_buf[step], s.discounted_return = scale_rewards(
-                        reward, s.discounted_return, episode_ended, return_rms, args.gamma, args.reward_clip
-                    )
-                else:
-                    rewards_buf[step] = reward
-                terminations_buf[step], truncations_buf[step] = terminations, truncations
+                    reward, s.discounted_return = scale_rewards(reward, s.discounted_return, episode_ended, return_rms,
+                                                                args.gamma, args.reward_clip)  # fmt: skip
+                rewards_buf[step], terminations_buf[step], truncations_buf[step] = reward, terminations, truncations
 
         with run.timer("update"):
             # ---- advantages: values and log-probs of the whole rollout in one batched pass ----
@@ -502,10 +444,8 @@ def main() -> None:
             with torch.no_grad():
                 logprobs, values = agent.distribution(b_obs_t).log_prob(actions_t), agent.get_value(b_obs_t)
                 next_values = agent.get_value(torch.from_numpy(next_obs_buf).to(device))
-            advantages = compute_gae(
-                rewards_buf, values.cpu().numpy(), next_values.cpu().numpy(), terminations_buf, truncations_buf,
-                args.gamma, args.gae_lambda,
-            )  # fmt: skip
+            advantages = compute_gae(rewards_buf, values.cpu().numpy(), next_values.cpu().numpy(), terminations_buf,
+                                     truncations_buf, args.gamma, args.gae_lambda)  # fmt: skip
             returns = advantages + values.cpu().numpy()
 
             # flatten (num_steps, num_envs) -> batch
@@ -530,10 +470,8 @@ def main() -> None:
                     mb_advantages = e_advantages[mb]
                     if args.norm_adv:
                         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                    pg_loss, v_loss, log_ratios[mb] = ppo_losses(
-                        new_logprob, e_logprobs[mb], mb_advantages, new_values, e_values[mb], e_returns[mb],
-                        args.clip_coef, args.clip_vloss,
-                    )  # fmt: skip
+                    pg_loss, v_loss, log_ratios[mb] = ppo_losses(new_logprob, e_logprobs[mb], mb_advantages, new_values,
+                                                                 e_values[mb], e_returns[mb], args.clip_coef, args.clip_vloss)  # fmt: skip
                     # L = L^CLIP - c_ent * H + c_v * L^V
                     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
                     optimizer.zero_grad()
@@ -605,27 +543,37 @@ def check_agent(agent: Agent, obs_dim: int, act_dim: int, device: torch.device) 
                         "per observation (torch.distributions.Independent(..., 1)).")  # fmt: skip
 
 
-# --- shared: run ---
-# Flags that --resume takes from the command line (those the script has); every other one comes from the checkpoint.
-RESUME_OVERRIDABLE = (
-    "total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model", "runs_dir",
-    "checkpoint_interval", "keep_checkpoints", "resume", "eval_episodes", "eval_interval", "keep_best", "progress",
-    "cuda", "torch_threads", "save_buffer", "log_interval", "address",
-)  # fmt: skip
-# Metrics NaN by definition in some updates (the explained variance of equal returns), not a sign of a broken run.
-MAY_BE_NAN = ("losses/explained_variance",)
+def policy_from_checkpoint(ckpt: dict) -> Policy:
+    """The checkpoint's agent and statistics as its Policy, on the CPU (tools/agent.py evaluates and exports it)."""
+    args, obs_dim, act_dim = ckpt["args"], int(np.prod(ckpt["obs_shape"])), int(np.prod(ckpt["act_shape"]))
+    obs_shape, act_shape = probe_env(args["env_id"])  # the env exists, and the checkpoint's agent fits it
+    check_checkpoint_matches(ckpt, ckpt.get("path", ""), SCRIPT_NAME, {"obs_shape": list(obs_shape), "act_shape": list(act_shape)})
+    agent = Agent(obs_dim, act_dim)
+    agent.load_state_dict(ckpt["model"])
+    obs_rms = None
+    if args["norm_obs"]:
+        obs_rms = RunningMeanStd(shape=(obs_dim,))
+        load_plain(obs_rms, ckpt["obs_rms"])
+    space = eval_env(args["env_id"]).action_space
+    return Policy(agent, obs_rms, args["obs_clip"], space.low, space.high)
+
+
+# --- shared: plumbing ---
+# Flags --resume takes from the command line (those the script has); every other comes from the checkpoint.
+RESUME_OVERRIDABLE = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
+                      "runs_dir", "checkpoint_interval", "keep_checkpoints", "resume", "eval_episodes", "eval_interval",
+                      "keep_best", "progress", "cuda", "torch_threads", "save_buffer", "log_interval")  # fmt: skip
+MAY_BE_NAN = ("losses/explained_variance",)  # NaN by definition when all returns are equal: not a broken run
 # The flags a non-finite loss or weight most often comes from, named in the stop message when the script has them.
-NON_FINITE_FLAGS = ("learning_rate", "policy_lr", "q_lr", "max_grad_norm", "num_minibatches", "norm_adv", "norm_obs",
-                    "norm_reward")  # fmt: skip
+NON_FINITE_FLAGS = ("learning_rate", "policy_lr", "q_lr", "max_grad_norm", "num_minibatches", "norm_adv", "norm_obs")
 
 
 class Run:
-    """A training run's bookkeeping: the run folder (a new `runs/<env>__<exp>__<seed>__<time>`, or the resumed
-    checkpoint's), args.json, TensorBoard, wandb, the progress line, Ctrl-C / SIGTERM, the log window (SPS, phase
-    timings) and checkpoints. A checkpoint holds the loop state (a dataclass with global_step and iteration), every
-    part given to attach() (anything with state_dict / load_state_dict, or plain attributes), the recent returns, the
-    best score (--keep-best) and the RNG states: plain data, written atomically. `run.play(episodes, video_dir)`,
-    where a script sets it, is its evaluation, played every --eval-interval env steps and after --save-model."""
+    """A training run's bookkeeping: its folder `runs/<env>__<exp>__<seed>__<time>` (or the resumed checkpoint's),
+    args.json, TensorBoard, wandb, progress, Ctrl-C / SIGTERM, SPS and phase timings, evaluation (`run.play`,
+    set by the script: (episodes, video_dir) -> returns) and checkpoints. A checkpoint holds the loop state (a
+    dataclass with global_step and iteration), the parts given to attach() (state_dict() or plain attributes), the
+    recent returns, the best score and the RNG states: plain data, written atomically."""
 
     def __init__(self, args, script: str, ckpt: Optional[dict], shapes: dict, log_every: int):
         self.args, self.script, self.ckpt, self.shapes, self.log_every = args, script, ckpt, shapes, log_every
@@ -633,24 +581,26 @@ class Run:
             check_checkpoint_matches(ckpt, args.resume, script, shapes)
             if ckpt["iteration"] >= args.num_iterations:
                 raise UserError(f"checkpoint '{args.resume}' is at iteration {ckpt['iteration']} (step "
-                                f"{ckpt['global_step']}) and --total-timesteps {args.total_timesteps} gives "
-                                f"{args.num_iterations} iterations: nothing left to do. Raise --total-timesteps.")  # fmt: skip
+                                f"{ckpt['global_step']}), the last of --total-timesteps {args.total_timesteps}: "
+                                "nothing left to do. Raise --total-timesteps.")  # fmt: skip
             self.dir, self.name = Path(args.resume).resolve().parent.parent, ckpt["run_name"]
         else:
-            safe_env_id = args.env_id.replace("/", "-").replace(":", "-")  # "ALE/Pong-v5": no nested folders
-            self.name = f"{safe_env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-            self.dir = Path(args.runs_dir) / self.name
+            base = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
             Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
-            for n in range(2, 1000):  # why exclusive: two runs started in the same second must not share a folder
+            for n in range(1, 1000):  # created exclusively: two runs started in the same second get two folders
+                self.name = base if n == 1 else f"{base}-{n}"
+                self.dir = Path(args.runs_dir) / self.name
                 try:
                     self.dir.mkdir()
                     break
                 except FileExistsError:
-                    self.name = f"{safe_env_id}__{args.exp_name}__{args.seed}__{int(time.time())}-{n}"
-                    self.dir = Path(args.runs_dir) / self.name
+                    continue
         self.ckpt_dir = self.dir / "checkpoints"
-        if args.track:
-            init_tracking(args, self.name, self.dir)
+        if args.track:  # wandb mirrors the TensorBoard scalars: initialized before the writer
+            import wandb
+
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                       config=vars(args), name=self.name, dir=str(self.dir), save_code=True)  # fmt: skip
         from torch.utils.tensorboard import SummaryWriter
 
         # on resume, purge_step hides events logged after the checkpoint: one continuous curve
@@ -662,16 +612,13 @@ class Run:
                        "torch_threads": torch.get_num_threads()}  # fmt: skip
             (self.dir / "args.json").write_text(json.dumps({**dataclasses.asdict(args), "compute": compute}, indent=2))
         print(f"run: {self.dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
-        self.recent_returns: list = []  # the last 10 episodes' returns, for the progress line and keep-best
-        self.phase_time: dict = {}  # seconds per phase (run.timer) in the current log window
+        self.recent_returns, self.phase_time = [], {}  # the last 10 episodes' returns; seconds per run.timer phase
         self.state, self.parts, self.closing, self.stopped, self.last = None, {}, None, False, False
-        self.stop, self.window_step = StopRequest(), 0
-        self.play: Optional[Callable[..., list]] = None  # the script's evaluation: (episodes, video_dir) -> returns
+        self.stop, self.window_step, self.play = StopRequest(), 0, None
         self.best = KeepBest(args.keep_best, self.ckpt_dir / "best.pt", ckpt)
 
     def attach(self, state, envs, **parts) -> None:
-        """Register what a checkpoint holds (the loop state and the parts) and what to close at the end; on
-        --resume, load them all from the checkpoint, then the RNG states."""
+        """Register what a checkpoint holds and what to close at the end; on --resume, load it all."""
         self.state, self.closing, self.parts = state, envs, parts
         if hasattr(envs, "step"):  # what the envs return is checked as it arrives (a NaN stops the run: non_finite)
             envs.step = self.checked_step(envs.step)
@@ -687,51 +634,46 @@ class Run:
         set_rng_states(self.ckpt["rng_states"])
 
     def iterations(self, state, num_iterations: int):
-        """The loop's iteration numbers, continuing a resumed run. After each: at the end of a log window its SPS,
-        phase timings and the progress line; evaluation every --eval-interval and checkpoints every
-        --checkpoint-interval env steps; a clean stop after Ctrl-C / SIGTERM. A loop whose length is not known ahead
-        sets `run.last = True` in the iteration that is to be its last."""
+        """The loop's iteration numbers, continuing a resumed run. After each: SPS, phase timings and progress at
+        the end of a log window; evaluation and checkpoints when due; a clean stop after Ctrl-C / SIGTERM, or when
+        the loop set `run.last = True`."""
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self.stop)
         progress = Progress(self.args.progress, self.args.total_timesteps)
         start_time, start_step, window_start = time.time(), state.global_step, time.monotonic()
         self.window_step = saved_step = evaluated_step = state.global_step
-        try:
-            for iteration in range(state.iteration + 1, num_iterations + 1):
-                state.iteration = iteration
-                yield iteration
-                if self.log_due():
-                    sps = (state.global_step - start_step) / (time.time() - start_time)
-                    self.writer.add_scalar("charts/SPS", sps, state.global_step)
-                    window = state.global_step - self.window_step  # 0 when a stop ends a window with no new step
-                    for phase, seconds in self.phase_time.items() if window > 0 else ():
-                        self.writer.add_scalar(f"charts/{phase}_us_per_step", seconds / window * 1e6, state.global_step)
-                    self.phase_time = dict.fromkeys(self.phase_time, 0.0)
-                    recent = float(np.mean(self.recent_returns)) if self.recent_returns else None
-                    progress.update(state.global_step, sps, recent, window / max(time.monotonic() - window_start, 1e-9))
-                    self.window_step, window_start = state.global_step, time.monotonic()
-                interval = self.args.eval_interval
-                if self.play is not None and interval > 0 and state.global_step // interval > evaluated_step // interval:
-                    self.evaluated(self.play(self.args.eval_episodes))
-                    evaluated_step = state.global_step
-                interval = self.args.checkpoint_interval
-                if interval > 0 and state.global_step // interval > saved_step // interval:
-                    self.best.offer_training_return(self)  # before the save: the checkpoint holds the best score
-                    self.save("step")
-                    prune_checkpoints(self.ckpt_dir, self.args.keep_checkpoints)
-                    saved_step = state.global_step
-                if self.stop.requested or self.last:
-                    self.stopped = self.stop.requested
-                    break
-        finally:
-            progress.close()
+        for iteration in range(state.iteration + 1, num_iterations + 1):
+            state.iteration = iteration
+            yield iteration
+            if self.log_due():
+                sps = (state.global_step - start_step) / (time.time() - start_time)
+                self.writer.add_scalar("charts/SPS", sps, state.global_step)
+                window = state.global_step - self.window_step  # 0 when a stop ends a window with no new step
+                for phase, seconds in self.phase_time.items() if window > 0 else ():
+                    self.writer.add_scalar(f"charts/{phase}_us_per_step", seconds / window * 1e6, state.global_step)
+                self.phase_time = dict.fromkeys(self.phase_time, 0.0)
+                recent = float(np.mean(self.recent_returns)) if self.recent_returns else None
+                progress.update(state.global_step, sps, recent, window / max(time.monotonic() - window_start, 1e-9))
+                self.window_step, window_start = state.global_step, time.monotonic()
+            every = self.args.eval_interval
+            if self.play is not None and every > 0 and state.global_step // every > evaluated_step // every:
+                self.evaluated(self.play(self.args.eval_episodes))
+                evaluated_step = state.global_step
+            every = self.args.checkpoint_interval
+            if every > 0 and state.global_step // every > saved_step // every:
+                self.best.offer_training_return(self)  # before the save: the checkpoint holds the best score
+                self.save("step")
+                prune_checkpoints(self.ckpt_dir, self.args.keep_checkpoints)
+                saved_step = state.global_step
+            if self.stop.requested or self.last:
+                self.stopped = self.stop.requested
+                break
+        progress.close()
 
     def log_due(self) -> bool:
-        """Does this iteration end a log window? When global_step passed a multiple of log_every, at the last
-        iteration, and after Ctrl-C / SIGTERM."""
-        step = self.state.global_step
-        return (step // self.log_every > self.window_step // self.log_every or self.state.iteration == self.args.num_iterations
-                or self.last or self.stop.requested)  # fmt: skip
+        """Does this iteration end a log window (a multiple of log_every passed, the last iteration, a stop)?"""
+        step, last = self.state.global_step, self.state.iteration == self.args.num_iterations
+        return step // self.log_every > self.window_step // self.log_every or last or self.last or self.stop.requested
 
     @contextmanager
     def timer(self, phase: str):
@@ -750,7 +692,7 @@ class Run:
             self.writer.add_scalar(tag, value, step)
 
     def episode(self, episode_return: float, length: int, step: int) -> None:
-        """A finished episode: its true return and length, against the global step at which it ended."""
+        """A finished episode: its true return and length, at the global step at which it ended."""
         if not math.isfinite(episode_return):
             self.non_finite(f"an episode's return ({episode_return})", cause="env")
         self.writer.add_scalar("charts/episodic_return", episode_return, step)
@@ -758,8 +700,7 @@ class Run:
         self.recent_returns = (self.recent_returns + [float(episode_return)])[-10:]
 
     def checkpoint(self, best: bool = False) -> dict:
-        """The checkpoint as plain data. For best.pt (best=True) a copy that later training does not change, without
-        the parts that say `holds_replay_buffer` (best.pt keeps an agent, not a buffer)."""
+        """The checkpoint as plain data; for best.pt a copy, without the parts that `holds_replay_buffer`."""
         state = {"format": 1, "script": self.script, "run_name": self.name, "args": dataclasses.asdict(self.args),
                  "global_step": self.state.global_step, "iteration": self.state.iteration, **self.shapes,
                  **{name: None if best and getattr(part, "holds_replay_buffer", False)
@@ -771,30 +712,26 @@ class Run:
         return copy.deepcopy(state) if best else state
 
     def save(self, kind: str) -> Path:
-        """Write `<kind>_<global step>.pt` (checked for NaN first: a broken state is never saved). A later checkpoint
-        supersedes an interrupted one, unless that may hold the replay buffer and this one not."""
-        path = self.ckpt_dir / checkpoint_name(kind, self.state.global_step)
-        state = self.checkpoint()
+        """Write `<kind>_<global step>.pt`, never with a NaN in it. It supersedes an older interrupted one (unless
+        that one may hold the replay buffer and this one not)."""
+        path, state = self.ckpt_dir / checkpoint_name(kind, self.state.global_step), self.checkpoint()
         self.check_weights(state, f"the {kind} checkpoint about to be written")
         save_checkpoint(state, path)
-        if kind != "interrupted" and getattr(self.args, "save_buffer", True):
-            for old in self.ckpt_dir.glob("interrupted_??????????.pt"):
-                if old.stem[-10:].isdigit() and int(old.stem[-10:]) < self.state.global_step:
-                    old.unlink()
+        for old in self.ckpt_dir.glob("interrupted_??????????.pt") if getattr(self.args, "save_buffer", True) else ():
+            if kind != "interrupted" and old.stem[-10:].isdigit() and int(old.stem[-10:]) < self.state.global_step:
+                old.unlink()
         return path
 
     def evaluated(self, returns: list, step: Optional[int] = None, snapshot: Optional[dict] = None) -> None:
-        """An evaluation's returns, logged as eval/episodic_return at `step` (default: now); with --keep-best a new
-        best mean writes best.pt: `snapshot` (of the weights evaluated, for an evaluation that ran while training
-        went on), else the agent as it is now."""
+        """An evaluation's returns, logged at `step` (default: now); with --keep-best a new best mean writes best.pt:
+        `snapshot` (the weights evaluated, for an evaluation that ran while training went on), else the agent now."""
         step = self.state.global_step if step is None else step
         self.writer.add_scalar("eval/episodic_return", float(np.mean(returns)), step)
         self.best.offer(float(np.mean(returns)), step, "eval/best_return", self, snapshot)
 
-    def finish(self) -> bool:
-        """After the loop. Stopped by Ctrl-C / SIGTERM: save, say how to resume, exit 130. Else --keep-best's last
-        look at the training returns; with --save-model the final evaluation (run.play, video under videos/eval),
-        then the final checkpoint. Signals stay caught until the save is written: a second one cannot cut it."""
+    def finish(self) -> None:
+        """After the loop. Stopped by Ctrl-C / SIGTERM: save, say how to resume, exit 130. Else with --save-model the
+        final evaluation, then the final checkpoint. A second signal from here on cannot cut the save."""
         self.stop.saving = True
         if self.stopped:
             path = self.save("interrupted")
@@ -804,16 +741,16 @@ class Run:
             sys.exit(130)
         self.best.offer_training_return(self)
         if self.args.save_model and self.play is not None:
-            returns = self.play(self.args.eval_episodes, str(self.dir / "videos" / "eval") if self.args.capture_video else None)
+            video_dir = str(self.dir / "videos" / "eval") if self.args.capture_video else None
+            returns = self.play(self.args.eval_episodes, video_dir)
             self.evaluated(returns)
             print(f"eval: {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
         if self.args.save_model:
             print(f"model saved to {self.save('final')}")
-        return self.args.save_model
 
     def checked_step(self, step: Callable) -> Callable:
-        """envs.step, checking the actions it is given, then the observations, final observations and rewards it
-        returns, for NaN / Inf (a policy gone NaN makes a simulator return NaN: the actions tell the two apart)."""
+        """envs.step, checking the actions it gets, then the observations and rewards it returns, for NaN / Inf (a
+        policy gone NaN makes a simulator return NaN: the actions tell the two apart)."""
 
         def checked(actions):
             if first_non_finite(actions) is not None:
@@ -834,18 +771,18 @@ class Run:
             self.non_finite(f"{what}: {found}", cause="training")
 
     def non_finite(self, quantity: str, cause: str) -> None:
-        """Stop the run on its first NaN / Inf: one paragraph (what, when, the likely causes among this run's flags,
-        the newest checkpoint from before it, which stays as it is), the run closed, exit code 3. Nothing is saved."""
+        """Stop on the first NaN / Inf, saving nothing: one paragraph (what, when, likely causes, the newest
+        checkpoint from before it, untouched), exit code 3."""
         args, state = self.args, self.state
         saved = [p for p in self.ckpt_dir.glob("*.pt") if p.name != "best.pt"] if self.ckpt_dir.is_dir() else []
         newest = max(saved, key=lambda p: p.stat().st_mtime, default=None)
-        flags = [f"--{f.replace('_', '-')} {getattr(args, f)}" for f in NON_FINITE_FLAGS if hasattr(args, f)]
+        flags = ", ".join(f"--{f.replace('_', '-')} {getattr(args, f)}" for f in NON_FINITE_FLAGS if hasattr(args, f))
         likely = (f"the environment ({args.env_id}): a custom env's bug, or a simulator made unstable" if cause == "env"
-                  else f"a step too large for these settings: {', '.join(flags)} (a lower learning rate, a larger "
-                  "batch or normalization usually help)")  # fmt: skip
-        resume = (f"The newest checkpoint from before it, {newest}, is untouched: resume it with "
-                  f"`{launch_command()} --resume {quote(str(newest))}` once the cause is fixed"
-                  if newest else "No checkpoint was written before it (--checkpoint-interval sets how often)")  # fmt: skip
+                  else f"a step too large for these settings: {flags} (a lower learning rate, a larger batch or "
+                  "normalization usually help)")  # fmt: skip
+        resume = (f"The newest checkpoint from before it, {newest}, is untouched: resume it with `{launch_command()} "
+                  f"--resume {quote(str(newest))}` once the cause is fixed" if newest else
+                  "No checkpoint was written before it (--checkpoint-interval sets how often)")  # fmt: skip
         print(f"error: non-finite value (NaN or Inf) in {quantity} at env step {state.global_step} (iteration "
               f"{state.iteration}): the run stopped and saved nothing of this state. Likely cause: {likely}. "
               f"{resume}.", file=sys.stderr)  # fmt: skip
@@ -853,8 +790,8 @@ class Run:
         sys.exit(3)
 
     def close(self) -> None:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for sig, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+            signal.signal(sig, handler)
         self.writer.close()
         if self.closing is not None:
             self.closing.close()
@@ -865,10 +802,9 @@ class Run:
 
 
 class StopRequest:
-    """Ctrl-C / SIGTERM handler: ask the loop to stop at the end of the current iteration, a consistent state to
-    save. Why a flag, not `except KeyboardInterrupt`: the exception lands anywhere (inside the TensorBoard writer, a
-    checkpoint write); a flag checked between iterations never cuts anything half-way. A second signal while the
-    final checkpoint is written is ignored for the same reason; before that, it interrupts at once."""
+    """Ctrl-C / SIGTERM: ask the loop to stop after this iteration, a consistent state to save. Why a flag, not
+    `except KeyboardInterrupt`: the exception lands anywhere (a TensorBoard write, a checkpoint write). A second
+    signal interrupts at once, except while the final checkpoint is written."""
 
     def __init__(self):
         self.requested, self.saving = False, False
@@ -880,26 +816,23 @@ class StopRequest:
 
 
 class Progress:
-    """On a terminal: one self-overwriting line with an ETA. Otherwise (Slurm, nohup, CI logs): a plain line every
-    `every_s` seconds and one at the end, so a log file shows the run advancing."""
+    """On a terminal one self-overwriting line with an ETA; elsewhere (Slurm, nohup, CI) a plain line every 30 s."""
 
-    def __init__(self, enabled: bool, total: int, every_s: float = 30.0):
-        self.enabled, self.tty, self.total, self.every_s = enabled, sys.stdout.isatty(), total, every_s
+    def __init__(self, enabled: bool, total: int):
+        self.enabled, self.tty, self.total = enabled, sys.stdout.isatty(), total
         self.last_print, self.line = time.monotonic(), ""
 
     def update(self, step: int, sps: float, recent_return: Optional[float], recent_sps: float) -> None:
-        """The ETA uses recent_sps, the last window's speed: a run's speed changes as it goes (SAC's random steps)."""
+        """The ETA from recent_sps, the last window's speed: a run's speed changes as it goes (SAC's random steps)."""
         if not self.enabled:
             return
-        ret = "   n/a" if recent_return is None else f"{recent_return:9.1f}"
         eta = (self.total - step) / recent_sps if recent_sps > 0 else math.inf
-        eta_text = "?" if not math.isfinite(eta) else time.strftime("%H:%M:%S", time.gmtime(eta))
-        eta_text = f"{eta / 86_400:.1f} days" if math.isfinite(eta) and eta >= 86_400 else eta_text
-        self.line = f"step {step:>10,}/{self.total:,} | {sps:6.0f} SPS | return (last 10) {ret} | ETA {eta_text}"
-        if self.tty:
-            print(f"\r{self.line}", end="", flush=True)
-        elif time.monotonic() - self.last_print >= self.every_s:
-            print(self.line, flush=True)
+        eta = "?" if not math.isfinite(eta) else f"{eta / 86_400:.1f} days" if eta >= 86_400 else \
+            time.strftime("%H:%M:%S", time.gmtime(eta))  # fmt: skip
+        ret = "   n/a" if recent_return is None else f"{recent_return:9.1f}"
+        self.line = f"step {step:>10,}/{self.total:,} | {sps:6.0f} SPS | return (last 10) {ret} | ETA {eta}"
+        if self.tty or time.monotonic() - self.last_print >= 30:
+            print(f"\r{self.line}" if self.tty else self.line, end="" if self.tty else "\n", flush=True)
             self.last_print = time.monotonic()
 
     def close(self) -> None:
@@ -913,9 +846,7 @@ def to_plain(obj) -> dict:
     for name, value in vars(obj).items():
         if isinstance(value, (np.ndarray, np.generic)):  # np.generic: 0-d arithmetic gives numpy scalars
             value = torch.from_numpy(np.array(value))
-        elif isinstance(value, torch.Tensor):
-            value = value.detach().cpu().clone()
-        plain[name] = value
+        plain[name] = value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
     return plain
 
 
@@ -924,19 +855,16 @@ def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
     metadata={"env": True} describe the envs' episodes: kept as they are when the envs restart from a reset."""
     env_fields = {f.name for f in dataclasses.fields(obj) if f.metadata.get("env")} if dataclasses.is_dataclass(obj) else set()
     for name, current in vars(obj).items():
-        if name not in saved or (name in env_fields and not env_exact):
-            continue
-        value = saved[name]
-        if isinstance(current, (np.ndarray, np.generic)):
-            value = value.numpy().astype(current.dtype)
-        elif isinstance(current, torch.Tensor):
-            value = value.to(current.device)
-        setattr(obj, name, value)
+        if name in saved and (name not in env_fields or env_exact):
+            value = saved[name]
+            if isinstance(current, (np.ndarray, np.generic)):
+                value = value.numpy().astype(current.dtype)
+            setattr(obj, name, value.to(current.device) if isinstance(current, torch.Tensor) else value)
 
 
 def first_non_finite(obj, path: str = "") -> Optional[str]:
-    """Where the first NaN / Inf in obj is (tensors, float arrays, numbers, nested in dicts, lists or an object
-    array of per-env values), as a dotted path ("" at the top), or None."""
+    """Where the first NaN / Inf in obj is (tensors, arrays, numbers, nested in dicts, lists or object arrays), as
+    a dotted path ("" at the top), or None."""
     if isinstance(obj, torch.Tensor):
         return path if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else None
     if isinstance(obj, np.ndarray) and obj.dtype != object:
@@ -944,16 +872,13 @@ def first_non_finite(obj, path: str = "") -> Optional[str]:
     if isinstance(obj, float):
         return None if math.isfinite(obj) else path
     items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple, np.ndarray)) else ()
-    for key, value in items:
-        found = first_non_finite(value, f"{path}.{key}" if path else str(key))
-        if found is not None:
-            return found
-    return None
+    found = (first_non_finite(value, f"{path}.{key}" if path else str(key)) for key, value in items)
+    return next((where for where in found if where is not None), None)
 
 
 def weights_of(part) -> dict:
-    """A checkpoint part's weights, for the check at each log: a module's parameters, or the modules' parameters and
-    the tensors among a plain object's attributes; nothing of other parts (optimizers, envs, replay buffers)."""
+    """A part's weights, for the check at each log: a module's parameters, or the modules and tensors among a plain
+    object's attributes; nothing of optimizers, envs or replay buffers."""
     if isinstance(part, nn.Module):
         return dict(part.named_parameters())
     if getattr(part, "holds_replay_buffer", False) or not hasattr(part, "__dict__"):
@@ -962,55 +887,58 @@ def weights_of(part) -> dict:
             for name, value in vars(part).items() if isinstance(value, (nn.Module, torch.Tensor))}  # fmt: skip
 
 
-def init_tracking(args, run_name: str, run_dir: Path) -> None:
-    """wandb mirrors the TensorBoard scalars (sync_tensorboard=True: call before creating the SummaryWriter)."""
-    import wandb
-
-    wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True, config=vars(args),
-               name=run_name, dir=str(run_dir), save_code=True)  # fmt: skip
+def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
+             report: Callable[[int, float], None] = lambda index, episode_return: None) -> list:  # fmt: skip
+    """The returns of `episodes` episodes on `env` (seeded seed, seed + 1, ...) of `policy`, the script's Policy (a
+    batch of observations -> their actions); `report` hears of each (index, return). Closes env."""
+    device, returns = next(policy.parameters()).device, []
+    for episode in range(episodes):
+        (obs, _), done, total = env.reset(seed=seed + episode), False, 0.0
+        while not done:
+            with torch.inference_mode():
+                action = policy(torch.as_tensor(np.asarray(obs), device=device).unsqueeze(0))[0].cpu().numpy()
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+        report(episode, total)
+    env.close()
+    return returns
 
 
 def quote(word: str) -> str:
-    """A word as a POSIX shell reads it back (a path with spaces stays one argument)."""
     import shlex
 
-    return shlex.quote(word)
+    return shlex.quote(word)  # a path with spaces stays one argument when pasted
 
 
 def launch_command() -> str:
-    """A command that runs this script again when pasted into the same shell: `uv run [--extra X] PATH` when uv runs
-    it from the project's own .venv, else the interpreter running it now and PATH."""
+    """What runs this script again when pasted into the same shell: `uv run [--extra X] PATH` when uv runs it from
+    the project's .venv (with --project from elsewhere, else uv finds no .venv), else this interpreter and PATH."""
     path, here = Path(__file__).resolve(), Path.cwd().resolve()
     shown = os.path.relpath(path) if path.is_relative_to(here) else str(path)
-    if os.environ.get("UV") and Path(sys.prefix).resolve() == (path.parent / ".venv").resolve():
-        where = "" if here.is_relative_to(path.parent) else f" --project {quote(str(path.parent))}"  # else no .venv
-        extra = {"ppo_atari": " --extra atari", "a2c_atari": " --extra atari", "sac_continuous_ray": " --extra ray"}
-        return f"uv run{where}{extra.get(path.stem, '')} {quote(shown)}"
-    return f"{quote(sys.executable)} {quote(shown)}"
+    if not os.environ.get("UV") or Path(sys.prefix).resolve() != (path.parent / ".venv").resolve():
+        return f"{quote(sys.executable)} {quote(shown)}"
+    where = "" if here.is_relative_to(path.parent) else f" --project {quote(str(path.parent))}"
+    extra = {"ppo_atari": " --extra atari", "a2c_atari": " --extra atari", "sac_continuous_ray": " --extra ray"}
+    return f"uv run{where}{extra.get(path.stem, '')} {quote(shown)}"
 
 
-# --- end shared: run ---
-
-
-# --- shared: keep-best ---
 class KeepBest:
-    """--keep-best: checkpoints/best.pt holds the agent with the best score so far: the mean return of the script's
-    evaluation (eval/best_return), or where evaluation is off the mean return of the last 10 training episodes
-    (charts/best_training_return, played by the last few updates' policies). Every checkpoint stores the best score,
-    so a resumed run keeps a better best.pt; best.pt never holds the replay buffer and is never pruned."""
+    """--keep-best: checkpoints/best.pt holds the agent with the best score so far, the mean return of the script's
+    evaluation (eval/best_return), or where evaluation is off the mean of the last 10 training episodes
+    (charts/best_training_return). Checkpoints store the score: a resumed run keeps a better best.pt."""
 
     def __init__(self, enabled: bool, path: Path, ckpt: Optional[dict]):
         self.enabled, self.path, self.step = enabled, path, None
         self.score = -math.inf if ckpt is None else float(ckpt["run_state"].get("best_score", -math.inf))
 
     def offer(self, score: float, step: int, tag: str, run, snapshot: Optional[dict] = None) -> None:
-        """A new score at `step`: keep the agent if it beats the best so far; log the best (`tag`)."""
+        """A new score at `step`: keep the agent if it beats the best so far (never a NaN agent); log the best."""
         if not self.enabled:
             return
         if score > self.score:
-            self.score = score
-            state = snapshot if snapshot is not None else run.checkpoint(best=True)
-            run.check_weights(state, "the agent --keep-best was about to keep")  # a NaN agent is never kept
+            self.score, state = score, snapshot if snapshot is not None else run.checkpoint(best=True)
+            run.check_weights(state, "the agent --keep-best was about to keep")
             state["run_state"]["best_score"] = score
             save_checkpoint(state, self.path)
         self.step = step
@@ -1018,18 +946,13 @@ class KeepBest:
 
     def offer_training_return(self, run) -> None:
         """Where evaluation is off: the mean of the recent training returns, once per step (if an episode ended)."""
-        step = run.state.global_step
-        if run.args.eval_interval == 0 and run.recent_returns and step != self.step:
-            self.offer(float(np.mean(run.recent_returns)), step, "charts/best_training_return", run)
+        if run.args.eval_interval == 0 and run.recent_returns and run.state.global_step != self.step:
+            self.offer(float(np.mean(run.recent_returns)), run.state.global_step, "charts/best_training_return", run)
 
 
-# --- end shared: keep-best ---
-
-
-# --- shared: checkpoint ---
 def save_checkpoint(state: dict, path: Path) -> None:
-    """Write atomically: a temporary file in the same folder, fsync, then rename over the target. A crash or
-    Ctrl-C mid-write leaves at worst a stray .tmp file, never a truncated checkpoint under the real name."""
+    """Atomically: a temporary file in the same folder, fsync, then a rename over the target; a crash mid-write
+    leaves the previous file (or none) under the real name, never a truncated one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -1043,15 +966,14 @@ def save_checkpoint(state: dict, path: Path) -> None:
 
 
 def load_checkpoint(path: str) -> dict:
-    """Load with weights_only=True: plain tensors and Python data only, never arbitrary pickled objects."""
-    if not Path(path).is_file():
+    """Load with weights_only=True: plain tensors and Python data, never arbitrary pickled objects."""
+    if not os.path.isfile(path):
         raise UserError(f"checkpoint '{path}' does not exist (or is not a file).")
-    try:
-        # why the CPU: RNG and env states must be CPU tensors; the modules copy their weights to their own device
+    try:  # why the CPU: RNG and env states must be CPU tensors; modules copy their weights to their own device
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
-        raise UserError(f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''}).") from None  # fmt: skip
+        raise UserError(f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint "
+                        f"({type(e).__name__}).") from None  # fmt: skip
     if not isinstance(state, dict) or "format" not in state or "args" not in state:
         raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
     return state
@@ -1060,8 +982,7 @@ def load_checkpoint(path: str) -> dict:
 def check_checkpoint_matches(ckpt: dict, path: str, script: str, shapes: dict) -> None:
     """Refuse a checkpoint of another script, or one made for an env of other shapes (`shapes`: name -> value)."""
     if ckpt.get("script") != script:
-        raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script', 'another script')}.py, not by "
-                        f"{script}.py.")  # fmt: skip
+        raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script', 'another script')}.py, not {script}.py.")
     saved = {k: ckpt.get(k) for k in shapes}
     if saved != shapes:
         describe = lambda d: ", ".join(f"{k} {tuple(v) if isinstance(v, list) else v}" for k, v in d.items())  # noqa: E731
@@ -1071,8 +992,7 @@ def check_checkpoint_matches(ckpt: dict, path: str, script: str, shapes: dict) -
 
 def prune_checkpoints(ckpt_dir: Path, keep: int, prefix: str = "step_") -> None:
     """Delete all but the newest `keep` periodic checkpoints (names sort by zero-padded global step)."""
-    periodic = sorted(ckpt_dir.glob(f"{prefix}*.pt"))
-    for old in periodic[: max(len(periodic) - keep, 0)]:
+    for old in sorted(ckpt_dir.glob(f"{prefix}*.pt"))[:-keep]:
         old.unlink()
 
 
@@ -1080,25 +1000,23 @@ def checkpoint_name(kind: str, global_step: int) -> str:
     return f"{kind}_{global_step:010d}.pt"
 
 
-# --- end shared: checkpoint ---
-
-
-# --- shared: validation ---
 RULES = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0, ">= 1": lambda v: v >= 1, "in [0, 1]": lambda v: 0 <= v <= 1,
          "in (0, 1]": lambda v: 0 < v <= 1, "in [0, 1)": lambda v: 0 <= v < 1}  # fmt: skip
+# the run flags every script has, with their rules; each script's FLAG_RULES adds its own
+RUN_RULES = {"seed": ">= 0", "torch_threads": ">= 0", "checkpoint_interval": ">= 0", "keep_checkpoints": ">= 1",
+             "eval_episodes": ">= 1", "eval_interval": ">= 0"}  # fmt: skip
 
 
 def check_flags(args, rules: dict) -> None:
-    """Every numeric flag against its rule in `rules` (flag name -> a key of RULES); None (an unset optional) passes."""
-    for name, rule in rules.items():
+    """Every numeric flag against its rule (RUN_RULES and `rules`: flag -> a key of RULES); None passes."""
+    for name, rule in {**RUN_RULES, **rules}.items():
         value = getattr(args, name)
         if value is not None and not RULES[rule](value):
             raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
 
 
 def check_folder(flag: str, value: str, folder: Path, why: str) -> None:
-    """Refuse `folder` (named by `flag`'s `value`) if it cannot be made, or written in: check the part that exists.
-    Why before anything starts: a wrong path otherwise fails after the set-up, or with pathlib's traceback."""
+    """Refuse `folder` if it cannot be made or written in (checked on the part that exists), before anything starts."""
     existing = folder.absolute()
     while not os.path.lexists(existing):  # os.path: no PermissionError from a path under an unreadable folder
         existing = existing.parent
@@ -1111,30 +1029,26 @@ def check_folder(flag: str, value: str, folder: Path, why: str) -> None:
 
 
 def parse_command_line(cls, rules: dict, validate: Callable):
-    """(args, the --resume checkpoint or None, device): flags parsed and checked before anything starts, torch's
-    threads set; on --resume the checkpoint loaded and its Args merged with the command line's: the flags in
-    RESUME_OVERRIDABLE from the command line, every other from the checkpoint (a conflicting one is refused)."""
+    """(args, the --resume checkpoint or None, device), all checked before anything starts; torch's threads set."""
     args = tyro.cli(cls)
-    if args.capture_video and not os.environ.get("DISPLAY"):
-        # headless: MuJoCo renders through EGL (Mesa's software EGL works without a GPU). Set before mujoco loads.
+    if args.capture_video and not os.environ.get("DISPLAY"):  # headless MuJoCo renders through EGL; set before it loads
         os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL") or "egl"
     quiet_mujoco_warnings()
-    if args.track and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun"):
-        netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))  # never wait at wandb's login prompt
-        if not os.environ.get("WANDB_API_KEY") and not (netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")):
-            raise UserError("--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
-                            "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`).")  # fmt: skip
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))  # never wait at wandb's login prompt
+    if args.track and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun") and not (
+            os.environ.get("WANDB_API_KEY") or netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")):
+        raise UserError("--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
+                        "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`).")  # fmt: skip
     check_flags(args, rules)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    # why not one thread per core when runs share a machine: torch's OpenMP threads spin and slow each other many times
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # taskset, cgroups
+    # 0: a thread per usable core (taskset, cgroups); several runs on one machine must share them (--torch-threads),
+    # else torch's OpenMP threads spin against each other and slow every run several times
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     torch.set_num_threads(args.torch_threads or cores)
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     if not args.resume:
         check_folder("--runs-dir", args.runs_dir, Path(args.runs_dir), "the run's folder is made in it")
         validate(args)
         return args, None, device
-    if os.path.isdir(args.resume):
-        raise UserError(f"--resume '{args.resume}': the checkpoint is a folder, not a file.")
     ckpt, run_dir = load_checkpoint(args.resume), Path(args.resume).resolve().parent.parent
     for folder in (run_dir, run_dir / "checkpoints"):
         check_folder("--resume", args.resume, folder, f"a resumed run writes in '{folder}'")
@@ -1145,39 +1059,32 @@ def parse_command_line(cls, rules: dict, validate: Callable):
 
 
 def flags_on_command_line(argv: list, cls) -> set:
-    """Field names of the flags typed (`--x`, `--x=v`, `--no-x`). Why argv: tyro cannot tell a flag set to its
-    default from a flag not given."""
-    given = {word[2:].split("=", 1)[0].replace("-", "_") for word in argv if word.startswith("--")}
+    """The flags typed (`--x`, `--x=v`, `--no-x`). Why argv: tyro cannot tell a default from a flag not given."""
+    given = {w[2:].split("=", 1)[0].replace("-", "_") for w in argv if w.startswith("--")}
     names = {f.name for f in dataclasses.fields(cls)}
     return {name[3:] if name not in names and name.startswith("no_") else name for name in given} & names
 
 
 def merge_resume_args(cli, saved: dict, given: set):
-    """--resume: the checkpoint's Args, except the flags in RESUME_OVERRIDABLE (taken from the command line). A fixed
-    flag typed with another value than the checkpoint's is refused, never silently ignored."""
+    """--resume: the checkpoint's Args, except RESUME_OVERRIDABLE's (from the command line); a fixed flag typed with
+    another value than the checkpoint's is refused, never silently ignored."""
     merged = {}
     for f in dataclasses.fields(cli):
-        if f.name in RESUME_OVERRIDABLE or f.name not in saved:
-            merged[f.name] = getattr(cli, f.name)
-        elif f.name in given and getattr(cli, f.name) != saved[f.name]:
+        keep = f.name in RESUME_OVERRIDABLE or f.name not in saved
+        if not keep and f.name in given and getattr(cli, f.name) != saved[f.name]:
             raise UserError(f"--{f.name.replace('_', '-')} {getattr(cli, f.name)} conflicts with the checkpoint, which "
                             f"was trained with {saved[f.name]}: a resumed run keeps it. Drop the flag, or start a new "
                             "run.")  # fmt: skip
-        else:
-            merged[f.name] = saved[f.name]
+        merged[f.name] = getattr(cli, f.name) if keep else saved[f.name]
     return type(cli)(**merged)
 
 
-# --- end shared: validation ---
-
-
-# --- shared: errors ---
 class UserError(Exception):
     """A problem with the user's input (flags, env, checkpoint): reported as one paragraph, exit code 2."""
 
 
 def run_cli(main: Callable[[], None]) -> None:
-    """Run main(); turn a UserError into a short message on stderr and exit code 2 instead of a traceback."""
+    """Run main(); a UserError becomes a short message on stderr and exit code 2 instead of a traceback."""
     try:
         main()
     except UserError as e:
@@ -1186,8 +1093,8 @@ def run_cli(main: Callable[[], None]) -> None:
 
 
 def check_env_id(env_id: str) -> None:
-    """Fail early and clearly on an unknown id, or an Atari game where continuous actions are needed (and the
-    reverse). A "module:Env-v0" id imports `module` first, as gym.make does."""
+    """Fail early and clearly on an unknown id, or an Atari game here where it does not belong (and the reverse).
+    A "module:Env-v0" id imports `module` first, as gym.make does."""
     module, _, name = env_id.rpartition(":")
     try:
         if module:
@@ -1203,17 +1110,15 @@ def check_env_id(env_id: str) -> None:
             spec = gym.spec(name)
         except (ImportError, gym.error.Error):
             raise UserError(f"unknown environment id '{env_id}' ({e}). Check the spelling and version suffix.") from None
-    atari_script = "atari" in Path(__file__).stem
-    if ("ale_py" in str(spec.entry_point)) != atari_script:
+    if ("ale_py" in str(spec.entry_point)) != ("atari" in Path(__file__).stem):
         raise UserError(f"'{env_id}' is an Atari game: use ppo_atari.py or a2c_atari.py (this script takes continuous-"
-                        "action environments)." if not atari_script else f"'{env_id}' is not an Atari game: this "
-                        "script takes Atari games (e.g. BreakoutNoFrameskip-v4); use ppo_continuous.py or "
-                        "sac_continuous.py for continuous actions.")  # fmt: skip
+                        "action environments)." if "ale_py" in str(spec.entry_point) else f"'{env_id}' is not an Atari "
+                        "game: this script takes Atari games (e.g. BreakoutNoFrameskip-v4).")  # fmt: skip
 
 
 def quiet_mujoco_warnings() -> None:
-    """MuJoCo 4 warns at every load of a -v4 model that `settotalmass` is deprecated (the envs run the same), and
-    gymnasium that -v4 is out of date: hide those two, keep every other warning."""
+    """Hide MuJoCo 4's warning at every -v4 model load (`settotalmass` is deprecated; the envs run the same) and
+    gymnasium's that -v4 is out of date; keep every other warning."""
     warnings.filterwarnings("ignore", message=r".*The environment .* is out of date.*")
     try:
         import mujoco
@@ -1222,10 +1127,6 @@ def quiet_mujoco_warnings() -> None:
     mujoco.set_mju_user_warning(lambda m: None if "settotalmass" in m else print(f"MuJoCo warning: {m}", file=sys.stderr))
 
 
-# --- end shared: errors ---
-
-
-# --- shared: seeding ---
 def seed_everything(seed: int, torch_deterministic: bool) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -1236,12 +1137,9 @@ def seed_everything(seed: int, torch_deterministic: bool) -> None:
 def get_rng_states() -> dict:
     """The global RNG states (python, numpy, torch, cuda) as plain data that loads with weights_only=True."""
     _, key, pos, has_gauss, cached = np.random.get_state()
-    states = {"python": random.getstate(), "torch": torch.get_rng_state(),
-              "numpy": {"key": torch.from_numpy(key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss,
-                        "cached_gaussian": cached}}  # fmt: skip
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
+    states = {"python": random.getstate(), "torch": torch.get_rng_state(), "numpy": {"key": torch.from_numpy(
+        key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "cached_gaussian": cached}}  # fmt: skip
+    return {**states, "cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else states
 
 
 def set_rng_states(states: dict) -> None:
@@ -1253,7 +1151,7 @@ def set_rng_states(states: dict) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
-# --- end shared: seeding ---
+# --- end shared: plumbing ---
 
 
 # --- shared: env-state ---

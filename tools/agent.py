@@ -87,10 +87,10 @@ def load(path: str):
     script.quiet_mujoco_warnings()
     try:
         script.check_env_id(env_id)
-        policy = script.Policy.from_checkpoint(ckpt).eval()
+        policy = script.policy_from_checkpoint(ckpt).eval()
     except script.UserError as e:
         raise ToolError(str(e)) from None
-    except (RuntimeError, KeyError) as e:  # load_state_dict's size mismatch or missing keys
+    except (RuntimeError, KeyError, AttributeError) as e:  # load_state_dict's size mismatch or missing keys
         raise ToolError(f"checkpoint '{path}' does not fit {script.__name__[8:]}.py as it is now: the networks changed "
                         f"shape since it was written ({str(e).splitlines()[0]}). Evaluate it with the script version "
                         "that wrote it (the model card or args.json name it).") from None  # fmt: skip
@@ -100,7 +100,7 @@ def load(path: str):
 def play(script, ckpt: dict, policy, episodes: int, video_dir=None) -> list:
     seed = ckpt["args"]["seed"] + 10_000  # the training run's evaluation seed
     report = lambda i, r: print(f"episode {i + 1}/{episodes}: return {r:.2f}", flush=True)  # noqa: E731
-    return script.evaluate(policy, ckpt["args"]["env_id"], episodes, seed, video_dir, report)
+    return script.evaluate(policy, script.eval_env(ckpt["args"]["env_id"], video_dir), episodes, seed, report)
 
 
 def evaluate_command(opts) -> None:
@@ -137,7 +137,7 @@ def export_command(opts) -> Path:
         torch.save(policy.state_dict(), tmp / "model.pt")
         config = {"script": f"{ckpt['script']}.py", "env_id": args["env_id"], "global_step": ckpt["global_step"],
                   "run_name": ckpt["run_name"], "obs_shape": ckpt["obs_shape"], "obs_dtype": str(obs.dtype),
-                  "policy": f"{ckpt['script']}.Policy.from_checkpoint(checkpoint)", "args": args}  # fmt: skip
+                  "policy": f"{ckpt['script']}.policy_from_checkpoint(checkpoint)", "args": args}  # fmt: skip
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         returns = play(script, ckpt, policy, opts.episodes)
         if opts.capture_video:
