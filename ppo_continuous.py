@@ -818,8 +818,8 @@ class StopRequest:
 class Progress:
     """On a terminal one self-overwriting line with an ETA; elsewhere (Slurm, nohup, CI) a plain line every 30 s."""
 
-    def __init__(self, enabled: bool, total: int):
-        self.enabled, self.tty, self.total = enabled, sys.stdout.isatty(), total
+    def __init__(self, enabled: bool, total: int, every_s: float = 30.0):
+        self.enabled, self.tty, self.total, self.every_s = enabled, sys.stdout.isatty(), total, every_s
         self.last_print, self.line = time.monotonic(), ""
 
     def update(self, step: int, sps: float, recent_return: Optional[float], recent_sps: float) -> None:
@@ -831,7 +831,7 @@ class Progress:
             time.strftime("%H:%M:%S", time.gmtime(eta))  # fmt: skip
         ret = "   n/a" if recent_return is None else f"{recent_return:9.1f}"
         self.line = f"step {step:>10,}/{self.total:,} | {sps:6.0f} SPS | return (last 10) {ret} | ETA {eta}"
-        if self.tty or time.monotonic() - self.last_print >= 30:
+        if self.tty or time.monotonic() - self.last_print >= self.every_s:
             print(f"\r{self.line}" if self.tty else self.line, end="" if self.tty else "\n", flush=True)
             self.last_print = time.monotonic()
 
@@ -1049,9 +1049,13 @@ def parse_command_line(cls, rules: dict, validate: Callable):
         check_folder("--runs-dir", args.runs_dir, Path(args.runs_dir), "the run's folder is made in it")
         validate(args)
         return args, None, device
-    ckpt, run_dir = load_checkpoint(args.resume), Path(args.resume).resolve().parent.parent
+    if not os.path.isfile(args.resume):  # os.path: no PermissionError from a path under an unreadable folder
+        problem = "is a folder, not a file" if os.path.isdir(args.resume) else "does not exist (or cannot be read)"
+        raise UserError(f"--resume '{args.resume}': the checkpoint {problem}.")
+    run_dir = Path(args.resume).resolve().parent.parent
     for folder in (run_dir, run_dir / "checkpoints"):
         check_folder("--resume", args.resume, folder, f"a resumed run writes in '{folder}'")
+    ckpt = load_checkpoint(args.resume)
     args = merge_resume_args(args, ckpt["args"], flags_on_command_line(sys.argv[1:], cls))
     check_flags(args, rules)
     validate(args)
@@ -1093,7 +1097,7 @@ def run_cli(main: Callable[[], None]) -> None:
 
 
 def check_env_id(env_id: str) -> None:
-    """Fail early and clearly on an unknown id, or an Atari game here where it does not belong (and the reverse).
+    """Fail early and clearly on an unknown id, or an Atari game given to a continuous-action script.
     A "module:Env-v0" id imports `module` first, as gym.make does."""
     module, _, name = env_id.rpartition(":")
     try:
@@ -1110,10 +1114,9 @@ def check_env_id(env_id: str) -> None:
             spec = gym.spec(name)
         except (ImportError, gym.error.Error):
             raise UserError(f"unknown environment id '{env_id}' ({e}). Check the spelling and version suffix.") from None
-    if ("ale_py" in str(spec.entry_point)) != ("atari" in Path(__file__).stem):
-        raise UserError(f"'{env_id}' is an Atari game: use ppo_atari.py or a2c_atari.py (this script takes continuous-"
-                        "action environments)." if "ale_py" in str(spec.entry_point) else f"'{env_id}' is not an Atari "
-                        "game: this script takes Atari games (e.g. BreakoutNoFrameskip-v4).")  # fmt: skip
+    if "ale_py" in str(spec.entry_point) and "atari" not in Path(__file__).stem:
+        raise UserError(f"'{env_id}' is an Atari game: use ppo_atari.py or a2c_atari.py (this script takes "
+                        "continuous-action environments).")  # fmt: skip
 
 
 def quiet_mujoco_warnings() -> None:

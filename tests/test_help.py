@@ -1,5 +1,5 @@
 """`python <script> --help` reads as one page in one voice (issue 32): after tyro's usage line, one line that says
-what the script does, then where the three modes are (--resume, --eval-checkpoint, --export-checkpoint); every flag
+what the script does, then where the other modes are (--resume, and tools/agent.py for eval / export); every flag
 has short help that says what it does, shows one default, and none keeps the phrasing inherited from CleanRL
 ("Toggles ...", "if toggled", "the K epochs", "whether to"). A flag that several scripts have reads the same in each,
 except where the scripts differ (listed in MAY_DIFFER). One --help per script (about 3 s each) and test process."""
@@ -18,13 +18,13 @@ SCRIPTS = {  # script: the algorithm its summary names
     "sac_continuous": "SAC",
     "sac_continuous_ray": "SAC",
 }
-MODES = ("--resume CKPT", "--eval-checkpoint CKPT", "--export-checkpoint CKPT")
+MODES = ("--resume CKPT", "tools/agent.py eval|export CKPT")
 BANNED = ("toggle", "if toggled", "the k epochs", "whether to")  # matched case-insensitively
 # Flags several scripts have whose help says what differs between them (the unit of a step, where the learner runs,
 # what a video records, ...); every other shared flag must read the same in each script.
 MAY_DIFFER = {
     "--env-id", "--total-timesteps", "--learning-rate", "--num-envs", "--num-steps", "--norm-adv", "--cuda",
-    "--torch-threads", "--bf16", "--capture-video", "--save-buffer", "--resume", "--eval-checkpoint", "--eval-episodes",
+    "--torch-threads", "--bf16", "--capture-video", "--save-buffer", "--resume", "--eval-episodes",
     "--eval-interval", "--buffer-size", "--log-interval",
 }  # fmt: skip
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -66,7 +66,7 @@ def test_help_starts_with_what_the_script_does_and_where_the_modes_are(script):
     summary = top[0]
     assert summary.startswith(SCRIPTS[script] + " "), f"{script}: the first line names the algorithm: {summary!r}"
     assert summary.endswith("trains an agent and logs to TensorBoard."), summary
-    head = "\n".join(top[1:4])  # the three lines under the summary, above the options box
+    head = " ".join(top[1:4])  # the lines under the summary, above the options box
     for mode in MODES:
         assert mode in head, f"{script}: {mode} is not named under the summary:\n{head}"
 

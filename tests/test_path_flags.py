@@ -1,5 +1,5 @@
 """Path flags and env ids of the wrong kind are refused before any work starts (issue 34, items 3 and 4): every path
-flag (--runs-dir, --resume, --eval-checkpoint, --export-checkpoint, --export-dir) times every wrong kind of path, in
+flag (--runs-dir, --resume) times every wrong kind of path, in
 every script, gets one short paragraph naming the flag and the path, exit code 2, and nothing is made; an env id of
 the other family of scripts names the scripts that take it.
 
@@ -79,16 +79,12 @@ CHECKPOINT_KINDS = {
 FLAGS = {  # flag -> (its kinds, the other flags its rows need)
     "--runs-dir": (FOLDER_KINDS, lambda r: []),
     "--resume": (CHECKPOINT_KINDS, lambda r: []),
-    "--eval-checkpoint": (CHECKPOINT_KINDS, lambda r: []),
-    "--export-checkpoint": (CHECKPOINT_KINDS, lambda r: []),
-    "--export-dir": (FOLDER_KINDS, lambda r: ["--export-checkpoint", file_at(r / "run" / "checkpoints" / "step.pt")]),
 }
 # ppo_continuous.py: every flag times every kind; the other scripts carry the same shared code: a few rows each
 SOME = {
-    "ppo_atari.py": [("--runs-dir", "under a file"), ("--resume", "a folder"), ("--export-dir", "a file")],
-    "a2c_atari.py": [("--runs-dir", "a file"), ("--eval-checkpoint", "missing"), ("--export-checkpoint", "a folder")],
-    "sac_continuous.py": [("--runs-dir", "not writable"), ("--resume", "run folder not writable"),
-                          ("--export-dir", "under a file")],
+    "ppo_atari.py": [("--runs-dir", "under a file"), ("--resume", "a folder")],
+    "a2c_atari.py": [("--runs-dir", "a file"), ("--resume", "missing")],
+    "sac_continuous.py": [("--runs-dir", "not writable"), ("--resume", "run folder not writable")],
     "sac_continuous_ray.py": [("--runs-dir", "a file"), ("--resume", "missing")],  # before Ray starts
 }  # fmt: skip
 PATH_ROWS = [("ppo_continuous.py", flag, kind) for flag, (kinds, _) in FLAGS.items() for kind in kinds]

@@ -1,7 +1,7 @@
-"""The plumbing every script shares (below its `# === Plumbing` banner): flag rules, resume conflicts, progress
-off a terminal, torch's threads shared among runs, and start-up where Linux-only modules are missing. The shared
-blocks are the same text in every script (test_shared_blocks.py), so they are tested once, through
-ppo_continuous.py; what each script declares itself (its FLAG_RULES) is checked per script."""
+"""The plumbing every script shares (below its `# === Plumbing` banner): flag rules, progress off a terminal,
+torch's threads, run folders, and start-up where Linux-only modules are missing. The shared block is the same text in
+every script (test_shared_blocks.py), so it is tested once, through ppo_continuous.py; what each script declares
+itself (its FLAG_RULES) is checked per script."""
 
 import dataclasses
 import importlib
@@ -35,10 +35,11 @@ def test_every_numeric_flag_has_a_range_rule(name):
     fields = {f.name: f for f in dataclasses.fields(module.Args)}
     numeric = {n for n, f in fields.items() if is_number_flag(f)}
     assert numeric, "the Args of every script have numeric flags"
-    missing = numeric - module.FLAG_RULES.keys()
-    assert not missing, f"{name}: numeric flags without a rule in FLAG_RULES: {sorted(missing)}"
-    assert module.FLAG_RULES.keys() <= fields.keys(), "a rule names a flag that does not exist"
-    assert set(module.FLAG_RULES.values()) <= module.RULES.keys()
+    rules = {**module.RUN_RULES, **module.FLAG_RULES}
+    missing = numeric - rules.keys()
+    assert not missing, f"{name}: numeric flags without a rule in FLAG_RULES or RUN_RULES: {sorted(missing)}"
+    assert rules.keys() <= fields.keys(), "a rule names a flag that does not exist"
+    assert set(rules.values()) <= module.RULES.keys()
     module.check_flags(module.Args(), module.FLAG_RULES)  # the defaults pass their own rules
 
 
@@ -80,61 +81,42 @@ def test_progress_waits_its_interval_off_a_terminal(capsys, monkeypatch):
     assert "1,000/1,000" in capsys.readouterr().out  # ...and the closing line
 
 
-def test_threads_are_shared_among_live_runs(tmp_path):
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    for pid in (os.getpid(), os.getppid(), dead.pid):
-        (tmp_path / str(pid)).write_text("0")
-    (tmp_path / "not-a-pid").touch()
+def parse(monkeypatch, *flags) -> "ppo.Args":
+    monkeypatch.setattr(sys, "argv", ["ppo_continuous.py", *flags])
+    return ppo.parse_command_line(ppo.Args, ppo.FLAG_RULES, ppo.validate_args)[0]
+
+
+def test_torch_threads_default_to_the_usable_cores_and_a_flag_fixes_them(monkeypatch, tmp_path):
+    """0 (the default): a thread per core this process may use (taskset / cgroups: os.sched_getaffinity), on macOS /
+    Windows (no sched_getaffinity) per core of the machine; --torch-threads N: N."""
     before = torch.get_num_threads()
-    cores = ppo.usable_cores()
     try:
-        assert ppo.live_runs(tmp_path) == (2, 0)  # this process and its parent; the dead one's entry is removed
-        assert not (tmp_path / str(dead.pid)).exists()
-        assert ppo.share_threads(0, tmp_path) == max(1, cores // 2) == torch.get_num_threads()
-        assert ppo.share_threads(3, tmp_path) == 3 == torch.get_num_threads()  # --torch-threads N is fixed
-        (tmp_path / str(os.getppid())).write_text("1")  # the other run holds one core (--torch-threads 1)...
-        assert ppo.live_runs(tmp_path) == (1, 1)
-        assert ppo.share_threads(0, tmp_path) == max(1, cores - 1)  # ...so this one takes what is left, not every core
-        (tmp_path / str(os.getppid())).write_text(str(cores + 5))  # more than the machine has: one thread still
-        assert ppo.share_threads(0, tmp_path) == 1
-        (tmp_path / str(os.getppid())).unlink()
-        assert ppo.share_threads(0, tmp_path) == cores  # alone again: every core
-        assert ppo.live_runs(tmp_path / "missing") == (1, 0)
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 5, 7}, raising=False)
+        parse(monkeypatch, "--runs-dir", str(tmp_path))
+        assert torch.get_num_threads() == 3
+        parse(monkeypatch, "--runs-dir", str(tmp_path), "--torch-threads", "2")
+        assert torch.get_num_threads() == 2
+        monkeypatch.delattr(os, "sched_getaffinity")
+        monkeypatch.setattr(os, "cpu_count", lambda: 5)
+        parse(monkeypatch, "--runs-dir", str(tmp_path))
+        assert torch.get_num_threads() == 5
     finally:
         torch.set_num_threads(before)
 
 
-def test_register_run_leaves_an_entry_named_by_the_pid_holding_its_thread_count(tmp_path):
-    code = ("import os, sys, pathlib; sys.path.insert(0, sys.argv[2]); import ppo_continuous as p; "
-            "f = pathlib.Path(sys.argv[1]); p.register_run(f, 3); "
-            "print(os.getpid(), sorted((x.name, x.read_text()) for x in f.iterdir()))")  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path), str(ROOT)], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    pid, listing = proc.stdout.strip().split(" ", 1)
-    assert listing == f"[('{pid}', '3')]"  # while it runs: one entry, its pid, holding its --torch-threads
-    assert list(tmp_path.iterdir()) == [], "the entry is removed when the run exits"
-
-
-def test_platform_fallbacks(monkeypatch):
-    """macOS and Windows start: no os.sched_getaffinity there, no `resource` on Windows, ru_maxrss in bytes on macOS."""
-    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
-    assert ppo.usable_cores() == (os.cpu_count() or 1)
-    monkeypatch.setitem(sys.modules, "resource", None)  # `import resource` raises ImportError
-    assert ppo.peak_rss_mb() is None
-    monkeypatch.delitem(sys.modules, "resource")
-
-    class Usage:
-        ru_maxrss = 3 * 2**20
-
-    import resource
-
-    monkeypatch.setattr(resource, "getrusage", lambda who: Usage())
-    monkeypatch.setattr(sys, "platform", "darwin")
-    assert ppo.peak_rss_mb() == pytest.approx(3.0)  # bytes on macOS
-    monkeypatch.setattr(sys, "platform", "linux")
-    assert ppo.peak_rss_mb() == pytest.approx(3 * 1024)  # KiB on Linux
+def test_two_runs_started_in_the_same_second_get_two_folders(tmp_path, monkeypatch):
+    """The run folder is made exclusively: a second run with the same env, name and seed in the same second (a
+    sweep, a job array) gets `<name>-2`, never the first one's folder, args.json or checkpoints."""
+    monkeypatch.setattr(ppo.time, "time", lambda: 1_700_000_000.0)
+    args = ppo.Args(env_id="Pendulum-v1", total_timesteps=100, runs_dir=str(tmp_path), progress=False)
+    args.num_iterations = 3
+    runs = [ppo.Run(args, "ppo_continuous", None, {"obs_shape": [3], "act_shape": [1]}, log_every=10) for _ in range(3)]
+    for run in runs:
+        run.writer.close()
+    names = [run.dir.name for run in runs]
+    assert names == ["Pendulum-v1__ppo_continuous__1__1700000000", "Pendulum-v1__ppo_continuous__1__1700000000-2",
+                     "Pendulum-v1__ppo_continuous__1__1700000000-3"]  # fmt: skip
+    assert all((run.dir / "args.json").is_file() for run in runs) and len(list(tmp_path.iterdir())) == 3
 
 
 @pytest.mark.parametrize("name", ["ppo_continuous"])
@@ -147,7 +129,6 @@ def test_a_run_starts_without_the_linux_only_modules(tmp_path, name):
     proc = subprocess.run([sys.executable, "-c", code, *flags], capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env={**os.environ, **BASE_ENV})  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "peak RSS" not in proc.stdout  # nothing to report without `resource`
     assert list(tmp_path.glob("*/events.out.tfevents.*"))
 
 
@@ -181,71 +162,34 @@ def test_a_log_window_with_no_new_step_logs_no_phase_timing(tmp_path, monkeypatc
     run.writer.close()
 
 
-def test_args_json_records_what_the_flags_resolved_to_and_a_thread_change_is_said(tmp_path):
-    """args.json's "compute": dtype, device, env backend and torch's starting threads. When a second run of these
-    scripts starts mid-run (an entry with a live pid in the runs folder), the run gives up a core and says so."""
-    if ppo.usable_cores() < 2:
-        pytest.skip("needs 2 cores: with one, sharing leaves the thread count at 1")
-    temp = tmp_path / "tmp"
-    (temp / "onefile-rl-runs").mkdir(parents=True)
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        cmd = [sys.executable, str(ROOT / "ppo_continuous.py"), "--env-id", "Pendulum-v1", "--num-envs", "1",
-               "--num-steps", "64", "--total-timesteps", "64000", "--runs-dir", str(tmp_path / "runs"),
-               "--checkpoint-interval", "0"]  # fmt: skip
-        proc = subprocess.Popen(cmd, env={**os.environ, **BASE_ENV, "TMPDIR": str(temp)}, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
-        lines = []
-        for line in proc.stdout:  # the run starts alone (2 threads); then a second run appears
-            lines.append(line)
-            if line.startswith("run: "):
-                (temp / "onefile-rl-runs" / str(other.pid)).touch()
-            if "torch threads" in line:
-                break
-        proc.kill()
-        proc.wait()
-    finally:
-        other.kill()
-    assert any(line.startswith("torch threads 2 -> 1 at step ") for line in lines), "".join(lines)
-    (run_dir,) = (tmp_path / "runs").iterdir()
+def test_args_json_records_the_flags_and_what_they_resolved_to(tmp_path):
+    """args.json: every flag, and "compute": the device and torch's threads the run started with."""
+    cmd = [sys.executable, str(ROOT / "ppo_continuous.py"), "--env-id", "Pendulum-v1", "--num-steps", "64",
+           "--num-minibatches", "2", "--total-timesteps", "64", "--runs-dir", str(tmp_path), "--torch-threads", "1"]  # fmt: skip
+    proc = subprocess.run(cmd, env={**os.environ, **BASE_ENV}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = tmp_path.iterdir()
     record = json.loads((run_dir / "args.json").read_text())
-    assert record["compute"] == {"dtype": "float32", "device": "cpu", "env_backend": "gymnasium", "torch_threads": 2}
-
-
-def test_a_fallback_corrects_the_compute_record_of_a_fresh_run_only(tmp_path):
-    """args.json says what the run computes in: a set-up that falls back (the Atari trunk's --bf16 on a trunk it
-    cannot serve) rewrites "compute"; a resumed run leaves the first start's args.json as it was."""
-    args = ppo.Args(env_id="Pendulum-v1", total_timesteps=100, runs_dir=str(tmp_path), progress=False)
-    args.num_iterations = 3
-    run = ppo.Run(args, "ppo_continuous", None, {"obs_shape": [3], "act_shape": [1]}, log_every=10)
-    record = json.loads((run.dir / "args.json").read_text())
-    run.note_compute(dtype="bfloat16-then-off")
-    assert json.loads((run.dir / "args.json").read_text()) == {**record, "compute": {**record["compute"],
-                                                                                     "dtype": "bfloat16-then-off"}}
-    run.writer.close()
-    run.args_json = None  # what a resumed run holds
-    run.note_compute(dtype="float32")
-    assert json.loads((run.dir / "args.json").read_text())["compute"]["dtype"] == "bfloat16-then-off"
+    assert record["compute"] == {"device": "cpu", "torch_threads": 1}
+    assert record["num_steps"] == 64 and record["env_id"] == "Pendulum-v1" and record["batch_size"] == 64
 
 
 @pytest.mark.parametrize("script", ["ppo_continuous", "ppo_atari", "sac_continuous_ray"])
 def test_printed_commands_start_the_way_this_run_was_started(script, monkeypatch, tmp_path):
-    """The resume hint and the model card's command: `uv run [--extra X]` when uv runs the script from the project's
+    """The resume hint: `uv run [--extra X]` when uv runs the script from the project's
     .venv (from outside the project folder with --project), else this interpreter with the script's path."""
     module = importlib.import_module(script)
     extra = {"ppo_atari": " --extra atari", "sac_continuous_ray": " --extra ray"}.get(script, "")
     monkeypatch.chdir(ROOT)
     monkeypatch.delenv("UV", raising=False)
-    assert module.launch_command(script) == f"{sys.executable} {script}.py"
+    assert module.launch_command() == f"{sys.executable} {script}.py"
     monkeypatch.setenv("UV", "/somewhere/uv")
     monkeypatch.setattr(sys, "prefix", str(ROOT / ".venv"))
-    assert module.launch_command(script) == f"uv run{extra} {script}.py"
+    assert module.launch_command() == f"uv run{extra} {script}.py"
     monkeypatch.chdir(tmp_path)
-    assert module.launch_command(script) == f"uv run --project {ROOT}{extra} {ROOT / script}.py"
+    assert module.launch_command() == f"uv run --project {ROOT}{extra} {ROOT / script}.py"
     monkeypatch.setattr(sys, "prefix", str(tmp_path / "other-env"))  # uv running another environment
-    assert module.launch_command(script) == f"{sys.executable} {ROOT / script}.py"
-    card = module.reproduce_command(script, {"seed": 7}, module.Args)
-    assert card.startswith(f"{sys.executable} {ROOT / script}.py ") and "--seed 7" in card
+    assert module.launch_command() == f"{sys.executable} {ROOT / script}.py"
 
 
 def test_xdist_groups_reach_the_scheduler(request):

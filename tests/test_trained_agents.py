@@ -1,7 +1,7 @@
 """Trained agents, for every script: --keep-best keeps checkpoints/best.pt (the agent with the best score so far,
-resumable, never the replay buffer); --export-checkpoint writes a folder that runs with plain torch (policy.pt2 in a
-process that imports none of the scripts) or with the script's network class (model.pt + config.json), with a
-model card; --eval-checkpoint / --export-checkpoint with --capture-video replay the agent on video."""
+resumable, never the replay buffer); `tools/agent.py export` writes a folder that runs with plain torch (policy.pt2
+in a process that imports none of the scripts) or with the script's Policy (model.pt, plain tensors), with a model
+card, never over what is there; `tools/agent.py eval|export --capture-video` replays the agent on video."""
 
 import hashlib
 import json
@@ -73,32 +73,31 @@ def policy_pt2_actions(export_dir, obs: torch.Tensor, tmp_path) -> torch.Tensor:
     return torch.load(fresh / "actions.pt", weights_only=True)
 
 
+TOOL = "tools/agent.py"
+
+
 def check_export_folder(export_dir, script: str, ckpt: dict, episodes: int, video: bool) -> dict:
     names = {"policy.pt2", "model.pt", "config.json", "README.md"} | ({"replay.mp4"} if video else set())
     assert {p.name for p in export_dir.iterdir()} == names
     if video:
         assert (export_dir / "replay.mp4").stat().st_size > 1000
     config = json.loads((export_dir / "config.json").read_text())
-    assert config["script"] == script and config["env_id"] == ckpt["args"]["env_id"]
+    assert config["script"] == f"{script}.py" and config["env_id"] == ckpt["args"]["env_id"]
     assert config["global_step"] == ckpt["global_step"]
     card = (export_dir / "README.md").read_text()
     assert ckpt["args"]["env_id"] in card and f"{ckpt['global_step']:,} env steps" in card
-    assert f"over {episodes} episodes" in card and "±" in card and 'torch.export.load("policy.pt2")' in card
+    assert f"over {episodes} deterministic episodes" in card and "±" in card and 'torch.export.load("policy.pt2")' in card
     assert hashlib.sha256((ROOT / f"{script}.py").read_bytes()).hexdigest() in card
-    # the command that reproduces the run, as it starts when pasted here (run_script: this interpreter, from ROOT)
-    start = {"ppo_continuous": ppo, "ppo_atari": ppo_atari, "a2c_atari": a2c_atari, "sac_continuous": sac,
-             "sac_continuous_ray": sac_ray}[script].launch_command(script)  # fmt: skip
-    command = next(line for line in card.splitlines() if line.startswith(f"{start} "))  # flags off their defaults
-    assert f"--total-timesteps {ckpt['args']['total_timesteps']}" in command and "--keep-best" in command
+    command = next(line for line in card.splitlines() if line.startswith(f"python {script}.py "))  # flags off defaults
+    assert f"--total-timesteps {ckpt['args']['total_timesteps']}" in command and "--keep-best" not in command
     return config
 
 
-def model_pt_network(module, export_dir):
-    """model.pt into the script's own network class, built from config.json."""
-    config = json.loads((export_dir / "config.json").read_text())
-    network = getattr(module, config["agent_class"])(**config["agent_kwargs"])
-    network.load_state_dict(torch.load(export_dir / "model.pt", weights_only=True))
-    return network
+def model_pt_policy(module, export_dir, ckpt: dict):
+    """model.pt into the script's own Policy (built from the checkpoint, then given model.pt's tensors)."""
+    policy = module.policy_from_checkpoint(ckpt)
+    policy.load_state_dict(torch.load(export_dir / "model.pt", weights_only=True))
+    return policy
 
 
 def same_tensors(a: dict, b: dict) -> bool:
@@ -228,31 +227,58 @@ def test_ppo_continuous_keep_best_export_and_replay(tmp_path):
     run_dir = only_run_dir(tmp_path)
     ckpt = check_best_of_evaluations(run_dir)
     export_dir = tmp_path / "export"
-    proc = run_script("ppo_continuous.py", "--export-checkpoint", run_dir / "checkpoints" / "best.pt", "--export-dir",
-                      export_dir, "--capture-video", "--eval-episodes", 2)  # fmt: skip
+    proc = run_script(TOOL, "export", run_dir / "checkpoints" / "best.pt", "--out", export_dir, "--capture-video",
+                      "--episodes", 2)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert "Overwriting existing videos" not in proc.stderr  # no warning about the script's own folders
+    assert "Overwriting existing videos" not in proc.stderr  # no warning about the tool's own folders
     # progress: a line per evaluation episode as it ends, then one for the replay recorded on video
     assert re.findall(r"^episode (\d)/(\d): return", proc.stdout, flags=re.M) == [("1", "2"), ("2", "2"), ("1", "1")]
-    config = check_export_folder(export_dir, "ppo_continuous", ckpt, 2, video=True)
-    assert config["obs_rms"]["mean"] == ckpt["obs_rms"]["mean"].tolist()
+    check_export_folder(export_dir, "ppo_continuous", ckpt, 2, video=True)
     # policy.pt2 acts as evaluate() does: normalized obs (frozen statistics), the mean action, clipped to the bounds
     obs = env_observations(ppo.make_env, MUJOCO).astype(np.float32)
-    agent = model_pt_network(ppo, export_dir)
-    assert same_tensors(agent.state_dict(), ckpt["model"])
+    policy = model_pt_policy(ppo, export_dir, ckpt)
+    assert same_tensors(policy.agent.state_dict(), ckpt["model"])
+    agent = ppo.Agent(obs.shape[1], 1)
+    agent.load_state_dict(ckpt["model"])
     rms = ppo.RunningMeanStd(shape=(obs.shape[1],))
     ppo.load_plain(rms, ckpt["obs_rms"])
     with torch.no_grad():
         mean = agent.actor_mean(torch.from_numpy(ppo.normalize_obs(obs, rms, ckpt["args"]["obs_clip"]))).numpy()
-    expected = np.clip(mean, config["action_low"], config["action_high"])
+    expected = np.clip(mean, -3.0, 3.0)  # InvertedPendulum's bounds
     actions = policy_pt2_actions(export_dir, torch.from_numpy(obs), tmp_path)
     assert actions.shape == expected.shape and np.abs(expected).max() > 0
     np.testing.assert_allclose(actions.numpy(), expected, rtol=1e-5, atol=1e-6)
-    # replay: --eval-checkpoint --capture-video records the evaluation episode
-    proc = run_script("ppo_continuous.py", "--eval-checkpoint", run_dir / "checkpoints" / "best.pt", "--capture-video",
-                      "--eval-episodes", 1)  # fmt: skip
+    # replay: eval --capture-video records the evaluation episode
+    proc = run_script(TOOL, "eval", run_dir / "checkpoints" / "best.pt", "--capture-video", "--episodes", 1)
     assert proc.returncode == 0, proc.stderr
     assert [p.name for p in (run_dir / "eval" / "best" / "videos").glob("*.mp4")] == ["rl-video-episode-0.mp4"]
+
+
+def test_export_never_overwrites_and_a_failed_export_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """An existing non-empty folder is refused unless --force (then replaced whole, once the new export is complete);
+    an export that fails half-way leaves no folder and no temporary files."""
+    from tools import agent as tool
+
+    proc = run_script("ppo_continuous.py", "--env-id", "Pendulum-v1", "--num-steps", 64, "--num-minibatches", 2,
+                      "--total-timesteps", 64, "--save-model", "--eval-episodes", 1, "--runs-dir", tmp_path / "runs")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    ckpt = next((tmp_path / "runs").rglob("final_*.pt"))
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "README.md").write_text("mine")
+    with pytest.raises(SystemExit) as code:
+        tool.main(["export", str(ckpt), "--out", str(project), "--episodes", "1"])
+    assert code.value.code == 2 and "--force" in capsys.readouterr().err
+    assert [p.name for p in project.iterdir()] == ["README.md"] and (project / "README.md").read_text() == "mine"
+
+    real_save = torch.save
+    monkeypatch.setattr(tool.torch, "save", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError):
+        tool.main(["export", str(ckpt), "--out", str(tmp_path / "new"), "--episodes", "1"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["project", "runs"]  # no folder, no temporary leftovers
+    monkeypatch.setattr(tool.torch, "save", real_save)
+    tool.main(["export", str(ckpt), "--out", str(project), "--episodes", "1", "--force"])
+    assert {p.name for p in project.iterdir()} == {"policy.pt2", "model.pt", "config.json", "README.md"}
 
 
 @pytest.mark.parametrize("script", ["sac_continuous", "sac_continuous_ray"])
@@ -324,17 +350,6 @@ def test_atari_keep_best_export_and_replay(tmp_path, script):
                       "--eval-episodes", 1, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert [p.name for p in (run_dir / "eval" / "best" / "videos").glob("*.mp4")] == ["rl-video-episode-0.mp4"]
-
-
-def test_export_refuses_resume_and_eval_checkpoint_together(tmp_path):
-    proc = run_script("ppo_continuous.py", "--export-checkpoint", tmp_path / "a.pt", "--eval-checkpoint", tmp_path / "b.pt")
-    assert (
-        proc.returncode == 2
-        and proc.stderr.startswith("error: --export-checkpoint excludes")
-        and "Traceback" not in proc.stderr
-    )
-    proc = run_script("ppo_continuous.py", "--export-checkpoint", tmp_path / "missing.pt")
-    assert proc.returncode == 2 and "does not exist" in proc.stderr
 
 
 @pytest.mark.parametrize("script", ["ppo_continuous", "a2c_atari"])
