@@ -112,3 +112,17 @@ class NonFiniteAfter(CountingEnv):
 
 gym.register("NanReward-v0", entry_point=NonFiniteAfter, max_episode_steps=7, kwargs={"bad": 300, "what": "reward"})
 gym.register("NanObservation-v0", entry_point=NonFiniteAfter, max_episode_steps=7, kwargs={"bad": 300, "what": "obs"})
+
+
+class WiringEnv(CountingEnv):
+    """CountingEnv with a reward that tells steps apart, r = t + episode / 10 (t counted from 1), whose odd
+    episodes terminate at their 3rd step and whose even ones are truncated by the time limit at the 4th: a rollout
+    of a few steps holds both kinds of episode end, each at a step known in advance (tests/test_wiring.py)."""
+
+    def step(self, action):
+        self.t += 1
+        terminated = self.episode % 2 == 1 and self.t == 3
+        return np.array([self.t, self.episode], np.float64), self.t + self.episode / 10, terminated, False, {}
+
+
+gym.register("Wiring-v0", entry_point=WiringEnv, max_episode_steps=4)
