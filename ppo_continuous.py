@@ -558,11 +558,36 @@ def policy_from_checkpoint(ckpt: dict) -> Policy:
     return Policy(agent, obs_rms, args["obs_clip"], space.low, space.high)
 
 
+# --- shared: evaluate ---
+
+def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
+             report: Callable[[int, float], None] = lambda index, episode_return: None) -> list:  # fmt: skip
+    """The returns of `episodes` episodes on `env` (seeded seed, seed + 1, ...) of `policy`, the script's Policy (a
+    batch of observations -> their actions); `report` hears of each (index, return). Closes env."""
+    device, returns = next(policy.parameters()).device, []
+    for episode in range(episodes):
+        (obs, _), done, total = env.reset(seed=seed + episode), False, 0.0
+        while not done:
+            with torch.inference_mode():
+                action = policy(torch.as_tensor(np.asarray(obs), device=device).unsqueeze(0))[0].cpu().numpy()
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total, done = total + float(reward), terminated or truncated
+        returns.append(total)
+        report(episode, total)
+    env.close()
+    return returns
+
+
+
+# --- end shared: evaluate ---
+
 # --- shared: plumbing ---
 # Flags --resume takes from the command line (those the script has); every other comes from the checkpoint.
 RESUME_OVERRIDABLE = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
                       "runs_dir", "checkpoint_interval", "keep_checkpoints", "resume", "eval_episodes", "eval_interval",
-                      "keep_best", "progress", "cuda", "torch_threads", "save_buffer", "log_interval")  # fmt: skip
+                      "keep_best", "progress", "cuda", "torch_threads", "save_buffer", "log_interval", "env_backend",
+                      "async_envs", "env_threads", "num_rollout_workers", "envs_per_worker", "weight_sync_interval",
+                      "worker_batch_steps", "ray_address", "pause_learner")  # fmt: skip
 MAY_BE_NAN = ("losses/explained_variance",)  # NaN by definition when all returns are equal: not a broken run
 # The flags a non-finite loss or weight most often comes from, named in the stop message when the script has them.
 NON_FINITE_FLAGS = ("learning_rate", "policy_lr", "q_lr", "max_grad_norm", "num_minibatches", "norm_adv", "norm_obs")
@@ -885,24 +910,6 @@ def weights_of(part) -> dict:
         return {}
     return {name: dict(value.named_parameters()) if isinstance(value, nn.Module) else value
             for name, value in vars(part).items() if isinstance(value, (nn.Module, torch.Tensor))}  # fmt: skip
-
-
-def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
-             report: Callable[[int, float], None] = lambda index, episode_return: None) -> list:  # fmt: skip
-    """The returns of `episodes` episodes on `env` (seeded seed, seed + 1, ...) of `policy`, the script's Policy (a
-    batch of observations -> their actions); `report` hears of each (index, return). Closes env."""
-    device, returns = next(policy.parameters()).device, []
-    for episode in range(episodes):
-        (obs, _), done, total = env.reset(seed=seed + episode), False, 0.0
-        while not done:
-            with torch.inference_mode():
-                action = policy(torch.as_tensor(np.asarray(obs), device=device).unsqueeze(0))[0].cpu().numpy()
-            obs, reward, terminated, truncated, _ = env.step(action)
-            total, done = total + float(reward), terminated or truncated
-        returns.append(total)
-        report(episode, total)
-    env.close()
-    return returns
 
 
 def quote(word: str) -> str:

@@ -9,9 +9,9 @@ temperature) updates, one Polyak update. HalfCheetah sizes (17 observations, 6 a
 
     python benchmarks/update_ab.py OLD_SCRIPT.py NEW_SCRIPT.py [--bf16] [--rounds 30] [--steps 40] [--threads 2]
 
-The scripts are imported by path (e.g. a `git worktree` of an older commit beside the checkout), so each must be a
-sac_continuous.py (or sac_continuous_ray.py) build exposing make_learner, ReplayBuffer, critic_update, actor_update
-and soft_update.
+The scripts are imported by path (e.g. `git show OLD:sac_continuous.py > /tmp/old.py`), so each must be a
+sac_continuous.py (or sac_continuous_ray.py) build exposing Learner (or, before issue 45, make_learner),
+ReplayBuffer, critic_update, actor_update and soft_update. --bf16 needs builds from before issue 45.
 """
 
 import argparse
@@ -61,7 +61,8 @@ def main() -> None:
     for build in builds:
         torch.manual_seed(0)
         bounds = np.ones(ACT_DIM, np.float32)
-        learner = build.make_learner(OBS_DIM, ACT_DIM, -bounds, bounds, learner_args, torch.device("cpu"))
+        make = getattr(build, "make_learner", None) or build.Learner
+        learner = make(OBS_DIM, ACT_DIM, -bounds, bounds, learner_args, torch.device("cpu"))
         buffer = build.ReplayBuffer(1_000_000, OBS_DIM, ACT_DIM)
         buffer.add(*data)
         setups.append((build, learner, buffer))
@@ -74,7 +75,9 @@ def main() -> None:
             if i % 2 == 0:
                 for _ in range(2):
                     build.actor_update(learner, batch["obs"], True)
-            if hasattr(learner, "qf_params"):  # the learner since the restructure: parameter lists
+            if not hasattr(build, "make_learner"):  # since issue 45: the critics' modules
+                build.soft_update(learner.qf_target, learner.qf, 0.005)
+            elif hasattr(learner, "qf_params"):  # the learner since the restructure: parameter lists
                 build.soft_update(learner.qf_target_params, learner.qf_params, 0.005)
             else:  # builds before it: flat tensors
                 build.soft_update(learner.qf_target_flat, learner.qf_flat, 0.005)

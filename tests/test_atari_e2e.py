@@ -19,6 +19,7 @@ GAME = "BreakoutNoFrameskip-v4"
 # Small iterations: PPO 2 envs x 32 steps, 2 minibatches, 1 epoch; A2C 4 envs x 5 steps, logged every 2 iterations
 # (40 env steps). One torch thread.
 PPO_SMALL = ["--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1", "--torch-threads", "1"]
+TOOL = "tools/agent.py"
 A2C_SMALL = ["--num-envs", "4", "--num-steps", "5", "--log-interval", "2", "--torch-threads", "1"]
 COMMON_TAGS = ["losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/explained_variance",
                "losses/grad_norm", "charts/learning_rate", "charts/SPS", "charts/rollout_us_per_step",
@@ -109,8 +110,9 @@ def test_resume_restores_network_optimizer_counters_schedule_and_rng(tmp_path):
                           "--learning-rate", "1e-3", "--torch-threads", "1")  # fmt: skip
     assert_clean_error(conflict, "--learning-rate 0.001", "0.0007")
     assert sorted(p.name for p in copy.rglob("*") if p.is_file()) == [ckpt_path.name]
+    # --log-interval is a run flag (how often to log), taken from the command line like --checkpoint-interval
     resumed = run_script("a2c_atari.py", "--resume", copy / "checkpoints" / ckpt_path.name, "--total-timesteps", "800",
-                         "--checkpoint-interval", "200", "--torch-threads", "1", timeout=600)  # fmt: skip
+                         "--checkpoint-interval", "200", "--log-interval", "2", "--torch-threads", "1", timeout=600)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     lr_full, lr_resumed = scalars(full_dir, "charts/learning_rate"), scalars(copy, "charts/learning_rate")
     assert sorted(lr_resumed) == [s for s in sorted(lr_full) if s > 400]  # counters continue
@@ -158,10 +160,9 @@ def test_bad_input_gets_a_short_message(tmp_path, script, flags, needles):
     assert not any(tmp_path.iterdir())  # nothing written
 
 
-def test_optimizer_flag_and_a_checkpoint_from_before_it_resumes_with_torchs_rmsprop(tmp_path):
+def test_optimizer_flag_runs_torchs_or_tensorflows_rmsprop_and_eval_logs_it(tmp_path):
     """--optimizer rmsprop-torch runs torch's RMSprop (its first step is ~10x the learning rate per weight, TensorFlow's
-    ~|g| times it); a checkpoint without the field resumes as rmsprop-torch, says so in its args, and refuses a typed
-    --optimizer rmsprop-tf."""
+    ~|g| times it); a resume refuses the other one typed; evaluating a checkpoint logs the optimizer it trained with."""
     flags = ["--env-id", GAME, *A2C_SMALL, "--checkpoint-interval", "100", "--total-timesteps", "100"]
     moved = {}
     for optimizer in ("rmsprop-torch", "rmsprop-tf"):
@@ -173,19 +174,9 @@ def test_optimizer_flag_and_a_checkpoint_from_before_it_resumes_with_torchs_rmsp
     # 5 updates from v_0 = 0 (torch) or v_0 = 1 (TensorFlow): alpha^5 = 0.951 of the start is left
     assert moved["rmsprop-torch"].max() < 0.05 < 0.95 < moved["rmsprop-tf"].min()
     old = only_run_dir(tmp_path / "rmsprop-torch") / "checkpoints" / "step_0000000100.pt"
-    ckpt = torch.load(old, weights_only=True)
-    del ckpt["args"]["optimizer"]  # as written before the flag existed
-    torch.save(ckpt, old)
-    # the flag's value before it existed is the checkpoint's: typing the other one is refused, not silently replaced
     refused = run_script("a2c_atari.py", "--resume", old, "--optimizer", "rmsprop-tf", "--total-timesteps", "200")
     assert_clean_error(refused, "--optimizer rmsprop-tf conflicts with the checkpoint", "rmsprop-torch")
-    resumed = run_script("a2c_atari.py", "--resume", old, "--total-timesteps", "200", "--checkpoint-interval", "100",
-                         "--torch-threads", "1", timeout=300)  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr
-    end = torch.load(old.parent / "step_0000000200.pt", weights_only=True)
-    assert end["args"]["optimizer"] == "rmsprop-torch" and end["optimizer"]["state"][0]["step"].item() == 10
-    # evaluating it logs the optimizer it trained with, not today's default
-    proc = run_script("a2c_atari.py", "--eval-checkpoint", old, "--eval-episodes", "1", "--torch-threads", "1", timeout=300)
+    proc = run_script(TOOL, "eval", old, "--episodes", "1", timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "|optimizer|rmsprop-torch|" in hparams_table(old.parent.parent / "eval" / old.stem)
 
@@ -198,26 +189,28 @@ def hparams_table(log_dir: Path) -> str:
     return events.Tensors("hyperparameters/text_summary")[0].tensor_proto.string_val[0].decode()
 
 
-def test_eval_checkpoint_logs_the_checkpoints_args(tmp_path):
+def test_eval_logs_the_checkpoints_args(tmp_path):
     proc = run_script("a2c_atari.py", "--env-id", GAME, *A2C_SMALL, "--total-timesteps", "40", "--learning-rate", "3e-4",
                       "--save-model", "--eval-episodes", "1", "--runs-dir", tmp_path, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     final = only_run_dir(tmp_path) / "checkpoints" / "final_0000000040.pt"
-    proc = run_script("a2c_atari.py", "--eval-checkpoint", final, "--eval-episodes", "1", "--learning-rate", "0.123",
-                      "--seed", "9", "--torch-threads", "1", timeout=300)  # fmt: skip
+    proc = run_script(TOOL, "eval", final, "--episodes", "1", timeout=300)
     assert proc.returncode == 0, proc.stderr
     episode_lines(proc.stdout, 1)  # progress: a line per game
     table = hparams_table(only_run_dir(tmp_path) / "eval" / final.stem)
-    assert "|learning_rate|0.0003|" in table and "|seed|1|" in table and "0.123" not in table and "|seed|9|" not in table
+    assert "|learning_rate|0.0003|" in table and "|seed|1|" in table
 
 
 def test_corrupt_checkpoint_and_other_scripts_checkpoint_are_refused(tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint")
-    assert_clean_error(run_script("ppo_atari.py", "--eval-checkpoint", bad), "corrupt")
+    assert_clean_error(run_script(TOOL, "eval", bad), "corrupt")
+    assert_clean_error(run_script("ppo_atari.py", "--resume", bad, "--runs-dir", tmp_path / "runs"), "corrupt")
     other = tmp_path / "other.pt"
-    torch.save({"format": 1, "args": {"env_id": GAME, "seed": 1}, "script": "a2c_atari", "num_actions": 4}, other)
-    assert_clean_error(run_script("ppo_atari.py", "--eval-checkpoint", other), "a2c_atari.py, not by ppo_atari.py")
+    torch.save({"format": 1, "args": {"env_id": GAME, "seed": 1}, "script": "a2c_atari", "num_actions": 4,
+                "iteration": 1, "global_step": 1, "run_name": "x"}, other)  # fmt: skip
+    assert_clean_error(run_script("ppo_atari.py", "--resume", other), "a2c_atari.py, not ppo_atari.py")
+    assert_clean_error(run_script(TOOL, "eval", other), "a2c_atari.py")  # no network in it
     assert bad.read_bytes() == b"not a checkpoint"
 
 

@@ -1,8 +1,9 @@
-"""The pure helpers of ppo_atari.py and a2c_atari.py: n-step returns, GAE, next-step autoreset targets, the
-categorical log-prob and entropy, the A2C losses, the network's shapes and entry point, and its speed set-up
-(channels-last memory, the --bf16 trunk) against the plain network."""
+"""The pure helpers of ppo_atari.py and a2c_atari.py: n-step returns, GAE, next-step autoreset targets, the A2C
+losses, the network's shapes and entry point, the deterministic Policy, and the channels-last layout main() gives the
+network against the plain one."""
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -71,18 +72,9 @@ def test_next_step_targets_bootstrap_from_the_final_obs_and_drop_reset_steps():
     np.testing.assert_array_equal(a_real, real)
 
 
-def test_categorical_log_prob_and_entropy_match_torch_distributions():
-    logits = torch.randn(64, 6)
-    actions = torch.randint(0, 6, (64,))
-    logprob, entropy = P.categorical_log_prob_entropy(logits, actions)
-    dist = torch.distributions.Categorical(logits=logits)
-    torch.testing.assert_close(logprob, dist.log_prob(actions))
-    torch.testing.assert_close(entropy, dist.entropy())
-
-
 def test_a2c_losses_values_and_gradients():
     logits = torch.zeros(2, 2, requires_grad=True)
-    logprob, _ = A.categorical_log_prob_entropy(logits, torch.tensor([0, 1]))
+    logprob = torch.distributions.Categorical(logits=logits).log_prob(torch.tensor([0, 1]))
     values = torch.tensor([1.0, 2.0], requires_grad=True)
     returns = torch.tensor([2.0, 0.0])
     advantages = returns - values
@@ -139,45 +131,25 @@ def trained_like(module, seed: int = 0):
     return agent, copy.deepcopy(agent)
 
 
-class ComputeNotes:
-    """Stands in for the Run that fast_cnn corrects args.json through."""
-
-    def __init__(self):
-        self.notes = []
-
-    def note_compute(self, **resolved):
-        self.notes.append(resolved)
-
-
 @pytest.mark.parametrize("module", [P, A])
-def test_fast_cnn_computes_what_the_plain_network_computes(module, capsys):
-    """The speed set-up (below the banner) changes the memory layout and, with --bf16, the trunk's precision; not the
-    function: in float32 it equals the plain network within 1e-5 of each output's scale, in bfloat16 within 5 %, the
-    heads stay float32, evaluation computes float32, and Agent.network's own forward runs (it is not replaced)."""
+def test_channels_last_computes_what_the_plain_network_computes(module):
+    """main() moves the Agent to channels-last memory (`.to(device, memory_format=torch.channels_last)`): a layout,
+    not another function. Outputs within 1e-5 of their scale, float32, gradients in every weight, the same state
+    dict; Agent.network's own forward runs (nothing is hooked or replaced)."""
+    assert "Agent(num_actions).to(device, memory_format=torch.channels_last)" in Path(module.__file__).read_text()
     plain, fast = trained_like(module)
-    obs = torch.randint(0, 256, (16, 4, 84, 84), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
-    run = ComputeNotes()
-    speed = module.fast_cnn(fast, bf16=True, obs_shape=(4, 84, 84), run=run)
-    assert capsys.readouterr().out == "" and run.notes == []  # the check at the start passed: no fallback line
+    fast.to(memory_format=torch.channels_last)
     assert fast.network[0].weight.is_contiguous(memory_format=torch.channels_last)
-    assert "forward" not in vars(fast.network) and type(fast.network).forward is torch.nn.Sequential.forward
+    assert not fast.network._forward_hooks and not fast.network._forward_pre_hooks and "forward" not in vars(fast.network)
+    obs = torch.randint(0, 256, (16, 4, 84, 84), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        logits, value = plain(obs)
-        logits16, value16 = fast(obs)
-        with speed.float32():  # evaluation's precision
-            logits32, value32 = fast(obs)
-    assert_close_to_scale(logits32, logits, 1e-5)
-    assert_close_to_scale(value32, value, 1e-5)
-    assert logits16.dtype == torch.float32 and value16.dtype == torch.float32  # heads stay float32
-    assert_close_to_scale(logits16, logits, 0.05)
-    assert_close_to_scale(value16, value, 0.05)
-    assert not torch.equal(logits16, logits32)  # bf16 really is on outside float32()...
-    assert not torch.is_autocast_enabled("cpu")  # ...and only inside the trunk
-    # gradients reach every weight through the hooked trunk, in float32
+        for got, expected in zip(fast(obs), plain(obs)):
+            assert got.dtype == torch.float32
+            assert_close_to_scale(got, expected, 1e-5)
     _, logprob, _, value = fast.get_action_and_value(obs, torch.zeros(16, dtype=torch.long))
     (logprob.sum() + value.sum()).backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in fast.parameters())
-    assert fast.state_dict().keys() == plain.state_dict().keys()  # checkpoints do not see the speed set-up
+    assert fast.state_dict().keys() == plain.state_dict().keys()
 
 
 def test_the_scale_relative_check_rejects_an_all_zero_trunk():
@@ -193,34 +165,50 @@ def test_the_scale_relative_check_rejects_an_all_zero_trunk():
     torch.testing.assert_close(zero_logits, logits, atol=0.05, rtol=0.05)  # the old tolerance: passes
     with pytest.raises(AssertionError):
         assert_close_to_scale(zero_logits, logits, 1e-5)
-    assert P.disagreement(zeroed(obs), plain(obs), 1e-5, "in float32") is not None  # the start-up check too
 
 
 @pytest.mark.parametrize("module", [P, A])
-def test_fast_cnn_falls_back_to_the_plain_module_in_one_line(module, capsys):
-    """A trunk the set-up cannot serve (a view that needs contiguous memory): the run computes with the plain module."""
+def test_policy_plays_the_most_likely_action_and_loads_a_checkpoint(module):
+    """Policy: the argmax of the Agent's own logits, deterministic; policy_from_checkpoint builds it on the CPU from
+    the checkpoint's weights, and refuses weights of other shapes with a message."""
+    agent, _ = trained_like(module)
+    obs = torch.randint(0, 256, (32, 4, 84, 84), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        logits, _ = agent(obs)
+        actions = module.Policy(agent)(obs)
+    assert actions.dtype == torch.int64 and torch.equal(actions, logits.argmax(-1))
+    assert len(set(actions.tolist())) > 1  # not a constant: the frames decide
+    ckpt = {"script": module.SCRIPT_NAME, "args": {"env_id": "BreakoutNoFrameskip-v4"}, "num_actions": 4,
+            "model": agent.state_dict()}  # fmt: skip
+    loaded = module.policy_from_checkpoint(ckpt)
+    with torch.no_grad():
+        first, again = loaded(obs), loaded(obs)
+    assert torch.equal(first, actions) and torch.equal(again, actions)  # no sampling: the same actions every call
+    assert next(loaded.parameters()).device.type == "cpu"
+    other = {**ckpt, "model": {**ckpt["model"], "network.0.weight": torch.zeros(16, 4, 8, 8)}}
+    with pytest.raises(module.UserError, match=r"other shapes .* network.0.weight: \(16, 4, 8, 8\) vs \(32, 4, 8, 8\)"):
+        module.policy_from_checkpoint(other)
+
+
+def test_a_view_on_the_channels_last_output_stops_with_a_message():
+    """A trunk that flattens with .view() cannot run on the channels-last memory main() gives the convolutions: the
+    start-up check names the module and says what to write instead."""
 
     class Trunk(torch.nn.Module):
-        def __init__(self, num_actions: int = 0):
+        def __init__(self):
             super().__init__()
             self.conv, self.linear = torch.nn.Conv2d(4, 8, 8, stride=4), torch.nn.Linear(8 * 20 * 20, 512)
 
         def forward(self, x):
             x = self.conv(x)
-            return self.linear(x.view(x.shape[0], -1))  # fails on channels-last memory
+            return self.linear(x.view(x.shape[0], -1))
 
-    agent = module.Agent(num_actions=4)
+    agent = P.Agent(num_actions=4)
     agent.network = Trunk()
-    plain = copy.deepcopy(agent)
-    run = ComputeNotes()
-    speed = module.fast_cnn(agent, bf16=True, obs_shape=(4, 84, 84), run=run)
-    (line,) = capsys.readouterr().out.splitlines()
-    assert line.startswith("speed set-up off (RuntimeError: ") and "Agent.network as written" in line
-    assert run.notes == [{"dtype": "float32"}]  # args.json records what the run computes in, not what was asked
-    assert speed.hooks == [] and agent.network.conv.weight.is_contiguous()
-    obs = torch.randint(0, 256, (4, 4, 84, 84), dtype=torch.uint8)
-    with torch.no_grad():
-        assert all(torch.equal(got, expected) for got, expected in zip(agent(obs), plain(obs)))
+    P.check_agent(agent, (4, 84, 84))  # contiguous memory: it runs
+    agent.to(memory_format=torch.channels_last)
+    with pytest.raises(P.UserError, match=r"Agent.network Trunk\(\).*use \.reshape\(\) or torch\.flatten\(\)"):
+        P.check_agent(agent, (4, 84, 84))
 
 
 def test_scripts_share_the_network_and_preprocessing():

@@ -32,13 +32,13 @@ PPO_MUTANTS = {
 SAC_MUTANTS = {
     # the target critics never move from their initial weights (Polyak step with tau = 0)
     "target_never_updates": (
-        "soft_update(learner.qf_target_params, learner.qf_params, args.tau)",
-        "soft_update(learner.qf_target_params, learner.qf_params, 0.0)",
+        "soft_update(learner.qf_target, learner.qf, args.tau)",
+        "soft_update(learner.qf_target, learner.qf, 0.0)",
     ),
     # no bootstrap: y = r, the critic learns only the immediate reward
     "q_target_no_bootstrap": (
-        "    return rewards + gamma * (1.0 - terminated) * soft_value",
-        "    return rewards + 0.0 * gamma * (1.0 - terminated) * soft_value",
+        "    return rewards + gamma * (1.0 - terminated) * (next_q",
+        "    return rewards + 0.0 * gamma * (1.0 - terminated) * (next_q",
     ),
 }
 

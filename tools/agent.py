@@ -45,7 +45,7 @@ env = {make_env}
 obs, _ = env.reset(seed=0)
 done, total = False, 0.0
 while not done:
-    action = policy(torch.as_tensor(obs).unsqueeze(0))[0].numpy()
+    action = policy(torch.as_tensor(obs, dtype=torch.{dtype}).unsqueeze(0))[0].numpy()
     obs, reward, terminated, truncated, _ = env.step(action)
     total, done = total + float(reward), terminated or truncated
 print(total)"""
@@ -85,8 +85,7 @@ def load(path: str):
         raise ToolError(f"checkpoint '{path}' names the env '{env_id}', which imports a module; register the env "
                         "and store its plain id, or run the evaluation from your own code.")  # fmt: skip
     script.quiet_mujoco_warnings()
-    try:
-        script.check_env_id(env_id)
+    try:  # the script checks the env id against gymnasium's registry and the checkpoint against the env
         policy = script.policy_from_checkpoint(ckpt).eval()
     except script.UserError as e:
         raise ToolError(str(e)) from None
@@ -110,7 +109,8 @@ def evaluate_command(opts) -> None:
     returns = play(script, ckpt, policy, opts.episodes, str(out / "videos") if opts.capture_video else None)
     from torch.utils.tensorboard import SummaryWriter
 
-    with SummaryWriter(str(out)) as writer:
+    with SummaryWriter(str(out)) as writer:  # the checkpoint's flags beside its score, as the training run logs them
+        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in ckpt["args"].items()))
         writer.add_scalar("eval/episodic_return", float(np.mean(returns)), ckpt["global_step"])
     print(f"eval {ckpt['args']['env_id']} at step {ckpt['global_step']}: {np.mean(returns):.2f} +- "
           f"{np.std(returns):.2f} over {len(returns)} episodes")  # fmt: skip
@@ -127,7 +127,9 @@ def export_command(opts) -> Path:
                         "or another --out.")  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     args = ckpt["args"]
-    obs = torch.zeros((2, *ckpt["obs_shape"]), dtype=torch.uint8 if "atari" in script.__name__ else torch.float32)
+    space = script.eval_env(args["env_id"]).observation_space
+    obs = torch.as_tensor(np.stack([space.sample(), space.sample()])).float()  # float32: what the env returns, as torch
+    obs = obs.to(torch.uint8) if space.dtype == np.uint8 else obs
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as temp:
         tmp = Path(temp) / "export"
         tmp.mkdir()
@@ -136,7 +138,7 @@ def export_command(opts) -> Path:
         torch.export.save(program, tmp / "policy.pt2")
         torch.save(policy.state_dict(), tmp / "model.pt")
         config = {"script": f"{ckpt['script']}.py", "env_id": args["env_id"], "global_step": ckpt["global_step"],
-                  "run_name": ckpt["run_name"], "obs_shape": ckpt["obs_shape"], "obs_dtype": str(obs.dtype),
+                  "run_name": ckpt["run_name"], "obs_shape": list(obs.shape[1:]), "obs_dtype": str(obs.dtype),
                   "policy": f"{ckpt['script']}.policy_from_checkpoint(checkpoint)", "args": args}  # fmt: skip
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         returns = play(script, ckpt, policy, opts.episodes)
@@ -145,7 +147,8 @@ def export_command(opts) -> Path:
             videos = sorted((Path(temp) / "video").glob("*.mp4"))
             if videos:
                 shutil.move(videos[0], tmp / "replay.mp4")
-        (tmp / "README.md").write_text(model_card(script, ckpt, opts.checkpoint, returns, (tmp / "replay.mp4").exists()))
+        card = model_card(script, ckpt, opts.checkpoint, returns, (tmp / "replay.mp4").exists(), str(obs.dtype)[6:])
+        (tmp / "README.md").write_text(card)
         if out.exists():  # --force: the old folder goes only once the new one is complete
             shutil.rmtree(out) if out.is_dir() else out.unlink()
         os.replace(tmp, out)
@@ -168,7 +171,7 @@ def reproduce_command(script, saved: dict) -> str:
     return " ".join(words)
 
 
-def model_card(script, ckpt: dict, path: str, returns: list, video: bool) -> str:
+def model_card(script, ckpt: dict, path: str, returns: list, video: bool, dtype: str) -> str:
     """The export's README.md."""
     file, saved = Path(script.__file__), ckpt["args"]
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -182,7 +185,7 @@ def model_card(script, ckpt: dict, path: str, returns: list, video: bool) -> str
         f"Return **{np.mean(returns):.2f} ± {np.std(returns):.2f}** (mean ± std) over {len(returns)} deterministic "
         f"episodes (seeds from {saved['seed'] + 10_000}).", "",
         "## Use", "",
-        "```python", USAGE.format(make_env=make_env), "```", "",
+        "```python", USAGE.format(make_env=make_env, dtype=dtype), "```", "",
         "`policy.pt2` is a program: load only programs from people you trust. `model.pt` holds plain tensors "
         f"(`torch.load(path, weights_only=True)`), the state_dict of `{file.name}`'s `Policy`.", "",
         "## Files", "", "- `policy.pt2`, `model.pt`, `config.json`, `README.md`" + (", `replay.mp4`" if video else ""), "",
