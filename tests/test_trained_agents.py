@@ -309,10 +309,9 @@ def test_sac_keep_best_export_and_replay(tmp_path, script):
     assert same_tensors(actor.state_dict(), ckpt["learner"]["actor"])
     # policy.pt2 acts as evaluate() does: tanh of the Gaussian's mean, scaled to the bounds
     obs = env_observations(module.make_env, MUJOCO).astype(np.float32)
-    holder = module.ParameterHolder()
-    holder.publish(actor, 0)
-    low, high = np.array(config["action_low"]), np.array(config["action_high"])
-    expected = module.policy_actions(obs, holder.actor, None, (high - low) / 2.0, (high + low) / 2.0)
+    low, high = torch.tensor(config["action_low"]), torch.tensor(config["action_high"])
+    with torch.no_grad():
+        expected = module.Policy(actor, low, high)(torch.from_numpy(obs)).numpy()
     actions = policy_pt2_actions(export_dir, torch.from_numpy(obs), tmp_path)
     np.testing.assert_allclose(actions.numpy(), expected, rtol=1e-5, atol=1e-5)
     proc = run_script(f"{script}.py", "--eval-checkpoint", run_dir / "checkpoints" / "best.pt", "--capture-video",
@@ -334,11 +333,11 @@ def test_atari_keep_best_export_and_replay(tmp_path, script):
     run_dir = only_run_dir(tmp_path)
     ckpt = check_best_of_evaluations(run_dir)
     export_dir = tmp_path / "export"
-    proc = run_script(f"{script}.py", "--export-checkpoint", run_dir / "checkpoints" / "best.pt", "--export-dir",
-                      export_dir, "--capture-video", "--eval-episodes", 1, timeout=600)  # fmt: skip
+    proc = run_script(TOOL, "export", run_dir / "checkpoints" / "best.pt", "--out", export_dir, "--capture-video",
+                      "--episodes", 1, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     check_export_folder(export_dir, script, ckpt, 1, video=True)
-    agent = model_pt_network(module, export_dir)
+    agent = model_pt_policy(module, export_dir, ckpt).agent
     assert same_tensors(agent.state_dict(), ckpt["model"])
     # policy.pt2: the most likely action of the Nature CNN for the stacked uint8 frames
     frames = torch.from_numpy(env_observations(module.make_env, "BreakoutNoFrameskip-v4"))
@@ -346,8 +345,7 @@ def test_atari_keep_best_export_and_replay(tmp_path, script):
         logits, _ = agent(frames)
     actions = policy_pt2_actions(export_dir, frames, tmp_path)
     assert actions.dtype == torch.int64 and torch.equal(actions, logits.argmax(-1))
-    proc = run_script(f"{script}.py", "--eval-checkpoint", run_dir / "checkpoints" / "best.pt", "--capture-video",
-                      "--eval-episodes", 1, timeout=600)  # fmt: skip
+    proc = run_script(TOOL, "eval", run_dir / "checkpoints" / "best.pt", "--capture-video", "--episodes", 1, timeout=600)
     assert proc.returncode == 0, proc.stderr
     assert [p.name for p in (run_dir / "eval" / "best" / "videos").glob("*.mp4")] == ["rl-video-episode-0.mp4"]
 
