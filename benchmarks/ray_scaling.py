@@ -61,10 +61,9 @@ def part_costs() -> dict:
     costs = {}
     obs_dim, act_dim = 17, 6
 
-    # a worker's own cost: env step + numpy actor (no Ray)
-    server, holder = sr.ParameterServer(), sr.ParameterHolder()
-    holder.publish(sr.Actor(obs_dim, act_dim), 0)
-    server.publish(holder.weights, 0)
+    # a worker's own cost: env step + its Actor module (no Ray)
+    server, weights = sr.ParameterServer(), sr.actor_weights(sr.Actor(obs_dim, act_dim))
+    server.publish(weights, 0)
     worker = sr.RolloutWorker(0, ENV_ID, 1, 0, server)
     worker.collect(200, 0)
     costs["worker_step_us"] = median_time(lambda: worker.collect(1_000, 0), 5) / 1_000 * 1e6
@@ -72,17 +71,17 @@ def part_costs() -> dict:
     # the learner's gradient step at batch 256 (as the loop runs it, with policy_frequency 2), on every core (the
     # in-process worker above set torch to one thread, as workers do)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
-    class A:  # the Args fields make_learner reads
-        autotune, alpha, policy_lr, q_lr, bf16 = True, 0.2, 3e-4, 1e-3, False
+    class A:  # the Args fields Learner reads
+        autotune, alpha, policy_lr, q_lr, squash_eps = True, 0.2, 3e-4, 1e-3, 0.0
 
-    learner = sr.make_learner(obs_dim, act_dim, -np.ones(act_dim), np.ones(act_dim), A, torch.device("cpu"))
+    learner = sr.Learner(obs_dim, act_dim, -np.ones(act_dim), np.ones(act_dim), A, torch.device("cpu"))
     batch = {"obs": torch.randn(256, obs_dim), "next_obs": torch.randn(256, obs_dim), "actions": torch.rand(256, act_dim),
              "rewards": torch.randn(256), "terminated": torch.zeros(256)}  # fmt: skip
 
     def two_steps():
         for _ in range(2):
             sr.critic_update(learner, batch, 0.99)
-            sr.soft_update(learner.qf_target_params, learner.qf_params, 0.005)
+            sr.soft_update(learner.qf_target, learner.qf, 0.005)
         for _ in range(2):
             sr.actor_update(learner, batch["obs"], True)
 
@@ -95,7 +94,7 @@ def part_costs() -> dict:
     ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
     try:
         ps = ray.remote(sr.ParameterServer).options(name="ps", num_cpus=0).remote()
-        ray.get(ps.publish.remote(holder.weights, 0))
+        ray.get(ps.publish.remote(weights, 0))
         remote_worker = ray.remote(sr.RolloutWorker).options(num_cpus=1).remote(0, ENV_ID, 1, 0, "ps")
         shard = ray.remote(sr.BufferShard).options(num_cpus=0).remote(100_000, obs_dim, act_dim, 0)
         steps = 100
@@ -134,11 +133,11 @@ def part_costs() -> dict:
         costs["sample_per_batch_ms"] = costs["sample_16x256_ms"] / 16
 
         def sync():
-            ray.get(ps.publish.remote(holder.weights, int(time.time() * 1e6)))
+            ray.get(ps.publish.remote(weights, int(time.time() * 1e6)))
             ray.get(remote_worker.sync_weights.remote())
 
         costs["weight_sync_ms"] = median_time(sync, 30) * 1e3
-        costs["weights_bytes"] = int(sum(w.nbytes for w in holder.weights))
+        costs["weights_bytes"] = int(sum(w.nbytes for w in weights.values()))
     finally:
         ray.shutdown()
     return costs

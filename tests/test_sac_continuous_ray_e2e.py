@@ -123,7 +123,7 @@ def test_two_workers_reach_the_update_hold_the_utd_ratio_and_log_every_tag(saved
         "learner"].keys()  # fmt: skip
     assert ckpt["run_state"]["grad_steps"] == 901 and sum(b["size"] for b in ckpt["replay_buffers"]) == 1000
     learner = ckpt["learner"]
-    assert learner["log_alpha"].item() < 0 and not torch.equal(learner["qf"]["w1"], learner["qf_target"]["w1"])
+    assert learner["log_alpha"].item() < 0 and not torch.equal(learner["qf"]["0.0.weight"], learner["qf_target"]["0.0.weight"])
 
 
 def test_halfcheetah_with_sharded_buffer_and_two_envs_per_worker(tmp_path):

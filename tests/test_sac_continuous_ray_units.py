@@ -62,11 +62,8 @@ def test_parameter_server_sends_weights_only_when_newer():
 
 def worker_for(env_id: str, num_envs: int = 1) -> tuple:
     server = sr.ParameterServer()
-    actor = sr.Actor(2, 1)
-    holder = sr.ParameterHolder()
-    holder.publish(actor, 0)
-    server.publish(holder.weights, 0)
-    return sr.RolloutWorker(0, env_id, num_envs, 1, server), server, holder
+    server.publish(sr.actor_weights(sr.Actor(2, 1)), 0)
+    return sr.RolloutWorker(0, env_id, num_envs, 1, server), server
 
 
 def test_worker_batches_store_termination_not_truncation_and_the_true_final_obs():
@@ -74,7 +71,7 @@ def test_worker_batches_store_termination_not_truncation_and_the_true_final_obs(
     import tests.fake_envs  # noqa: F401  (registers the ids)
 
     for env_id, length, terminal in (("Counting-v0", 7, False), ("CountingTerminates-v0", 5, True)):
-        worker, _, _ = worker_for(env_id)
+        worker, _ = worker_for(env_id)
         batch, stats = worker.collect(20, 3)
         assert batch["obs"].shape == (20, 2) and batch["actions"].shape == (20, 1) and stats["steps"] == 20
         obs, next_obs = batch["obs"], batch["next_obs"]
@@ -87,15 +84,14 @@ def test_worker_batches_store_termination_not_truncation_and_the_true_final_obs(
 
 
 def test_worker_acts_randomly_first_then_with_the_weights_it_pulls_when_told():
-    server, holder = sr.ParameterServer(), sr.ParameterHolder()
-    holder.publish(sr.Actor(3, 1), 0)
+    server, weights = sr.ParameterServer(), sr.actor_weights(sr.Actor(3, 1))
     worker = sr.RolloutWorker(0, "Pendulum-v1", 2, 1, server)  # 2 envs: 2 env steps per vector step
     _, stats = worker.collect(5, 5)
     assert stats["version"] == -1 and worker.version == -1  # random actions only: no pull
-    server.publish(holder.weights, 7)
+    server.publish(weights, 7)
     _, stats = worker.collect(4, 0, False)  # no weights yet: the first policy step pulls all the same
     assert stats["version"] == 7 and worker.version == 7
-    server.publish(holder.weights, 9)
+    server.publish(weights, 9)
     _, stats = worker.collect(2, 0, False)  # not told to pull: acts with what it has
     assert stats["version"] == 7 and worker.version == 7
     batch, stats = worker.collect(2, 1, True)  # told to pull: before its first policy step (after the random one)
@@ -108,16 +104,15 @@ def test_worker_acts_through_its_own_actor_module_on_the_pulled_weights():
     squashed_gaussian (sac-rollout's policy_actions): no second copy of the network's math."""
     torch.manual_seed(3)
     actor = sr.Actor(3, 1)
-    server, holder = sr.ParameterServer(), sr.ParameterHolder()
-    holder.publish(actor, 5)
-    server.publish(holder.weights, 5)
+    server = sr.ParameterServer()
+    server.publish(sr.actor_weights(actor), 5)
     worker = sr.RolloutWorker(0, "Pendulum-v1", 1, 1, server)
     batch, stats = worker.collect(3, 0, True)
     assert stats["version"] == 5 and type(worker.actor) is sr.Actor
     torch.testing.assert_close(list(worker.actor.parameters()), list(actor.parameters()), rtol=0, atol=0)
     noise = np.random.default_rng([1, 1]).standard_normal((3, 1, 1))  # the worker's own generator, seeded [seed, 1]
     for t in range(3):
-        expected = sr.policy_actions(batch["obs"][t : t + 1], actor, noise[t], worker.scale, worker.bias)
+        expected = sr.policy_actions(actor, batch["obs"][t : t + 1], noise[t], worker.scale, worker.bias)
         np.testing.assert_allclose(batch["actions"][t : t + 1], expected, rtol=1e-6, atol=1e-6)
 
 
@@ -126,11 +121,10 @@ def test_a_worker_without_weights_waits_for_a_late_publisher():
     on an empty weights list (the "not enough values to unpack" crash)."""
     import threading
 
-    server, holder = sr.ParameterServer(), sr.ParameterHolder()
-    holder.publish(sr.Actor(3, 1), 3)
+    server = sr.ParameterServer()
     worker = sr.RolloutWorker(0, "Pendulum-v1", 1, 1, server)
     assert server.status()[1] == -1  # nothing published: the status says so
-    late = threading.Timer(0.5, server.publish, (holder.weights, 3))
+    late = threading.Timer(0.5, server.publish, (sr.actor_weights(sr.Actor(3, 1)), 3))
     start = time.monotonic()
     late.start()
     batch, stats = worker.collect(3, 0, True)
@@ -158,7 +152,7 @@ def test_dispatch_goes_round_robin_and_pulls_count_global_steps():
 def test_buffer_shard_adds_worker_batches_and_samples_them():
     import tests.fake_envs  # noqa: F401
 
-    worker, _, _ = worker_for("Counting-v0")
+    worker, _ = worker_for("Counting-v0")
     shard = sr.BufferShard(16, 2, 1, seed=0)
     batch, _ = worker.collect(10, 10)
     assert shard.add(batch) == 10
@@ -195,7 +189,7 @@ def test_updates_owed_follow_the_schedule_and_async_owes_one_at_a_time():
 def test_shard_states_save_every_shard_only_with_save_buffer():
     import tests.fake_envs  # noqa: F401
 
-    worker, _, _ = worker_for("Counting-v0")
+    worker, _ = worker_for("Counting-v0")
     shards = [sr.BufferShard(16, 2, 1, seed=i) for i in range(2)]
     shards[0].add(worker.collect(5, 5)[0])
     shards[1].add(worker.collect(3, 3)[0])

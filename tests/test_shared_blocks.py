@@ -11,20 +11,18 @@ from tests.conftest import ROOT
 from tools.sync_shared import HINT, describe, differing_blocks, extract_blocks, load_blocks, scripts_in
 
 SCRIPTS = scripts_in(ROOT)
-# every script carries these blocks: the plumbing below the banner (errors, flag checks, seeding, checkpoints, the
-# run's bookkeeping, keep-best, the export of a trained agent, torch's threads)
-REQUIRED = {"errors", "validation", "seeding", "checkpoint", "run", "keep-best", "export", "threads"}
-# the SAC scripts: sac_continuous_ray.py distributes sac_continuous.py's parts, so it must carry them verbatim
-SAC_PARTS = {"sac-env", "sac-networks", "sac-replay-buffer", "sac-parameters", "sac-learner", "sac-rollout",
-             "sac-evaluation", "sac-export", "sac-run"}  # fmt: skip
-# ...and each family its own: MuJoCo/classic-control scripts capture simulator state and use same-step autoreset;
-# the Atari scripts share the preprocessing, both backends, the Nature CNN and the run plumbing; the on-policy
-# scripts share the initialization, explained variance and the schedules.
+# every script carries this block: the plumbing below the banner (runs, checkpoints, flag checks, errors, seeding)
+REQUIRED = {"plumbing"}
+# the SAC scripts: sac_continuous_ray.py distributes sac_continuous.py's algorithm, so it carries it verbatim
+SAC_PARTS = {"sac-algorithm", "sac-run", "episode-boundaries", "evaluate"}
+# ...and each family its own: MuJoCo/classic-control scripts capture simulator state, use same-step autoreset and
+# evaluate on a plain env; the Atari scripts share the preprocessing, both backends, the Nature CNN and the run
+# plumbing; the on-policy scripts share the initialization, explained variance and the schedules.
 ON_POLICY = {"layer-init", "diagnostics-and-schedules"}
 FAMILY = {
-    "ppo_continuous.py": {"env-state", "episode-boundaries", "gae", "ppo-losses", *ON_POLICY},
-    "sac_continuous.py": {"env-state", "episode-boundaries", *SAC_PARTS},
-    "sac_continuous_ray.py": {"episode-boundaries", *SAC_PARTS},
+    "ppo_continuous.py": {"env-state", "episode-boundaries", "gae", "ppo-losses", "evaluate", *ON_POLICY},
+    "sac_continuous.py": {"env-state", *SAC_PARTS},
+    "sac_continuous_ray.py": SAC_PARTS,
     "ppo_atari.py": {"atari-make-env", "nature-cnn", "next-step-autoreset", "atari-wrappers", "atari-run", "gae",
                      "ppo-losses", *ON_POLICY},  # fmt: skip
     "a2c_atari.py": {"atari-make-env", "nature-cnn", "next-step-autoreset", "atari-wrappers", "atari-run", *ON_POLICY},
@@ -72,16 +70,16 @@ def test_differing_copies_are_detected(tmp_path):
     name that block and the scripts on both sides."""
     for script in SCRIPTS:
         shutil.copy(script, tmp_path / script.name)
-    carriers = sorted(name for name, blocks in load_blocks(tmp_path).items() if "seeding" in blocks)
+    carriers = sorted(name for name, blocks in load_blocks(tmp_path).items() if "plumbing" in blocks)
     edited = tmp_path / "ppo_atari.py"
     text = edited.read_text()
-    assert text.count("# --- shared: seeding ---\n") == 1
-    edited.write_text(text.replace("# --- shared: seeding ---\n", "# --- shared: seeding ---\nSEED_OFFSET = 1\n"))
+    assert text.count("# --- shared: plumbing ---\n") == 1
+    edited.write_text(text.replace("# --- shared: plumbing ---\n", "# --- shared: plumbing ---\nSEED_OFFSET = 1\n"))
     with pytest.raises(AssertionError) as failure:
         assert_copies_identical(tmp_path)
     report = str(failure.value).splitlines()
-    (line,) = [line for line in report if "'seeding'" in line]
-    assert line.startswith("shared block 'seeding' differs between ")
+    (line,) = [line for line in report if "'plumbing'" in line]
+    assert line.startswith("shared block 'plumbing' differs between ")
     for script in carriers:
         assert script in line, f"{script} is not named in {line!r}"
     assert line.endswith(" and ppo_atari.py"), line  # the edited copy, alone in its version

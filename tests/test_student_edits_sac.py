@@ -16,6 +16,13 @@ ACTOR = """        self.net = nn.Sequential(
             nn.Linear(obs_dim, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 2 * act_dim)
         )"""
 LAST = "nn.Linear(HIDDEN, 2 * act_dim)"
+CRITIC = """    return nn.Sequential(
+        nn.Linear(obs_dim + act_dim, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 1)
+    )"""
+# SimBa / BRO-style: a LayerNorm after each hidden layer of the critic (learnable scale and shift: more parameters)
+CRITIC_LAYERNORM = CRITIC.replace("nn.Linear(obs_dim + act_dim, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU()",
+                                  "nn.Linear(obs_dim + act_dim, HIDDEN), nn.LayerNorm(HIDDEN), nn.ReLU(), "
+                                  "nn.Linear(HIDDEN, HIDDEN), nn.LayerNorm(HIDDEN), nn.ReLU()")  # fmt: skip
 Q_ZERO_GRAD, ACTOR_ZERO_GRAD = "learner.q_optimizer.zero_grad()", "learner.actor_optimizer.zero_grad()"
 LOSS = "actor_loss = (alpha * log_prob - q).mean()"
 
@@ -32,6 +39,7 @@ WORKING_EDITS = {
     "hidden size 64": [("HIDDEN = 256", "HIDDEN = 64")],
     "one more hidden layer": [(ACTOR, ACTOR.replace(LAST, "nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), " + LAST))],
     "LayerNorm": [(ACTOR, ACTOR.replace("nn.Linear(obs_dim, HIDDEN), ", "nn.Linear(obs_dim, HIDDEN), nn.LayerNorm(HIDDEN), "))],
+    "critic LayerNorm": [(CRITIC, CRITIC_LAYERNORM)],
     "zero_grad(set_to_none=True)": zero_grad("set_to_none=True"),
     "zero_grad(set_to_none=False)": zero_grad("set_to_none=False"),
     "extra loss term": [(LOSS, LOSS + " + 1e-3 * sum((p**2).sum() for p in learner.actor.parameters())")],
@@ -41,6 +49,8 @@ STOPPING_EDITS = {
     "first layer widened alone": ([(ACTOR, ACTOR.replace("nn.Linear(obs_dim, HIDDEN)", "nn.Linear(obs_dim, 128)"))],
                                   ("Actor", "input size")),  # fmt: skip
     "output size hard-coded": ([(ACTOR, ACTOR.replace(LAST, "nn.Linear(HIDDEN, 4)"))], ("Actor", "2 * act_dim = 2")),
+    "critic without the action": ([(CRITIC, CRITIC.replace("obs_dim + act_dim", "obs_dim"))],
+                                  ("q_network", "obs_dim + act_dim = 4")),  # fmt: skip
 }
 
 OBS_DIM, ACT_DIM = 17, 6  # HalfCheetah's sizes for the in-process check; the real run is Pendulum's (3, 1)
@@ -51,13 +61,6 @@ SHORT_RUN = ["--env-id", "Pendulum-v1", "--total-timesteps", 200, "--learning-st
              "--checkpoint-interval", 200, "--seed", 1, "--torch-threads", 1, "--no-progress"]  # fmt: skip
 
 
-def acting_function(module, actor):
-    """What the rollout runs: policy_actions on the actor as ParameterHolder publishes it."""
-    holder = module.ParameterHolder()
-    holder.publish(actor, 0)
-    return lambda obs, noise, scale, bias: module.policy_actions(obs, holder.actor, noise, scale, bias)
-
-
 def trained_like(actor: torch.nn.Module) -> None:
     """Weights as after some training: non-zero biases, a non-tiny output layer (seeded)."""
     generator = torch.Generator().manual_seed(1)
@@ -66,33 +69,35 @@ def trained_like(actor: torch.nn.Module) -> None:
             p.add_(0.3 * torch.randn(p.shape, generator=generator))
 
 
-def expected_actions(module, actor, obs: np.ndarray, noise, scale: np.ndarray, bias: np.ndarray) -> np.ndarray:
+def expected_actions(module, actor, obs: np.ndarray, noise, scale: torch.Tensor, bias: torch.Tensor) -> np.ndarray:
     """The training path's math: the edited Actor module, then squashed_gaussian (noise None: the mean, noise 0)."""
     with torch.no_grad():
         mean, log_std = actor(torch.from_numpy(obs).float())
         noise = torch.zeros_like(mean) if noise is None else noise
-        return module.squashed_gaussian(mean, log_std, noise, torch.from_numpy(scale), torch.from_numpy(bias))[0].numpy()
+        return module.squashed_gaussian(mean, log_std, noise, scale, bias)[0].numpy()
 
 
 def check_acting(module, obs_dim: int, act_dim: int) -> None:
-    """Acting matches the edited Actor within 1e-5 on 64 fixed observations, with noise and without."""
+    """Acting (the rollout's policy_actions, and the evaluated Policy) matches the edited Actor within 1e-5 on 64
+    fixed observations, with noise and without."""
     torch.manual_seed(0)
     actor = module.Actor(obs_dim, act_dim)
     trained_like(actor)
-    acting = acting_function(module, actor)
     obs = np.random.default_rng(1).normal(size=(64, obs_dim)) * 3  # float64, as MuJoCo returns them
     noise = torch.randn(64, act_dim, generator=torch.Generator().manual_seed(2))
-    scale, bias = np.full(act_dim, 2.0, np.float32), np.linspace(-0.5, 0.5, act_dim, dtype=np.float32)
-    for n in (noise, None):
-        expected = expected_actions(module, actor, obs, n, scale, bias)
-        np.testing.assert_allclose(acting(obs, n, scale, bias), expected, rtol=1e-5, atol=1e-5)
+    scale, bias = torch.full((act_dim,), 2.0), torch.linspace(-0.5, 0.5, act_dim)
+    acting = module.policy_actions(actor, obs, noise, scale, bias)
+    np.testing.assert_allclose(acting, expected_actions(module, actor, obs, noise, scale, bias), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        evaluated = module.Policy(actor, bias - scale, bias + scale)(torch.from_numpy(obs)).numpy()
+    np.testing.assert_allclose(evaluated, expected_actions(module, actor, obs, None, scale, bias), rtol=1e-5, atol=1e-5)
 
 
 def initial_learner(module, obs_dim: int, act_dim: int, low: float, high: float, seed: int = 1):
-    """The learner main() starts from: seeded, then make_learner (nothing between draws from torch's RNG)."""
+    """The learner main() starts from: seeded, then Learner (nothing between draws from torch's RNG)."""
     module.seed_everything(seed, True)
     bounds = np.full(act_dim, low, np.float32), np.full(act_dim, high, np.float32)
-    return module.make_learner(obs_dim, act_dim, *bounds, module.Args(), torch.device("cpu"))
+    return module.Learner(obs_dim, act_dim, *bounds, module.Args(), torch.device("cpu"))
 
 
 def assert_every_tensor_moved(edit: str, trained: dict, initial, steps: int) -> None:
@@ -131,7 +136,8 @@ def test_edit_that_cannot_run_stops_with_a_message(edit, tmp_path):
     assert not list((tmp_path / "runs").rglob("*.pt")), "no update may run"
 
 
-RAY_EDITS = ["unedited", "activation Tanh", "LayerNorm", "zero_grad(set_to_none=True)", "zero_grad(set_to_none=False)"]
+RAY_EDITS = ["unedited", "activation Tanh", "LayerNorm", "critic LayerNorm", "zero_grad(set_to_none=True)",
+             "zero_grad(set_to_none=False)"]  # fmt: skip
 
 
 @pytest.mark.parametrize("edit", RAY_EDITS)
@@ -143,9 +149,8 @@ def test_edit_keeps_the_ray_copy_acting_and_training_correct(edit, tmp_path):
     check_acting(script, OBS_DIM, ACT_DIM)
     learner = initial_learner(script, 3, 1, -2.0, 2.0)
     trained_like(learner.actor)
-    server, holder = script.ParameterServer(), script.ParameterHolder()
-    holder.publish(learner.actor, 0)
-    server.publish(holder.weights, 0)
+    server = script.ParameterServer()
+    server.publish(script.actor_weights(learner.actor), 0)
     worker = script.RolloutWorker(0, "Pendulum-v1", 1, 7, server)
     batch, stats = worker.collect(16, 0, True)
     noise = torch.from_numpy(np.random.default_rng([7, 1]).standard_normal((16, 1)))  # the worker's generator
@@ -161,8 +166,30 @@ def test_edit_keeps_the_ray_copy_acting_and_training_correct(edit, tmp_path):
     assert_every_tensor_moved(edit, trained, initial, 4)
 
 
+def test_critic_layernorm_trains_and_each_critic_is_called_on_its_own(tmp_path):
+    """The LayerNorm critic edit, in-process on the copy: a few gradient steps train the LayerNorm's own scale and shift
+    (critics and targets), and the critic values every loss reads (q_values) are the two edited q_network instances
+    called one by one."""
+    script = import_copy(copy_alone(SCRIPT, tmp_path / "student", WORKING_EDITS["critic LayerNorm"]))
+    learner, initial = (initial_learner(script, OBS_DIM, ACT_DIM, -1.0, 1.0) for _ in range(2))
+    assert sum(isinstance(m, torch.nn.LayerNorm) for m in learner.qf.modules()) == 4  # 2 per critic
+    g = torch.Generator().manual_seed(3)
+    for step in range(1, 5):
+        batch = {"obs": torch.randn(32, OBS_DIM, generator=g), "next_obs": torch.randn(32, OBS_DIM, generator=g),
+                 "actions": torch.rand(32, ACT_DIM, generator=g) * 2 - 1, "rewards": torch.randn(32, generator=g),
+                 "terminated": torch.zeros(32)}  # fmt: skip
+        script.gradient_step(learner, batch, step, script.Args())
+    trained = {network: getattr(learner, network).state_dict() for network in LRS} | {"log_alpha": learner.log_alpha}
+    assert_every_tensor_moved("critic LayerNorm", trained, initial, 4)  # the LayerNorms' weights and biases too
+    obs, actions = torch.randn(64, OBS_DIM, generator=g), torch.rand(64, ACT_DIM, generator=g) * 2 - 1
+    with torch.no_grad():
+        for critics in (learner.qf, learner.qf_target):
+            one_by_one = torch.stack([critic(torch.cat([obs, actions], -1)).squeeze(-1) for critic in critics])
+            torch.testing.assert_close(script.q_values(critics, obs, actions), one_by_one, rtol=0, atol=0)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("edit", ["activation Tanh", "hidden size 64"])
+@pytest.mark.parametrize("edit", ["activation Tanh", "hidden size 64", "critic LayerNorm"])
 def test_edited_copy_learns_pendulum(edit, tmp_path):
     """The unedited script's Pendulum recipe and threshold (tests/test_sac_continuous_learning.py)."""
     path = copy_alone(SCRIPT, tmp_path / "student", WORKING_EDITS[edit])
