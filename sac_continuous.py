@@ -1059,7 +1059,8 @@ def check_checkpoint_matches(ckpt: dict, path: str, script: str, shapes: dict) -
 
 def prune_checkpoints(ckpt_dir: Path, keep: int, prefix: str = "step_") -> None:
     """Delete all but the newest `keep` periodic checkpoints (names sort by zero-padded global step)."""
-    for old in sorted(ckpt_dir.glob(f"{prefix}*.pt"))[:-keep]:
+    periodic = sorted(ckpt_dir.glob(f"{prefix}*.pt"))
+    for old in periodic[: max(len(periodic) - keep, 0)]:
         old.unlink()
 
 

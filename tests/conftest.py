@@ -102,7 +102,7 @@ def reached_return(runs_dir: Path, threshold: float):
 
 
 def episode_lines(stdout: str, episodes: int) -> list:
-    """The returns of --eval-checkpoint's (or --export-checkpoint's) progress lines, `episode k/n: return R` (Atari:
+    """The returns of `tools/agent.py eval`'s (or export's) progress lines, `episode k/n: return R` (Atari:
     `game k/n: ...`): one per episode in order, as they finish, and their mean is the summary line's mean."""
     found = re.findall(r"^(?:episode|game) (\d+)/(\d+): return (-?[\d.]+)$", stdout, flags=re.M)
     assert [(int(k), int(n)) for k, n, _ in found] == [(k + 1, episodes) for k in range(episodes)], stdout

@@ -124,7 +124,7 @@ def test_a_checkpoint_is_never_written_from_nan_weights(tmp_path, keep_best, ref
     inside a log window: the periodic checkpoint due at 256 (and before it --keep-best's look at the training returns)
     checks what it would write, and stops the run instead."""
     line = "state.global_step += args.num_envs"
-    edit = (line, line + "; learner.qf_target.w1.data.mul_(math.nan if state.global_step == 256 else 1.0)")
+    edit = (line, line + "; learner.qf_target[0][0].weight.data.mul_(math.nan if state.global_step == 256 else 1.0)")
     copy = copy_alone("sac_continuous.py", tmp_path / "copy", [edit])
     runs = tmp_path / "runs"
     flags = [flag for flag in SAC_SMALL if keep_best or flag != "--keep-best"]  # --keep-best looks first, then the save

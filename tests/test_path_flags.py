@@ -105,7 +105,7 @@ ENV_ROWS = [
     ("sac_continuous_ray.py", "ALE/Pong-v5", (ATARI_HINT,)),
     ("ppo_atari.py", "HalfCheetah-v4", ("not an Atari id", "continuous-action", CONTINUOUS_HINT)),
     ("a2c_atari.py", "Pendulum-v1", ("not an Atari id", "continuous-action", CONTINUOUS_HINT)),
-    ("ppo_atari.py", "CartPole-v1", ("not an Atari id", "discrete-action task on a state vector", "no script here")),
+    ("ppo_atari.py", "CartPole-v1", ("not an Atari id", "continuous-action", CONTINUOUS_HINT)),
 ]
 
 

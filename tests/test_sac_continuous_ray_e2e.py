@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import BASE_ENV, ROOT, assert_clean_error, episode_lines, only_run_dir, scalars, wait_for_updates
+from tests.conftest import (BASE_ENV, ROOT, assert_clean_error, episode_lines, only_run_dir, run_script, scalars,
+                            wait_for_updates)
 from tests.fork_runner import run_fresh, run_python
 
 pytest.importorskip("ray")
@@ -274,7 +275,7 @@ def test_resume_refuses_a_fixed_flag_set_to_another_value(saved_run):
 
 def test_eval_checkpoint_is_deterministic_and_logged(saved_run):
     ckpt = saved_run[0] / "checkpoints" / "final_0000001000.pt"
-    outs = [run_refused("--eval-checkpoint", ckpt, "--eval-episodes", "2", "--torch-threads", "1") for _ in range(2)]
+    outs = [run_script("tools/agent.py", "eval", ckpt, "--episodes", "2") for _ in range(2)]
     for out in outs:
         assert out.returncode == 0, out.stderr
         assert "over 2 episodes" in out.stdout

@@ -301,21 +301,19 @@ def test_sac_keep_best_export_and_replay(tmp_path, script):
     last = sorted(p for p in (run_dir / "checkpoints").glob("*.pt") if p.name != "best.pt")[-1]
     assert ckpt[buffer_part] is None and torch.load(last, weights_only=True)[buffer_part] is not None
     export_dir = tmp_path / "export"
-    proc = run_script(f"{script}.py", "--export-checkpoint", run_dir / "checkpoints" / "best.pt", "--export-dir",
-                      export_dir, "--capture-video", "--eval-episodes", 2)  # fmt: skip
+    proc = run_script(TOOL, "export", run_dir / "checkpoints" / "best.pt", "--out", export_dir, "--capture-video",
+                      "--episodes", 2)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    config = check_export_folder(export_dir, script, ckpt, 2, video=True)
-    actor = model_pt_network(module, export_dir)
-    assert same_tensors(actor.state_dict(), ckpt["learner"]["actor"])
-    # policy.pt2 acts as evaluate() does: tanh of the Gaussian's mean, scaled to the bounds
+    check_export_folder(export_dir, script, ckpt, 2, video=True)
+    policy = model_pt_policy(module, export_dir, ckpt)
+    assert same_tensors(policy.actor.state_dict(), ckpt["learner"]["actor"])
+    # policy.pt2 acts as evaluate() does: tanh of the Gaussian's mean, scaled to the bounds (InvertedPendulum: +-3)
     obs = env_observations(module.make_env, MUJOCO).astype(np.float32)
-    low, high = torch.tensor(config["action_low"]), torch.tensor(config["action_high"])
     with torch.no_grad():
-        expected = module.Policy(actor, low, high)(torch.from_numpy(obs)).numpy()
+        expected = module.Policy(policy.actor, np.array([-3.0]), np.array([3.0]))(torch.from_numpy(obs)).numpy()
     actions = policy_pt2_actions(export_dir, torch.from_numpy(obs), tmp_path)
     np.testing.assert_allclose(actions.numpy(), expected, rtol=1e-5, atol=1e-5)
-    proc = run_script(f"{script}.py", "--eval-checkpoint", run_dir / "checkpoints" / "best.pt", "--capture-video",
-                      "--eval-episodes", 1)  # fmt: skip
+    proc = run_script(TOOL, "eval", run_dir / "checkpoints" / "best.pt", "--capture-video", "--episodes", 1)
     assert proc.returncode == 0, proc.stderr
     assert [p.name for p in (run_dir / "eval" / "best" / "videos").glob("*.mp4")] == ["rl-video-episode-0.mp4"]
 

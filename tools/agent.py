@@ -55,20 +55,21 @@ class ToolError(Exception):
     """Bad input (a path, a checkpoint): one paragraph, exit code 2."""
 
 
-def load_script(ckpt: dict, path: str):
-    """The module of the script that wrote the checkpoint, imported from this project's folder."""
+def load_script(ckpt: dict, path: str, script_path=None):
+    """The module of the script that wrote the checkpoint: this project's, or `script_path` (an edited copy)."""
     script = ckpt.get("script")
-    if script not in SCRIPTS or not (ROOT / f"{script}.py").is_file():
-        raise ToolError(f"checkpoint '{path}' was written by '{script}', which is not one of this project's scripts "
-                        f"({', '.join(SCRIPTS)}) in {ROOT}.")  # fmt: skip
-    spec = importlib.util.spec_from_file_location(f"onefile_{script}", ROOT / f"{script}.py")
+    file = Path(script_path) if script_path else ROOT / f"{script}.py"
+    if script not in SCRIPTS or not file.is_file():
+        raise ToolError(f"checkpoint '{path}' was written by '{script}', and {file} is not there: give the script "
+                        f"that wrote it with --script (this project's are {', '.join(SCRIPTS)}).")  # fmt: skip
+    spec = importlib.util.spec_from_file_location(f"onefile_{script}", file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up here
     spec.loader.exec_module(module)
     return module
 
 
-def load(path: str):
+def load(path: str, script_path=None):
     """(script module, checkpoint, its Policy on the CPU), or a ToolError naming what is wrong."""
     if not os.path.isfile(path):
         raise ToolError(f"checkpoint '{path}' does not exist (or is not a file).")
@@ -79,7 +80,7 @@ def load(path: str):
                         f"({type(e).__name__}).") from None  # fmt: skip
     if not isinstance(ckpt, dict) or "args" not in ckpt or "script" not in ckpt:
         raise ToolError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
-    script, ckpt["path"] = load_script(ckpt, path), path
+    script, ckpt["path"] = load_script(ckpt, path, script_path), path
     env_id = str(ckpt["args"]["env_id"])
     if ":" in env_id:  # why: "module:Env" would import any module on sys.path; a checkpoint is data, not code
         raise ToolError(f"checkpoint '{path}' names the env '{env_id}', which imports a module; register the env "
@@ -90,9 +91,9 @@ def load(path: str):
     except script.UserError as e:
         raise ToolError(str(e)) from None
     except (RuntimeError, KeyError, AttributeError) as e:  # load_state_dict's size mismatch or missing keys
-        raise ToolError(f"checkpoint '{path}' does not fit {script.__name__[8:]}.py as it is now: the networks changed "
-                        f"shape since it was written ({str(e).splitlines()[0]}). Evaluate it with the script version "
-                        "that wrote it (the model card or args.json name it).") from None  # fmt: skip
+        raise ToolError(f"checkpoint '{path}' does not fit {Path(script.__file__).name} as it is now: the networks "
+                        f"changed shape since it was written ({str(e).splitlines()[0]}). Evaluate it with the script "
+                        "that wrote it (--script).") from None  # fmt: skip
     return script, ckpt, policy.requires_grad_(False)
 
 
@@ -104,7 +105,7 @@ def play(script, ckpt: dict, policy, episodes: int, video_dir=None) -> list:
 
 def evaluate_command(opts) -> None:
     """Deterministic episodes; the mean is printed and logged as eval/episodic_return in <run>/eval/<checkpoint>."""
-    script, ckpt, policy = load(opts.checkpoint)
+    script, ckpt, policy = load(opts.checkpoint, opts.script)
     out = Path(opts.checkpoint).resolve().parent.parent / "eval" / Path(opts.checkpoint).stem
     returns = play(script, ckpt, policy, opts.episodes, str(out / "videos") if opts.capture_video else None)
     from torch.utils.tensorboard import SummaryWriter
@@ -119,7 +120,7 @@ def evaluate_command(opts) -> None:
 def export_command(opts) -> Path:
     """The export folder, written whole in a temporary folder beside it, then renamed: never half an export, and
     never over an existing folder's files unless --force (then the old folder is replaced as a whole)."""
-    script, ckpt, policy = load(opts.checkpoint)
+    script, ckpt, policy = load(opts.checkpoint, opts.script)
     source = Path(opts.checkpoint).resolve()
     out = Path(opts.out) if opts.out else source.parent.parent / "export" / source.stem
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not opts.force:
@@ -205,6 +206,7 @@ def main(argv=None) -> None:
         command.add_argument("checkpoint", help="a checkpoint written by one of the scripts (runs/<run>/checkpoints/*.pt)")
         command.add_argument("--episodes", type=int, default=10, help="evaluation episodes (default 10)")
         command.add_argument("--capture-video", action="store_true", help="record a video of the evaluation")
+        command.add_argument("--script", help="the script that wrote the checkpoint, if not this project's (a copy)")
         if name == "export":
             command.add_argument("--out", help="the export folder (default <run folder>/export/<checkpoint name>)")
             command.add_argument("--force", action="store_true", help="replace an existing, non-empty --out")
