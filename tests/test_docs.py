@@ -103,7 +103,9 @@ def readme_snippet() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_readme_snippet_plays_the_episode_that_eval_checkpoint_plays(trained, tmp_path):
+def test_readme_snippet_plays_the_episode_that_the_evaluation_plays(trained, tmp_path):
+    """The README's snippet (the script's Policy, rebuilt from a checkpoint) plays the episode that the run's own
+    evaluation, the one tools/agent.py eval plays too, played: the same return."""
     snippet = readme_snippet()
     assert len(snippet.splitlines()) <= 10, "the README promises a snippet of at most 10 lines"
     path_literal = re.search(r'"runs/[^"]+\.pt"', snippet)
@@ -112,6 +114,7 @@ def test_readme_snippet_plays_the_episode_that_eval_checkpoint_plays(trained, tm
     # the script's own evaluation episode: seed + 10_000, the mean action clipped to the bounds, obs stats frozen
     code += """
 import gymnasium as gym
+import numpy as np
 env = gym.make(ckpt["args"]["env_id"])
 obs, _ = env.reset(seed=ckpt["args"]["seed"] + 10_000)
 total, done = 0.0, False
@@ -244,12 +247,13 @@ def export_snippet() -> str:
 
 
 def test_readme_export_snippet_plays_the_evaluation_episode_with_plain_torch(trained, tmp_path):
-    """The README's export command on a trained checkpoint, then its snippet in a process that has no path to this
-    repository: policy.pt2 alone plays the episode that the script's evaluation played."""
+    """The README's export command (tools/agent.py export) on a trained checkpoint, then its snippet in a process that
+    has no path to this repository: policy.pt2 alone plays the episode that the script's evaluation played."""
     section = README.read_text().split("**Share a trained agent.**", 1)[1].split("```", 1)[0]
-    command = re.search(r"`uv run ppo_continuous\.py --export-checkpoint (runs/<run>/checkpoints/step_<step>)\.pt`", section)
+    command = re.search(r"`uv run tools/agent\.py export (runs/<run>/checkpoints/step_<step>)\.pt`", section)
     assert command, "the paragraph shows the export command, on a checkpoint that a default run writes"
-    proc = run_script("ppo_continuous.py", "--export-checkpoint", trained["checkpoint"], "--eval-episodes", 1)
+    assert "weights_only=True" in section and "unpickles" in section, "the paragraph says what loading policy.pt2 does"
+    proc = run_script("tools/agent.py", "export", trained["checkpoint"], "--episodes", 1)
     assert proc.returncode == 0, proc.stderr[-3000:]
     exported = Path(trained["checkpoint"]).parent.parent / "export" / Path(trained["checkpoint"]).stem  # the default
     snippet = export_snippet()

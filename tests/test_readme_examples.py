@@ -1,6 +1,6 @@
 """Every example the README shows runs as written, in the README's order, after the ones before it: each line of a
 ```bash block, each ```python block and each inline `uv run ...` command. They run in a copy of the scripts in an
-empty folder (the README's "project folder"), with `uv run` meaning this interpreter, a small budget appended to each
+empty folder (the README's "project folder", with tools/agent.py), with `uv run` meaning this interpreter, a small budget appended to each
 training command, and `<run>` / `<step>` replaced by the run the quick start made and its newest checkpoint.
 LEFT_OUT names the examples that are not run, each with its reason; the test fails when one of them is no longer in
 the README, so the list stays true."""
@@ -41,14 +41,17 @@ LEFT_OUT = {
     "hub.upload_folder(repo_id='<you>/ppo-halfcheetah', folder_path='runs/<run>/export/step_<step>')\"": "uploads to "
     "the Hugging Face Hub: needs an account, huggingface_hub and the network",
     "uv run sac_continuous.py --seed $SLURM_ARRAY_TASK_ID": "a Slurm array task's command (needs Slurm)",
+    "uv run --extra ray ray start --head": "starts a Ray cluster's head node, which outlives the command; "
+    "tests/test_sac_continuous_ray_cluster.py starts a two-node cluster itself",
+    "uv run --extra ray ray start --address HEAD:6379": "joins a cluster's head node that is not there (HEAD)",
     "uv run --extra ray sac_continuous_ray.py --ray-address auto --num-rollout-workers 16": "needs a Ray cluster "
     "started with `ray start`; tests/test_sac_continuous_ray_cluster.py runs the script on a two-node one",
 }  # fmt: skip
 
 # Appended to each training command (the last value of a flag wins): a few seconds each, a step checkpoint every 128
 # steps for ppo_continuous.py (the README's resume, evaluation and export use them). Resume extends the run by one
-# iteration (its output flags, --checkpoint-interval among them, come from the command line); evaluation and export
-# play one episode.
+# iteration (its output flags, --checkpoint-interval among them, come from the command line); tools/agent.py's
+# evaluation and export play one episode.
 BUDGETS = {
     "ppo_continuous.py": "--total-timesteps 256 --num-envs 1 --num-steps 128 --checkpoint-interval 128",
     "sac_continuous.py": "--total-timesteps 300 --learning-starts 100 --batch-size 32",
@@ -60,8 +63,8 @@ def budget(args: list) -> list:
     """The flags appended to `uv run SCRIPT.py ARGS` (args: SCRIPT.py ARGS)."""
     if "--resume" in args:
         return ["--total-timesteps", "384", "--checkpoint-interval", "128"]
-    if "--eval-checkpoint" in args or "--export-checkpoint" in args:
-        return ["--eval-episodes", "1"]
+    if args[0].endswith("agent.py"):  # tools/agent.py eval|export CHECKPOINT
+        return ["--episodes", "1"]
     return BUDGETS.get(args[0], "").split()
 
 
@@ -159,6 +162,8 @@ def run_examples_in_order(tmp_path: Path, select) -> tuple:
     project.mkdir()
     for script in SCRIPTS:
         shutil.copy(ROOT / script, project / script)
+    (project / "tools").mkdir()
+    shutil.copy(ROOT / "tools" / "agent.py", project / "tools" / "agent.py")  # it loads the scripts beside its folder
     env = {k: v for k, v in {**os.environ, **BASE_ENV, "PYTHON": sys.executable}.items() if k != "PYTHONPATH"}
     run_dir, ran, left_out = None, [], []
     for kind, text in examples(README.read_text()):
@@ -200,9 +205,10 @@ def test_the_readme_examples_run_in_order(tmp_path):
     assert run_dir.name.startswith("HalfCheetah-v4__ppo_continuous__1__")
     resume = next(text for text in outputs if "--resume" in text)
     assert "resumed from" in outputs[resume] and (run_dir / "checkpoints" / "step_0000000384.pt").exists()
-    evaluate = next(text for text in outputs if "--eval-checkpoint" in text)
+    evaluate = next(text for text in outputs if "tools/agent.py eval" in text)
     episode_lines(outputs[evaluate], 1)
-    export = next(text for text in outputs if "--export-checkpoint" in text)
+    assert list((run_dir / "eval" / "step_0000000384").glob("events.out.tfevents.*")), "eval logs in <run>/eval/"
+    export = next(text for text in outputs if "tools/agent.py export" in text)
     folder = run_dir / "export" / "step_0000000384"
     assert "episode 1/1: return" in outputs[export]
     assert {"policy.pt2", "model.pt", "config.json", "README.md"} <= {path.name for path in folder.iterdir()}
