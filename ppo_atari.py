@@ -14,8 +14,6 @@ the two algorithms. Docs: docs/ppo_atari.md; the algorithm: https://arxiv.org/ab
 
 import copy
 import dataclasses
-import importlib
-import importlib.util
 import json
 import math
 import os
@@ -70,7 +68,7 @@ class Args:
     seed: int = 1  # random seed of the run
     torch_deterministic: bool = True  # make cuDNN pick deterministic algorithms (torch.backends.cudnn.deterministic)
     cuda: bool = True  # use the GPU when there is one
-    torch_threads: int = 0  # torch's CPU threads; 0 = share this machine's cores among the runs of these scripts on it
+    torch_threads: int = 0  # torch's CPU threads; 0 = one per usable core (set it when runs share a machine)
     env_backend: str = "gymnasium"
     """`gymnasium` (make_env's chain on ale-py) or `ale-vector` (ale-py's C++ vector env, faster; unlike gymnasium:
     FIRE then 0-28 NOOPs at a game's start, one FIRE step after a lost life, the 108k-frame limit counted after the
@@ -600,9 +598,6 @@ def check_backend(args) -> None:
         raise UserError(f"--async-envs runs the gymnasium backend's envs in worker processes; {args.env_backend} steps "
                         "its envs in its own threads (--env-threads). Drop --async-envs, or use --env-backend "
                         "gymnasium.")  # fmt: skip
-    if args.env_backend == "ale-vector" and importlib.util.find_spec("ale_py.vector_env") is None:
-        raise UserError("--env-backend ale-vector needs ale-py >= 0.11 (ale_py.vector_env). Upgrade ale-py, or use "
-                        "--env-backend gymnasium.")  # fmt: skip
 
 
 class AleVectorAtari:
@@ -748,11 +743,9 @@ NON_FINITE_FLAGS = ("learning_rate", "policy_lr", "q_lr", "max_grad_norm", "num_
 
 
 class Run:
-    """A training run's bookkeeping: its folder `runs/<env>__<exp>__<seed>__<time>` (or the resumed checkpoint's),
-    args.json, TensorBoard, wandb, progress, Ctrl-C / SIGTERM, SPS and phase timings, evaluation (`run.play`,
-    set by the script: (episodes, video_dir) -> returns) and checkpoints. A checkpoint holds the loop state (a
-    dataclass with global_step and iteration), the parts given to attach() (state_dict() or plain attributes), the
-    recent returns, the best score and the RNG states: plain data, written atomically."""
+    """A run's bookkeeping: its folder, args.json, TensorBoard, wandb, progress, Ctrl-C, SPS and timings, evaluation
+    (`run.play(episodes, video_dir) -> returns`, set by the script) and checkpoints: the loop state, the parts given to
+    attach(), the recent returns, the best score and the RNG states, as plain data written atomically."""
 
     def __init__(self, args, script: str, ckpt: Optional[dict], shapes: dict, log_every: int):
         self.args, self.script, self.ckpt, self.shapes, self.log_every = args, script, ckpt, shapes, log_every
@@ -813,11 +806,10 @@ class Run:
         set_rng_states(self.ckpt["rng_states"])
 
     def iterations(self, state, num_iterations: int):
-        """The loop's iteration numbers, continuing a resumed run. After each: SPS, phase timings and progress at
-        the end of a log window; evaluation and checkpoints when due; a clean stop after Ctrl-C / SIGTERM, or when
-        the loop set `run.last = True`."""
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self.stop)
+        """The loop's iteration numbers, continuing a resumed run; after each, what is due: logs, evaluation,
+        checkpoints, a clean stop (Ctrl-C, SIGTERM, or `run.last = True` set by the loop)."""
+        # the handlers before ours come back at close() (Ray's own SIGTERM handler, in the Ray script)
+        self.handlers = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         progress = Progress(self.args.progress, self.args.total_timesteps)
         start_time, start_step, window_start = time.time(), state.global_step, time.monotonic()
         self.window_step = saved_step = evaluated_step = state.global_step
@@ -891,8 +883,7 @@ class Run:
         return copy.deepcopy(state) if best else state
 
     def save(self, kind: str) -> Path:
-        """Write `<kind>_<global step>.pt`, never with a NaN in it. It supersedes an older interrupted one (unless
-        that one may hold the replay buffer and this one not)."""
+        """Write `<kind>_<global step>.pt` (never with a NaN in it); it supersedes an older interrupted one."""
         path, state = self.ckpt_dir / checkpoint_name(kind, self.state.global_step), self.checkpoint()
         self.check_weights(state, f"the {kind} checkpoint about to be written")
         save_checkpoint(state, path)
@@ -902,15 +893,15 @@ class Run:
         return path
 
     def evaluated(self, returns: list, step: Optional[int] = None, snapshot: Optional[dict] = None) -> None:
-        """An evaluation's returns, logged at `step` (default: now); with --keep-best a new best mean writes best.pt:
-        `snapshot` (the weights evaluated, for an evaluation that ran while training went on), else the agent now."""
+        """An evaluation's returns at `step` (default: now); --keep-best keeps `snapshot` (the weights evaluated, if
+        training went on meanwhile) or the agent now if they score best."""
         step = self.state.global_step if step is None else step
         self.writer.add_scalar("eval/episodic_return", float(np.mean(returns)), step)
         self.best.offer(float(np.mean(returns)), step, "eval/best_return", self, snapshot)
 
     def finish(self) -> None:
-        """After the loop. Stopped by Ctrl-C / SIGTERM: save, say how to resume, exit 130. Else with --save-model the
-        final evaluation, then the final checkpoint. A second signal from here on cannot cut the save."""
+        """Stopped by a signal: save, say how to resume, exit 130; else (--save-model) evaluate, then save. From here
+        on a second signal cannot cut the save."""
         self.stop.saving = True
         if self.stopped:
             path = self.save("interrupted")
@@ -928,8 +919,8 @@ class Run:
             print(f"model saved to {self.save('final')}")
 
     def checked_step(self, step: Callable) -> Callable:
-        """envs.step, checking the actions it gets, then the observations and rewards it returns, for NaN / Inf (a
-        policy gone NaN makes a simulator return NaN: the actions tell the two apart)."""
+        """envs.step, checking its actions, then its observations and rewards for NaN / Inf (the actions tell a policy
+        gone NaN from a simulator that does)."""
 
         def checked(actions):
             if first_non_finite(actions) is not None:
@@ -950,8 +941,7 @@ class Run:
             self.non_finite(f"{what}: {found}", cause="training")
 
     def non_finite(self, quantity: str, cause: str) -> None:
-        """Stop on the first NaN / Inf, saving nothing: one paragraph (what, when, likely causes, the newest
-        checkpoint from before it, untouched), exit code 3."""
+        """Stop on the first NaN / Inf, saving nothing: one paragraph (what, when, likely causes, how to resume), exit 3."""
         args, state = self.args, self.state
         saved = [p for p in self.ckpt_dir.glob("*.pt") if p.name != "best.pt"] if self.ckpt_dir.is_dir() else []
         newest = max(saved, key=lambda p: p.stat().st_mtime, default=None)
@@ -969,7 +959,7 @@ class Run:
         sys.exit(3)
 
     def close(self) -> None:
-        for sig, handler in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+        for sig, handler in getattr(self, "handlers", {}).items():
             signal.signal(sig, handler)
         self.writer.close()
         if self.closing is not None:
@@ -981,9 +971,8 @@ class Run:
 
 
 class StopRequest:
-    """Ctrl-C / SIGTERM: ask the loop to stop after this iteration, a consistent state to save. Why a flag, not
-    `except KeyboardInterrupt`: the exception lands anywhere (a TensorBoard write, a checkpoint write). A second
-    signal interrupts at once, except while the final checkpoint is written."""
+    """Ctrl-C / SIGTERM: stop after this iteration, a consistent state to save (an exception would land anywhere,
+    mid-write); a second signal interrupts at once, except while the final checkpoint is written."""
 
     def __init__(self):
         self.requested, self.saving = False, False
@@ -1030,8 +1019,8 @@ def to_plain(obj) -> dict:
 
 
 def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
-    """Set an object's attributes from to_plain's dict, in their current types and devices. Dataclass fields marked
-    metadata={"env": True} describe the envs' episodes: kept as they are when the envs restart from a reset."""
+    """Set attributes from to_plain's dict, in their types and devices; fields marked {"env": True} (the envs'
+    episodes) stay as they are when the envs restart from a reset."""
     env_fields = {f.name for f in dataclasses.fields(obj) if f.metadata.get("env")} if dataclasses.is_dataclass(obj) else set()
     for name, current in vars(obj).items():
         if name in saved and (name not in env_fields or env_exact):
@@ -1042,8 +1031,7 @@ def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
 
 
 def first_non_finite(obj, path: str = "") -> Optional[str]:
-    """Where the first NaN / Inf in obj is (tensors, arrays, numbers, nested in dicts, lists or object arrays), as
-    a dotted path ("" at the top), or None."""
+    """The dotted path to the first NaN / Inf in obj (tensors, arrays, numbers, nested), or None."""
     if isinstance(obj, torch.Tensor):
         return path if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else None
     if isinstance(obj, np.ndarray) and obj.dtype != object:
@@ -1056,8 +1044,7 @@ def first_non_finite(obj, path: str = "") -> Optional[str]:
 
 
 def weights_of(part) -> dict:
-    """A part's weights, for the check at each log: a module's parameters, or the modules and tensors among a plain
-    object's attributes; nothing of optimizers, envs or replay buffers."""
+    """A part's weights, checked at each log: its parameters, or its modules' and tensors (no buffer, no optimizer)."""
     if isinstance(part, nn.Module):
         return dict(part.named_parameters())
     if getattr(part, "holds_replay_buffer", False) or not hasattr(part, "__dict__"):
@@ -1073,8 +1060,7 @@ def quote(word: str) -> str:
 
 
 def launch_command() -> str:
-    """What runs this script again when pasted into the same shell: `uv run [--extra X] PATH` when uv runs it from
-    the project's .venv (with --project from elsewhere, else uv finds no .venv), else this interpreter and PATH."""
+    """What runs this script again pasted in this shell: `uv run [--project P] [--extra X] PATH` under uv."""
     path, here = Path(__file__).resolve(), Path.cwd().resolve()
     shown = os.path.relpath(path) if path.is_relative_to(here) else str(path)
     if not os.environ.get("UV") or Path(sys.prefix).resolve() != (path.parent / ".venv").resolve():
@@ -1085,9 +1071,8 @@ def launch_command() -> str:
 
 
 class KeepBest:
-    """--keep-best: checkpoints/best.pt holds the agent with the best score so far, the mean return of the script's
-    evaluation (eval/best_return), or where evaluation is off the mean of the last 10 training episodes
-    (charts/best_training_return). Checkpoints store the score: a resumed run keeps a better best.pt."""
+    """--keep-best: best.pt holds the agent with the best evaluation return so far (eval/best_return), or without
+    evaluation the best mean of 10 training episodes (charts/best_training_return); a resume keeps a better one."""
 
     def __init__(self, enabled: bool, path: Path, ckpt: Optional[dict]):
         self.enabled, self.path, self.step = enabled, path, None
@@ -1112,8 +1097,7 @@ class KeepBest:
 
 
 def save_checkpoint(state: dict, path: Path) -> None:
-    """Atomically: a temporary file in the same folder, fsync, then a rename over the target; a crash mid-write
-    leaves the previous file (or none) under the real name, never a truncated one."""
+    """Atomically (a temporary file, fsync, rename): a crash mid-write never leaves a truncated checkpoint."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -1218,7 +1202,11 @@ def parse_command_line(cls, rules: dict, validate: Callable):
     for folder in (run_dir, run_dir / "checkpoints"):
         check_folder("--resume", args.resume, folder, f"a resumed run writes in '{folder}'")
     ckpt = load_checkpoint(args.resume)
-    args = merge_resume_args(args, ckpt["args"], flags_on_command_line(sys.argv[1:], cls))
+    given = flags_on_command_line(sys.argv[1:], cls)
+    if ":" in str(ckpt["args"].get("env_id")) and "env_id" not in given:  # a checkpoint is data: it imports nothing
+        raise UserError(f"checkpoint '{args.resume}' names the env '{ckpt['args']['env_id']}', which imports a module: "
+                        "give the same --env-id on the command line to allow it.")  # fmt: skip
+    args = merge_resume_args(args, ckpt["args"], given)
     check_flags(args, rules)
     validate(args)
     return args, ckpt, device
@@ -1259,8 +1247,7 @@ def run_cli(main: Callable[[], None]) -> None:
 
 
 def check_env_id(env_id: str) -> None:
-    """Fail early and clearly on an unknown id, or an Atari game given to a continuous-action script.
-    A "module:Env-v0" id imports `module` first, as gym.make does."""
+    """Fail early on an unknown id, or an Atari game here; "module:Env-v0" imports module first, as gym.make does."""
     module, _, name = env_id.rpartition(":")
     try:
         if module:
@@ -1282,8 +1269,7 @@ def check_env_id(env_id: str) -> None:
 
 
 def quiet_mujoco_warnings() -> None:
-    """Hide MuJoCo 4's warning at every -v4 model load (`settotalmass` is deprecated; the envs run the same) and
-    gymnasium's that -v4 is out of date; keep every other warning."""
+    """Hide MuJoCo 4's `settotalmass` warning at each -v4 load and gymnasium's "-v4 is out of date"; keep the rest."""
     warnings.filterwarnings("ignore", message=r".*The environment .* is out of date.*")
     try:
         import mujoco

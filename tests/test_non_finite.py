@@ -74,7 +74,9 @@ def test_ppo_stops_on_a_nan_reward_from_the_env_and_resumes_from_the_newest_chec
     run_dir = only_run_dir(tmp_path)
     assert_nothing_broken_saved(run_dir, newest, step)
     assert newest.name == "step_0000000256.pt"
-    resumed = run_script("ppo_continuous.py", "--resume", newest, "--total-timesteps", 512)  # the env's NaN: at 256 + 300
+    # a checkpoint's "module:Env" id imports a module: the resume names it again to allow that
+    resumed = run_script("ppo_continuous.py", "--resume", newest, "--env-id", "tests.fake_envs:NanReward-v0",
+                         "--total-timesteps", 512)  # the env's NaN: at 256 + 300 # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     assert "512/512" in resumed.stdout
 
@@ -99,7 +101,8 @@ def test_sac_stops_on_a_nan_observation_from_the_env_and_resumes_with_its_buffer
     run_dir = only_run_dir(tmp_path)
     assert_nothing_broken_saved(run_dir, newest, step)
     assert newest.name == "step_0000000256.pt" and (run_dir / "checkpoints" / "best.pt").exists()
-    resumed = run_script("sac_continuous.py", "--resume", newest, "--total-timesteps", 512)
+    resumed = run_script("sac_continuous.py", "--resume", newest, "--env-id", "tests.fake_envs:NanObservation-v0",
+                         "--total-timesteps", 512)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
 
 

@@ -192,8 +192,9 @@ def test_ppo_keep_best_keeps_the_agent_before_the_return_fell_and_a_resumed_run_
     assert not same_tensors(best["model"], last["model"]) and last["run_state"]["best_score"] == 7.0
     # resumed: the env restarts (its returns are 7 again), never above the stored best 7: best.pt stays
     before = (ckpts / "best.pt").read_bytes()
-    resumed = run_script("ppo_continuous.py", "--resume", ckpts / "step_0000000048.pt", "--total-timesteps", 128,
-                         "--checkpoint-interval", 16, "--keep-checkpoints", 10, "--keep-best", *common)  # fmt: skip
+    resumed = run_script("ppo_continuous.py", "--resume", ckpts / "step_0000000048.pt", "--env-id", FALLING,
+                         "--total-timesteps", 128, "--checkpoint-interval", 16, "--keep-checkpoints", 10, "--keep-best",
+                         *common)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     assert (ckpts / "best.pt").read_bytes() == before
     assert torch.load(ckpts / "step_0000000128.pt", weights_only=True)["run_state"]["best_score"] == 7.0
