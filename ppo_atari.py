@@ -3,12 +3,12 @@
 Map of this file, top to bottom:
   Args            algorithm flags, then run flags (`python ppo_atari.py --help` lists them), and the rules they obey
   make_env        gymnasium's Atari preprocessing, and the two steps it lacks (EpisodicLife, FireReset)
-  Agent           the Nature CNN: a shared trunk, a policy-logit head and a value head; Policy and evaluate
+  Agent           the Nature CNN: a shared trunk, a policy-logit head and a value head; Policy
   helpers         next-step autoreset targets, GAE, the PPO losses (one line of math above each)
   main()          set-up, then the loop: rollout -> advantages -> update -> log, then finish
-  # === Plumbing  runs, checkpoints, resume, errors, progress, the ale-vector backend, start-up checks
+  # === Plumbing  runs, checkpoints, resume, errors, progress, the env backends, evaluation, start-up checks
 
-Runs on gymnasium 1.x / ale-py 0.10+; `diff ppo_atari.py a2c_atari.py` shows what differs between
+Runs on gymnasium 1.x / ale-py 0.11+; `diff ppo_atari.py a2c_atari.py` shows what differs between
 the two algorithms. Docs: docs/ppo_atari.md; the algorithm: https://arxiv.org/abs/1707.06347
 """
 
@@ -160,18 +160,6 @@ def eval_env(env_id: str, video_dir: Optional[str] = None) -> gym.Env:
     return make_env(env_id, 0, video_dir is not None, video_dir or "")()
 
 
-def make_vector_env(args: Args, video_dir: str, seed: int):
-    """The batch of envs for training; every backend uses next-step autoreset (see the rollout). ale-vector: ale-py's
-    C++ vector env, set up below the banner to act as make_env's chain does."""
-    if args.env_backend == "ale-vector":
-        return AleVectorAtari(args.env_id, args.num_envs, seed, args.env_threads or os.cpu_count() or 1)
-    thunks = [make_env(args.env_id, i, args.capture_video, video_dir) for i in range(args.num_envs)]
-    if args.async_envs:  # worker processes ignore Ctrl-C: the main process finishes its iteration and saves
-        thunks = [ignoring_stop_signals(thunk) for thunk in thunks]
-        return gym.vector.AsyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
-    return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
-
-
 def finished_games(infos: dict) -> list:
     """[(env index, full-game return, length)] for each game that ended at this step (RecordEpisodeStatistics)."""
     if "_episode" not in infos:
@@ -289,26 +277,6 @@ class Policy(nn.Module):
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         logits, _ = self.agent(obs)
         return logits.argmax(dim=-1)
-
-
-def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
-             report: Callable[[int, float], None] = lambda i, r: None) -> list[float]:  # fmt: skip
-    """Plays `episodes` full games with `policy` on `env` (eval_env's), stepped as the rollout steps its envs (a game
-    that loops without scoring ends at the 108k-frame limit); returns each game's unclipped score over all its lives
-    (`report` hears of each game). Closes env."""
-    envs = gym.vector.SyncVectorEnv([lambda: env], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
-    device = next(policy.parameters()).device
-    obs, _ = envs.reset(seed=seed)
-    returns: list[float] = []
-    while len(returns) < episodes:
-        with torch.inference_mode():
-            actions = policy(torch.as_tensor(obs, device=device)).cpu().numpy()
-        obs, _, _, _, infos = envs.step(actions)
-        for _, game_return, _ in finished_games(infos):  # whole games, not lives
-            returns.append(game_return)
-            report(len(returns) - 1, game_return)
-    envs.close()
-    return returns
 
 
 # --- end shared: nature-cnn ---
@@ -725,6 +693,37 @@ def policy_from_checkpoint(ckpt: dict) -> Policy:
     agent.load_state_dict(ckpt["model"])
     return Policy(agent)
 
+
+def make_vector_env(args, video_dir: str, seed: int):
+    """The batch of envs for training; every backend uses next-step autoreset (see the rollout). ale-vector: ale-py's
+    C++ vector env, set up below the banner to act as make_env's chain does."""
+    if args.env_backend == "ale-vector":
+        return AleVectorAtari(args.env_id, args.num_envs, seed, args.env_threads or os.cpu_count() or 1)
+    thunks = [make_env(args.env_id, i, args.capture_video, video_dir) for i in range(args.num_envs)]
+    if args.async_envs:  # worker processes ignore Ctrl-C: the main process finishes its iteration and saves
+        thunks = [ignoring_stop_signals(thunk) for thunk in thunks]
+        return gym.vector.AsyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+
+
+def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
+             report: Callable[[int, float], None] = lambda i, r: None) -> list[float]:  # fmt: skip
+    """Plays `episodes` full games with `policy` on `env` (eval_env's), stepped as the rollout steps its envs (a game
+    that loops without scoring ends at the 108k-frame limit); returns each game's unclipped score over all its lives
+    (`report` hears of each game). Closes env."""
+    envs = gym.vector.SyncVectorEnv([lambda: env], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    device = next(policy.parameters()).device
+    obs, _ = envs.reset(seed=seed)
+    returns: list[float] = []
+    while len(returns) < episodes:
+        with torch.inference_mode():
+            actions = policy(torch.as_tensor(obs, device=device)).cpu().numpy()
+        obs, _, _, _, infos = envs.step(actions)
+        for _, game_return, _ in finished_games(infos):  # whole games, not lives
+            returns.append(game_return)
+            report(len(returns) - 1, game_return)
+    envs.close()
+    return returns
 
 
 # --- end shared: atari-run ---
