@@ -859,6 +859,20 @@ SAMPLE_GROUP = 16  # batches per buffer request: one Ray round trip per 16 gradi
 MAX_IN_FLIGHT = 2  # batches queued per worker: one it collects, the next behind it
 
 
+def log_evaluation(run, eval_ref, snapshot: Optional[dict], timeout: Optional[float] = None) -> None:
+    """Log the evaluator's result against the step its weights are from; with --keep-best, `snapshot` (the checkpoint
+    taken when those weights were sent) becomes best.pt if they scored best. A dead evaluator only skips that
+    evaluation (Ray restarts it)."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    try:
+        eval_step, returns = ray.get(eval_ref, timeout=timeout)
+        run.evaluated(returns, eval_step, snapshot)
+    except RayActorError as e:
+        print(f"warning: the evaluator died ({type(e).__name__}); training goes on and Ray restarts it.", file=sys.stderr)
+
+
 def main() -> None:
     args, ckpt, device = parse_command_line(Args, FLAG_RULES, validate_args)
     speed_setup()  # speed (below the banner): before torch's first parallel op
@@ -1183,20 +1197,6 @@ def stop_on_task_error(run, shard_states: ShardStates):
         sys.exit(1)
 
 
-def log_evaluation(run, eval_ref, snapshot: Optional[dict], timeout: Optional[float] = None) -> None:
-    """Log the evaluator's result against the step its weights are from; with --keep-best, `snapshot` (the checkpoint
-    taken when those weights were sent) becomes best.pt if they scored best. A dead evaluator only skips that
-    evaluation (Ray restarts it)."""
-    import ray
-    from ray.exceptions import RayActorError
-
-    try:
-        eval_step, returns = ray.get(eval_ref, timeout=timeout)
-        run.evaluated(returns, eval_step, snapshot)
-    except RayActorError as e:
-        print(f"warning: the evaluator died ({type(e).__name__}); training goes on and Ray restarts it.", file=sys.stderr)
-
-
 # --- shared: sac-run ---
 def policy_from_checkpoint(ckpt: dict) -> Policy:
     """The checkpoint's actor as its Policy, on the CPU (tools/agent.py evaluates and exports it)."""
@@ -1315,7 +1315,6 @@ def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
         report(episode, total)
     env.close()
     return returns
-
 
 
 # --- end shared: evaluate ---
