@@ -68,8 +68,11 @@ SAC_REFERENCE_150K = Comparison(
         "reference_sac_continuous_action_HalfCheetah-v4_150k_mujoco4.json",
     ],
 )
+# before the rewrite (TwinQ): the comparison the two-critics runs are held to
 SAC_150K = ["sac_continuous_HalfCheetah-v4_150k_zen3_f32_1c1a44c.json", "sac_continuous_HalfCheetah-v4_150k_xeon_f32_seeds34.json"]
-PPO_HC = "ppo_continuous_HalfCheetah-v4_1M.json"
+SAC_150K_NOW = ["sac_continuous_HalfCheetah-v4_150k_two_critics.json"]  # the critics as two nn.Sequential
+PPO_HC = "ppo_continuous_HalfCheetah-v4_1M_torch_rollout.json"  # the rollout samples Agent.distribution (seeds 1-3)
+PPO_HC_RUNS = [PPO_HC, "ppo_continuous_HalfCheetah-v4_1M_torch_rollout_seeds45.json"]
 SAC_1M = "sac_continuous_HalfCheetah-v4_1M_xeon_f32.json"
 
 
@@ -82,11 +85,11 @@ def ppo_atari_breakout_1m(backend: str) -> list:
 
 PPO_ATARI_GYM = ppo_atari_breakout_1m("gymnasium")
 ROWS = [
-    Row("ppo_continuous.py", "HalfCheetah-v4", "1M steps", "", [PPO_HC],
+    Row("ppo_continuous.py", "HalfCheetah-v4", "1M steps", "", PPO_HC_RUNS,
         Comparison("published", "CleanRL `ppo_continuous_action.py`, published", [PPO_HC], seeds=3)),
     Row("ppo_continuous.py", "Pendulum-v1", "1M steps", "(Pendulum recipe)", ["ppo_continuous_Pendulum-v1_1M_recipe.json"],
         None),
-    Row("sac_continuous.py", "HalfCheetah-v4", "150k steps", "", SAC_150K, SAC_REFERENCE_150K, smooth=10),
+    Row("sac_continuous.py", "HalfCheetah-v4", "150k steps", "", SAC_150K_NOW, SAC_REFERENCE_150K, smooth=10),
     Row("sac_continuous.py", "HalfCheetah-v4", "1M steps", "", [SAC_1M],
         Comparison("published", "CleanRL `sac_continuous_action.py`, published", [SAC_1M], seeds=3)),
     Row("sac_continuous_ray.py", "HalfCheetah-v4", "150k steps", "`--num-rollout-workers 2`",
