@@ -1317,6 +1317,7 @@ def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
     return returns
 
 
+
 # --- end shared: evaluate ---
 
 
