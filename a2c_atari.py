@@ -1228,7 +1228,7 @@ def check_env_id(env_id: str) -> None:
             spec = gym.spec(name)
         except (ImportError, gym.error.Error):
             raise UserError(f"unknown environment id '{env_id}' ({e}). Check the spelling and version suffix.") from None
-    if "ale_py" in str(spec.entry_point) and "atari" not in Path(__file__).stem:
+    if "ale_py" in str(spec.entry_point):
         raise UserError(f"'{env_id}' is an Atari game: use ppo_atari.py or a2c_atari.py (this script takes "
                         "continuous-action environments).")  # fmt: skip
 

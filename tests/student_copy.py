@@ -6,10 +6,13 @@ message naming what to change."""
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import uuid
 from pathlib import Path
+
+import torch
 
 from tests.conftest import BASE_ENV, ROOT
 from tests.fork_runner import run_python
@@ -47,3 +50,17 @@ def run_copy(path: Path, *args, timeout: float = 300, env: dict = None, stop_whe
     full_env.pop("PYTHONPATH", None)
     return run_python(path, args, path.parent, full_env, timeout, fork="ray" not in path.name, hidden=[ROOT],
                       stop_when=stop_when)  # fmt: skip
+
+
+def main_in_process(module, argv: list, monkeypatch) -> None:
+    """module.main() in this process with sys.argv = [script, *argv] (wandb off); the Ctrl-C / SIGTERM handlers and
+    torch's thread count are put back afterwards, whatever main() did with them."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setattr(sys, "argv", [Path(module.__file__).name, *map(str, argv)])
+    handlers, threads = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}, torch.get_num_threads()
+    try:
+        module.main()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        torch.set_num_threads(threads)

@@ -24,7 +24,7 @@ BANNED = ("toggle", "if toggled", "the k epochs", "whether to")  # matched case-
 # what a video records, ...); every other shared flag must read the same in each script.
 MAY_DIFFER = {
     "--env-id", "--total-timesteps", "--learning-rate", "--num-envs", "--num-steps", "--norm-adv", "--cuda",
-    "--torch-threads", "--bf16", "--capture-video", "--save-buffer", "--resume", "--eval-episodes",
+    "--torch-threads", "--capture-video", "--save-buffer", "--resume", "--eval-episodes",
     "--eval-interval", "--buffer-size", "--log-interval",
 }  # fmt: skip
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -2,8 +2,6 @@
 
 import math
 import pickle
-import random
-import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -337,10 +335,8 @@ def test_logged_losses_are_the_mean_over_all_minibatches(tmp_path, monkeypatch):
     """main() on a tiny Pendulum run (1 update: 2 epochs x 4 minibatches), with ppo_losses wrapped to record every
     minibatch's losses: the logged policy / value losses are their mean over all 8, not the last minibatch's.
     Break-it check: main logging the last minibatch's losses instead (a copy of the script) fails this test."""
-    import signal
-
     from tests.conftest import only_run_dir, scalars
-    from tests.student_copy import import_copy
+    from tests.student_copy import import_copy, main_in_process
 
     module = import_copy(Path(ppo.__file__))
     recorded = []
@@ -352,17 +348,9 @@ def test_logged_losses_are_the_mean_over_all_minibatches(tmp_path, monkeypatch):
         return pg_loss, v_loss, log_ratio
 
     monkeypatch.setattr(module, "ppo_losses", recording_losses)
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    argv = ["ppo_continuous.py", "--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "32", "--num-minibatches",
-            "4", "--update-epochs", "2", "--total-timesteps", "64", "--torch-threads", "1", "--runs-dir", str(tmp_path)]
-    monkeypatch.setattr(sys, "argv", argv)
-    threads, handlers = torch.get_num_threads(), (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
-    try:
-        module.main()
-    finally:
-        torch.set_num_threads(threads)
-        signal.signal(signal.SIGINT, handlers[0])
-        signal.signal(signal.SIGTERM, handlers[1])
+    main_in_process(module, ["--env-id", "Pendulum-v1", "--num-envs", 2, "--num-steps", 32, "--num-minibatches", 4,
+                             "--update-epochs", 2, "--total-timesteps", 64, "--torch-threads", 1, "--runs-dir", tmp_path],
+                    monkeypatch)  # fmt: skip
     assert len(recorded) == 8, recorded
     run_dir = only_run_dir(tmp_path)
     for i, tag in enumerate(("losses/policy_loss", "losses/value_loss")):

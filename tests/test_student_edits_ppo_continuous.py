@@ -3,15 +3,12 @@
 real update moves every parameter tensor) or stops the run at once with a message naming what to change. What they
 found in earlier builds: docs/ppo_continuous.md, "Editing the script"."""
 
-import signal
-import sys
-
 import numpy as np
 import pytest
 import torch
 
 from tests.conftest import assert_clean_error, best_last10, reached_return
-from tests.student_copy import copy_alone, import_copy, run_copy
+from tests.student_copy import copy_alone, import_copy, main_in_process, run_copy
 from tests.test_ppo_continuous_learning import PENDULUM_RUN
 
 SCRIPT = "ppo_continuous.py"
@@ -89,18 +86,9 @@ def rollout_samples(script, monkeypatch, tmp_path, steps: int = 512) -> tuple:
     monkeypatch.setattr(script.gym.vector.SyncVectorEnv, "step", recording_step)
     monkeypatch.setattr(script.gym.vector.SyncVectorEnv, "reset",
                         lambda envs, **kw: (lambda out: (seen.append(out[0].copy()), out)[1])(real_reset(envs, **kw)))  # fmt: skip
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    monkeypatch.setattr(sys, "argv", ["x", "--env-id", "Pendulum-v1", "--num-steps", str(steps), "--num-minibatches", "2",
-                                      "--update-epochs", "1", "--total-timesteps", str(steps), "--no-norm-obs",
-                                      "--no-norm-reward", "--torch-threads", "1", "--runs-dir", str(tmp_path),
-                                      "--checkpoint-interval", "0", "--no-progress"])  # fmt: skip
-    handlers, threads = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)), torch.get_num_threads()
-    try:
-        script.main()
-    finally:
-        signal.signal(signal.SIGINT, handlers[0])
-        signal.signal(signal.SIGTERM, handlers[1])
-        torch.set_num_threads(threads)
+    main_in_process(script, ["--env-id", "Pendulum-v1", "--num-steps", steps, "--num-minibatches", 2, "--update-epochs",
+                             1, "--total-timesteps", steps, "--no-norm-obs", "--no-norm-reward", "--torch-threads", 1,
+                             "--runs-dir", tmp_path, "--checkpoint-interval", 0, "--no-progress"], monkeypatch)  # fmt: skip
     return np.concatenate(seen[:steps]).astype(np.float32), np.concatenate(chosen)
 
 

@@ -5,16 +5,12 @@ The value function is fixed to a known formula (a subclass of the script's Agent
 main() hands to the loss follow from the env's script alone. Each test runs main() in-process for one iteration:
 about a second."""
 
-import signal
-import sys
-
 import numpy as np
-import pytest
 import torch
 
 import tests.fake_envs  # noqa: F401  (registers Wiring-v0)
 from tests.conftest import ROOT
-from tests.student_copy import import_copy
+from tests.student_copy import import_copy, main_in_process
 
 GAMMA, LAMBDA = 0.9, 0.8
 
@@ -59,16 +55,8 @@ def expected_advantages(r: dict) -> np.ndarray:
 
 
 def run_main(module, monkeypatch, tmp_path, argv: list) -> None:
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    monkeypatch.setattr(sys, "argv", ["script.py", *argv, "--runs-dir", str(tmp_path), "--torch-threads", "1",
-                                      "--no-progress", "--checkpoint-interval", "0"])  # fmt: skip
-    handlers, threads = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)), torch.get_num_threads()
-    try:
-        module.main()
-    finally:
-        signal.signal(signal.SIGINT, handlers[0])
-        signal.signal(signal.SIGTERM, handlers[1])
-        torch.set_num_threads(threads)
+    main_in_process(module, [*argv, "--runs-dir", tmp_path, "--torch-threads", "1", "--no-progress",
+                             "--checkpoint-interval", "0"], monkeypatch)  # fmt: skip
 
 
 def test_ppo_continuous_main_hands_the_loss_the_advantages_and_targets_of_the_rollout(tmp_path, monkeypatch):

@@ -36,7 +36,7 @@ SCRIPTS = ("ppo_continuous", "ppo_atari", "a2c_atari", "sac_continuous", "sac_co
 # Flags that say nothing about how the agent was trained: the model card's command leaves them out.
 NOT_TRAINING_FLAGS = ("exp_name", "cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
                       "runs_dir", "keep_checkpoints", "save_buffer", "resume", "log_interval", "progress",
-                      "torch_threads", "checkpoint_interval", "eval_interval", "eval_episodes", "keep_best", "address")  # fmt: skip
+                      "torch_threads", "checkpoint_interval", "eval_interval", "eval_episodes", "keep_best", "ray_address")  # fmt: skip
 USAGE = """import gymnasium as gym
 import torch
 
@@ -128,9 +128,10 @@ def export_command(opts) -> Path:
                         "or another --out.")  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     args = ckpt["args"]
-    space = script.eval_env(args["env_id"]).observation_space
-    obs = torch.as_tensor(np.stack([space.sample(), space.sample()])).float()  # float32: what the env returns, as torch
-    obs = obs.to(torch.uint8) if space.dtype == np.uint8 else obs
+    env = script.eval_env(args["env_id"])
+    dtype = "uint8" if env.observation_space.dtype == np.uint8 else "float32"  # Atari frames, or float observations
+    obs = torch.as_tensor(np.stack([env.observation_space.sample() for _ in range(2)]).astype(dtype))
+    env.close()
     with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as temp:
         tmp = Path(temp) / "export"
         tmp.mkdir()
@@ -139,7 +140,7 @@ def export_command(opts) -> Path:
         torch.export.save(program, tmp / "policy.pt2")
         torch.save(policy.state_dict(), tmp / "model.pt")
         config = {"script": f"{ckpt['script']}.py", "env_id": args["env_id"], "global_step": ckpt["global_step"],
-                  "run_name": ckpt["run_name"], "obs_shape": list(obs.shape[1:]), "obs_dtype": str(obs.dtype),
+                  "run_name": ckpt["run_name"], "obs_shape": list(obs.shape[1:]), "obs_dtype": dtype,
                   "policy": f"{ckpt['script']}.policy_from_checkpoint(checkpoint)", "args": args}  # fmt: skip
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         returns = play(script, ckpt, policy, opts.episodes)
@@ -148,7 +149,7 @@ def export_command(opts) -> Path:
             videos = sorted((Path(temp) / "video").glob("*.mp4"))
             if videos:
                 shutil.move(videos[0], tmp / "replay.mp4")
-        card = model_card(script, ckpt, opts.checkpoint, returns, (tmp / "replay.mp4").exists(), str(obs.dtype)[6:])
+        card = model_card(script, ckpt, opts.checkpoint, returns, (tmp / "replay.mp4").exists(), dtype)
         (tmp / "README.md").write_text(card)
         if out.exists():  # --force: the old folder goes only once the new one is complete
             shutil.rmtree(out) if out.is_dir() else out.unlink()
