@@ -20,11 +20,12 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import sys
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -640,525 +641,13 @@ def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
 
 # --- end shared: evaluate ---
 
-
-# --- shared: plumbing ---
-# Flags --resume takes from the command line (those the script has); every other comes from the checkpoint.
-RESUME_OVERRIDABLE = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
-                      "runs_dir", "checkpoint_interval", "keep_checkpoints", "resume", "eval_episodes", "eval_interval",
-                      "keep_best", "progress", "cuda", "torch_threads", "save_buffer", "log_interval", "env_backend",
-                      "async_envs", "env_threads", "num_rollout_workers", "envs_per_worker", "weight_sync_interval",
-                      "worker_batch_steps", "ray_address", "pause_learner")  # fmt: skip
-MAY_BE_NAN = ("losses/explained_variance",)  # NaN by definition when all returns are equal: not a broken run
-# The flags a non-finite loss or weight most often comes from, named in the stop message when the script has them.
-NON_FINITE_FLAGS = ("learning_rate", "policy_lr", "q_lr", "max_grad_norm", "num_minibatches", "norm_adv", "norm_obs")
-
-
-class Run:
-    """A run's bookkeeping: its folder, args.json, TensorBoard, wandb, progress, Ctrl-C, SPS and timings, evaluation
-    (`run.play(episodes, video_dir) -> returns`, set by the script) and checkpoints: the loop state, the parts given to
-    attach(), the recent returns, the best score and the RNG states, as plain data written atomically."""
-
-    def __init__(self, args, script: str, ckpt: Optional[dict], shapes: dict, log_every: int):
-        self.args, self.script, self.ckpt, self.shapes, self.log_every = args, script, ckpt, shapes, log_every
-        if ckpt is not None:
-            check_checkpoint_matches(ckpt, args.resume, script, shapes)
-            if ckpt["iteration"] >= args.num_iterations:
-                raise UserError(f"checkpoint '{args.resume}' is at iteration {ckpt['iteration']} (step "
-                                f"{ckpt['global_step']}), the last of --total-timesteps {args.total_timesteps}: "
-                                "nothing left to do. Raise --total-timesteps.")  # fmt: skip
-            self.dir, self.name = Path(args.resume).resolve().parent.parent, ckpt["run_name"]
-        else:
-            base = f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-            Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
-            for n in range(1, 1000):  # created exclusively: two runs started in the same second get two folders
-                self.name = base if n == 1 else f"{base}-{n}"
-                self.dir = Path(args.runs_dir) / self.name
-                try:
-                    self.dir.mkdir()
-                    break
-                except FileExistsError:
-                    continue
-        self.ckpt_dir = self.dir / "checkpoints"
-        if args.track:  # wandb mirrors the TensorBoard scalars: initialized before the writer
-            import wandb
-
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=vars(args), name=self.name, dir=str(self.dir), save_code=True)  # fmt: skip
-        from torch.utils.tensorboard import SummaryWriter
-
-        # on resume, purge_step hides events logged after the checkpoint: one continuous curve
-        self.writer = SummaryWriter(str(self.dir), purge_step=None if ckpt is None else ckpt["global_step"] + 1)
-        if ckpt is None:  # a resumed run keeps the first start's args.json and hyperparameter table
-            table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-            self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-            compute = {"device": "cuda" if torch.cuda.is_available() and args.cuda else "cpu",
-                       "torch_threads": torch.get_num_threads()}  # fmt: skip
-            (self.dir / "args.json").write_text(json.dumps({**dataclasses.asdict(args), "compute": compute}, indent=2))
-        print(f"run: {self.dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
-        self.recent_returns, self.phase_time = [], {}  # the last 10 episodes' returns; seconds per run.timer phase
-        self.state, self.parts, self.closing, self.stopped, self.last = None, {}, None, False, False
-        self.stop, self.window_step, self.play = StopRequest(), 0, None
-        self.best = KeepBest(args.keep_best, self.ckpt_dir / "best.pt", ckpt)
-
-    def attach(self, state, envs, **parts) -> None:
-        """Register what a checkpoint holds and what to close at the end; on --resume, load it all."""
-        self.state, self.closing, self.parts = state, envs, parts
-        if hasattr(envs, "step"):  # what the envs return is checked as it arrives (a NaN stops the run: non_finite)
-            envs.step = self.checked_step(envs.step)
-        if self.ckpt is None:
-            return
-        for name, part in parts.items():
-            part.load_state_dict(self.ckpt[name]) if hasattr(part, "load_state_dict") else load_plain(part, self.ckpt[name])
-        exact = all(getattr(part, "exact", True) for part in parts.values())
-        if not exact:
-            print(f"warning: {self.args.env_id}'s simulator state cannot be captured; its envs restart from a reset.")
-        load_plain(state, self.ckpt["run_state"], exact)
-        self.recent_returns = list(self.ckpt["run_state"]["recent_returns"])
-        set_rng_states(self.ckpt["rng_states"])
-
-    def iterations(self, state, num_iterations: int):
-        """The loop's iteration numbers, continuing a resumed run; after each, what is due: logs, evaluation,
-        checkpoints, a clean stop (Ctrl-C, SIGTERM, or `run.last = True` set by the loop)."""
-        # the handlers before ours come back at close() (Ray's own SIGTERM handler, in the Ray script)
-        self.handlers = {sig: signal.signal(sig, self.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-        progress = Progress(self.args.progress, self.args.total_timesteps)
-        start_time, start_step, window_start = time.time(), state.global_step, time.monotonic()
-        self.window_step = saved_step = evaluated_step = state.global_step
-        for iteration in range(state.iteration + 1, num_iterations + 1):
-            state.iteration = iteration
-            yield iteration
-            if self.log_due():
-                sps = (state.global_step - start_step) / (time.time() - start_time)
-                self.writer.add_scalar("charts/SPS", sps, state.global_step)
-                window = state.global_step - self.window_step  # 0 when a stop ends a window with no new step
-                for phase, seconds in self.phase_time.items() if window > 0 else ():
-                    self.writer.add_scalar(f"charts/{phase}_us_per_step", seconds / window * 1e6, state.global_step)
-                self.phase_time = dict.fromkeys(self.phase_time, 0.0)
-                recent = float(np.mean(self.recent_returns)) if self.recent_returns else None
-                progress.update(state.global_step, sps, recent, window / max(time.monotonic() - window_start, 1e-9))
-                self.window_step, window_start = state.global_step, time.monotonic()
-            every = self.args.eval_interval
-            if self.play is not None and every > 0 and state.global_step // every > evaluated_step // every:
-                self.evaluated(self.play(self.args.eval_episodes))
-                evaluated_step = state.global_step
-            every = self.args.checkpoint_interval
-            if every > 0 and state.global_step // every > saved_step // every:
-                self.best.offer_training_return(self)  # before the save: the checkpoint holds the best score
-                self.save("step")
-                prune_checkpoints(self.ckpt_dir, self.args.keep_checkpoints)
-                saved_step = state.global_step
-            if self.stop.requested or self.last:
-                self.stopped = self.stop.requested
-                break
-        progress.close()
-
-    def log_due(self) -> bool:
-        """Does this iteration end a log window (a multiple of log_every passed, the last iteration, a stop)?"""
-        step, last = self.state.global_step, self.state.iteration == self.args.num_iterations
-        return step // self.log_every > self.window_step // self.log_every or last or self.last or self.stop.requested
-
-    @contextmanager
-    def timer(self, phase: str):
-        """Time a phase of the loop; logged per env step as charts/<phase>_us_per_step at the end of each window."""
-        start = time.perf_counter()
-        yield
-        self.phase_time[phase] = self.phase_time.get(phase, 0.0) + time.perf_counter() - start
-
-    def log(self, step: int, scalars: dict) -> None:
-        """Log an update's metrics, after checking them and the weights for NaN / Inf (one sync per log call)."""
-        for tag, value in scalars.items():
-            if not math.isfinite(value) and tag not in MAY_BE_NAN:
-                self.non_finite(f"{tag} ({value})", cause="training")
-        self.check_weights({name: weights_of(part) for name, part in self.parts.items()}, "the weights")
-        for tag, value in scalars.items():
-            self.writer.add_scalar(tag, value, step)
-
-    def episode(self, episode_return: float, length: int, step: int) -> None:
-        """A finished episode: its true return and length, at the global step at which it ended."""
-        if not math.isfinite(episode_return):
-            self.non_finite(f"an episode's return ({episode_return})", cause="env")
-        self.writer.add_scalar("charts/episodic_return", episode_return, step)
-        self.writer.add_scalar("charts/episodic_length", length, step)
-        self.recent_returns = (self.recent_returns + [float(episode_return)])[-10:]
-
-    def checkpoint(self, best: bool = False) -> dict:
-        """The checkpoint as plain data; for best.pt a copy, without the parts that `holds_replay_buffer`."""
-        state = {"format": 1, "script": self.script, "run_name": self.name, "args": dataclasses.asdict(self.args),
-                 "global_step": self.state.global_step, "iteration": self.state.iteration, **self.shapes,
-                 **{name: None if best and getattr(part, "holds_replay_buffer", False)
-                    else part.state_dict() if hasattr(part, "state_dict") else to_plain(part)
-                    for name, part in self.parts.items()},
-                 "run_state": {**to_plain(self.state), "recent_returns": list(self.recent_returns),
-                               "best_score": self.best.score},
-                 "rng_states": get_rng_states()}  # fmt: skip
-        return copy.deepcopy(state) if best else state
-
-    def save(self, kind: str) -> Path:
-        """Write `<kind>_<global step>.pt` (never with a NaN in it); it supersedes an older interrupted one."""
-        path, state = self.ckpt_dir / checkpoint_name(kind, self.state.global_step), self.checkpoint()
-        self.check_weights(state, f"the {kind} checkpoint about to be written")
-        save_checkpoint(state, path)
-        for old in self.ckpt_dir.glob("interrupted_??????????.pt") if getattr(self.args, "save_buffer", True) else ():
-            if kind != "interrupted" and old.stem[-10:].isdigit() and int(old.stem[-10:]) < self.state.global_step:
-                old.unlink()
-        return path
-
-    def evaluated(self, returns: list, step: Optional[int] = None, snapshot: Optional[dict] = None) -> None:
-        """An evaluation's returns at `step` (default: now); --keep-best keeps `snapshot` (the weights evaluated, if
-        training went on meanwhile) or the agent now if they score best."""
-        step = self.state.global_step if step is None else step
-        self.writer.add_scalar("eval/episodic_return", float(np.mean(returns)), step)
-        self.best.offer(float(np.mean(returns)), step, "eval/best_return", self, snapshot)
-
-    def finish(self) -> None:
-        """Stopped by a signal: save, say how to resume, exit 130; else (--save-model) evaluate, then save. From here
-        on a second signal cannot cut the save."""
-        self.stop.saving = True
-        if self.stopped:
-            path = self.save("interrupted")
-            print(f"interrupted: saved step {self.state.global_step} (iteration {self.state.iteration}) to {path}\n"
-                  f"resume with: {launch_command()} --resume {quote(str(path))}", file=sys.stderr)  # fmt: skip
-            self.close()
-            sys.exit(130)
-        self.best.offer_training_return(self)
-        if self.args.save_model and self.play is not None:
-            video_dir = str(self.dir / "videos" / "eval") if self.args.capture_video else None
-            returns = self.play(self.args.eval_episodes, video_dir)
-            self.evaluated(returns)
-            print(f"eval: {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
-        if self.args.save_model:
-            print(f"model saved to {self.save('final')}")
-
-    def checked_step(self, step: Callable) -> Callable:
-        """envs.step, checking its actions, then its observations and rewards for NaN / Inf (the actions tell a policy
-        gone NaN from a simulator that does)."""
-
-        def checked(actions):
-            if first_non_finite(actions) is not None:
-                self.non_finite("the actions the policy chose", cause="training")
-            out = step(actions)
-            for name, value in (("observation", out[0]), ("reward", out[1]), ("final observation", out[4].get("final_obs"))):
-                if first_non_finite(value) is not None:
-                    self.non_finite(f"the environment's {name}", cause="env")
-            return out
-
-        return checked
-
-    def check_weights(self, state: dict, what: str) -> None:
-        """Stop on a NaN / Inf in a checkpoint's (or the attached parts') tensors; replay buffers and counters aside."""
-        buffers = {name for name, part in self.parts.items() if getattr(part, "holds_replay_buffer", False)}
-        found = first_non_finite({k: v for k, v in state.items() if k in self.parts and k not in buffers})
-        if found is not None:
-            self.non_finite(f"{what}: {found}", cause="training")
-
-    def non_finite(self, quantity: str, cause: str) -> None:
-        """Stop on the first NaN / Inf, saving nothing: one paragraph (what, when, likely causes, how to resume), exit 3."""
-        args, state = self.args, self.state
-        saved = [p for p in self.ckpt_dir.glob("*.pt") if p.name != "best.pt"] if self.ckpt_dir.is_dir() else []
-        newest = max(saved, key=lambda p: p.stat().st_mtime, default=None)
-        flags = ", ".join(f"--{f.replace('_', '-')} {getattr(args, f)}" for f in NON_FINITE_FLAGS if hasattr(args, f))
-        likely = (f"the environment ({args.env_id}): a custom env's bug, or a simulator made unstable" if cause == "env"
-                  else f"a step too large for these settings: {flags} (a lower learning rate, a larger batch or "
-                  "normalization usually help)")  # fmt: skip
-        resume = (f"The newest checkpoint from before it, {newest}, is untouched: resume it with `{launch_command()} "
-                  f"--resume {quote(str(newest))}` once the cause is fixed" if newest else
-                  "No checkpoint was written before it (--checkpoint-interval sets how often)")  # fmt: skip
-        print(f"error: non-finite value (NaN or Inf) in {quantity} at env step {state.global_step} (iteration "
-              f"{state.iteration}): the run stopped and saved nothing of this state. Likely cause: {likely}. "
-              f"{resume}.", file=sys.stderr)  # fmt: skip
-        self.close()
-        sys.exit(3)
-
-    def close(self) -> None:
-        for sig, handler in getattr(self, "handlers", {}).items():
-            signal.signal(sig, handler)
-        self.writer.close()
-        if self.closing is not None:
-            self.closing.close()
-        if self.args.track:
-            import wandb
-
-            wandb.finish()
-
-
-class StopRequest:
-    """Ctrl-C / SIGTERM: stop after this iteration, a consistent state to save (an exception would land anywhere,
-    mid-write); a second signal interrupts at once, except while the final checkpoint is written."""
-
-    def __init__(self):
-        self.requested, self.saving = False, False
-
-    def __call__(self, signum, frame) -> None:
-        if self.requested and not self.saving:
-            raise KeyboardInterrupt
-        self.requested = True
-
-
-class Progress:
-    """On a terminal one self-overwriting line with an ETA; elsewhere (Slurm, nohup, CI) a plain line every 30 s."""
-
-    def __init__(self, enabled: bool, total: int, every_s: float = 30.0):
-        self.enabled, self.tty, self.total, self.every_s = enabled, sys.stdout.isatty(), total, every_s
-        self.last_print, self.line = time.monotonic(), ""
-
-    def update(self, step: int, sps: float, recent_return: Optional[float], recent_sps: float) -> None:
-        """The ETA from recent_sps, the last window's speed: a run's speed changes as it goes (SAC's random steps)."""
-        if not self.enabled:
-            return
-        eta = (self.total - step) / recent_sps if recent_sps > 0 else math.inf
-        eta = "?" if not math.isfinite(eta) else f"{eta / 86_400:.1f} days" if eta >= 86_400 else \
-            time.strftime("%H:%M:%S", time.gmtime(eta))  # fmt: skip
-        ret = "   n/a" if recent_return is None else f"{recent_return:9.1f}"
-        self.line = f"step {step:>10,}/{self.total:,} | {sps:6.0f} SPS | return (last 10) {ret} | ETA {eta}"
-        if self.tty or time.monotonic() - self.last_print >= self.every_s:
-            print(f"\r{self.line}" if self.tty else self.line, end="" if self.tty else "\n", flush=True)
-            self.last_print = time.monotonic()
-
-    def close(self) -> None:
-        if self.enabled and self.line:
-            print() if self.tty else print(self.line, flush=True)
-
-
-def to_plain(obj) -> dict:
-    """An object's attributes as plain data that loads with weights_only=True (arrays become tensors; copies)."""
-    plain = {}
-    for name, value in vars(obj).items():
-        if isinstance(value, (np.ndarray, np.generic)):  # np.generic: 0-d arithmetic gives numpy scalars
-            value = torch.from_numpy(np.array(value))
-        plain[name] = value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
-    return plain
-
-
-def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
-    """Set attributes from to_plain's dict, in their types and devices; fields marked {"env": True} (the envs'
-    episodes) stay as they are when the envs restart from a reset."""
-    env_fields = {f.name for f in dataclasses.fields(obj) if f.metadata.get("env")} if dataclasses.is_dataclass(obj) else set()
-    for name, current in vars(obj).items():
-        if name in saved and (name not in env_fields or env_exact):
-            value = saved[name]
-            if isinstance(current, (np.ndarray, np.generic)):
-                value = value.numpy().astype(current.dtype)
-            setattr(obj, name, value.to(current.device) if isinstance(current, torch.Tensor) else value)
-
-
-def first_non_finite(obj, path: str = "") -> Optional[str]:
-    """The dotted path to the first NaN / Inf in obj (tensors, arrays, numbers, nested), or None."""
-    if isinstance(obj, torch.Tensor):
-        return path if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else None
-    if isinstance(obj, np.ndarray) and obj.dtype != object:
-        return path if obj.dtype.kind in "fc" and not np.isfinite(obj).all() else None
-    if isinstance(obj, float):
-        return None if math.isfinite(obj) else path
-    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple, np.ndarray)) else ()
-    found = (first_non_finite(value, f"{path}.{key}" if path else str(key)) for key, value in items)
-    return next((where for where in found if where is not None), None)
-
-
-def weights_of(part) -> dict:
-    """A part's weights, checked at each log: its parameters, or its modules' and tensors (no buffer, no optimizer)."""
-    if isinstance(part, nn.Module):
-        return dict(part.named_parameters())
-    if getattr(part, "holds_replay_buffer", False) or not hasattr(part, "__dict__"):
-        return {}
-    return {name: dict(value.named_parameters()) if isinstance(value, nn.Module) else value
-            for name, value in vars(part).items() if isinstance(value, (nn.Module, torch.Tensor))}  # fmt: skip
-
-
-def quote(word: str) -> str:
-    import shlex
-
-    return shlex.quote(word)  # a path with spaces stays one argument when pasted
-
-
-def launch_command() -> str:
-    """What runs this script again pasted in this shell: `uv run [--project P] [--extra X] PATH` under uv."""
-    path, here = Path(__file__).resolve(), Path.cwd().resolve()
-    shown = os.path.relpath(path) if path.is_relative_to(here) else str(path)
-    if not os.environ.get("UV") or Path(sys.prefix).resolve() != (path.parent / ".venv").resolve():
-        return f"{quote(sys.executable)} {quote(shown)}"
-    where = "" if here.is_relative_to(path.parent) else f" --project {quote(str(path.parent))}"
-    extra = {"ppo_atari": " --extra atari", "a2c_atari": " --extra atari", "sac_continuous_ray": " --extra ray"}
-    return f"uv run{where}{extra.get(path.stem, '')} {quote(shown)}"
-
-
-class KeepBest:
-    """--keep-best: best.pt holds the agent with the best evaluation return so far (eval/best_return), or without
-    evaluation the best mean of 10 training episodes (charts/best_training_return); a resume keeps a better one."""
-
-    def __init__(self, enabled: bool, path: Path, ckpt: Optional[dict]):
-        self.enabled, self.path, self.step = enabled, path, None
-        self.score = -math.inf if ckpt is None else float(ckpt["run_state"].get("best_score", -math.inf))
-
-    def offer(self, score: float, step: int, tag: str, run, snapshot: Optional[dict] = None) -> None:
-        """A new score at `step`: keep the agent if it beats the best so far (never a NaN agent); log the best."""
-        if not self.enabled:
-            return
-        if score > self.score:
-            self.score, state = score, snapshot if snapshot is not None else run.checkpoint(best=True)
-            run.check_weights(state, "the agent --keep-best was about to keep")
-            state["run_state"]["best_score"] = score
-            save_checkpoint(state, self.path)
-        self.step = step
-        run.writer.add_scalar(tag, self.score, step)
-
-    def offer_training_return(self, run) -> None:
-        """Where evaluation is off: the mean of the recent training returns, once per step (if an episode ended)."""
-        if run.args.eval_interval == 0 and run.recent_returns and run.state.global_step != self.step:
-            self.offer(float(np.mean(run.recent_returns)), run.state.global_step, "charts/best_training_return", run)
-
-
-def save_checkpoint(state: dict, path: Path) -> None:
-    """Atomically (a temporary file, fsync, rename): a crash mid-write never leaves a truncated checkpoint."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def load_checkpoint(path: str) -> dict:
-    """Load with weights_only=True: plain tensors and Python data, never arbitrary pickled objects."""
-    if not os.path.isfile(path):
-        raise UserError(f"checkpoint '{path}' does not exist (or is not a file).")
-    try:  # why the CPU: RNG and env states must be CPU tensors; modules copy their weights to their own device
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
-        raise UserError(f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint "
-                        f"({type(e).__name__}).") from None  # fmt: skip
-    if not isinstance(state, dict) or "format" not in state or "args" not in state:
-        raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
-    return state
-
-
-def check_checkpoint_matches(ckpt: dict, path: str, script: str, shapes: dict) -> None:
-    """Refuse a checkpoint of another script, or one made for an env of other shapes (`shapes`: name -> value)."""
-    if ckpt.get("script") != script:
-        raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script', 'another script')}.py, not {script}.py.")
-    saved = {k: ckpt.get(k) for k in shapes}
-    if saved != shapes:
-        describe = lambda d: ", ".join(f"{k} {tuple(v) if isinstance(v, list) else v}" for k, v in d.items())  # noqa: E731
-        raise UserError(f"checkpoint '{path}' was made for {ckpt['args']['env_id']} ({describe(saved)}), which does not "
-                        f"fit this env ({describe(shapes)}).")  # fmt: skip
-
-
-def prune_checkpoints(ckpt_dir: Path, keep: int, prefix: str = "step_") -> None:
-    """Delete all but the newest `keep` periodic checkpoints (names sort by zero-padded global step)."""
-    periodic = sorted(ckpt_dir.glob(f"{prefix}*.pt"))
-    for old in periodic[: max(len(periodic) - keep, 0)]:
-        old.unlink()
-
-
-def checkpoint_name(kind: str, global_step: int) -> str:
-    return f"{kind}_{global_step:010d}.pt"
-
-
-RULES = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0, ">= 1": lambda v: v >= 1, "in [0, 1]": lambda v: 0 <= v <= 1,
-         "in (0, 1]": lambda v: 0 < v <= 1, "in [0, 1)": lambda v: 0 <= v < 1}  # fmt: skip
-# the run flags every script has, with their rules; each script's FLAG_RULES adds its own
-RUN_RULES = {"seed": ">= 0", "torch_threads": ">= 0", "checkpoint_interval": ">= 0", "keep_checkpoints": ">= 1",
-             "eval_episodes": ">= 1", "eval_interval": ">= 0"}  # fmt: skip
-
-
-def check_flags(args, rules: dict) -> None:
-    """Every numeric flag against its rule (RUN_RULES and `rules`: flag -> a key of RULES); None passes."""
-    for name, rule in {**RUN_RULES, **rules}.items():
-        value = getattr(args, name)
-        if value is not None and not RULES[rule](value):
-            raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
-
-
-def check_folder(flag: str, value: str, folder: Path, why: str) -> None:
-    """Refuse `folder` if it cannot be made or written in (checked on the part that exists), before anything starts."""
-    existing = folder.absolute()
-    while not os.path.lexists(existing):  # os.path: no PermissionError from a path under an unreadable folder
-        existing = existing.parent
-    where = "it" if existing == folder.absolute() else f"'{existing}'"
-    if not os.path.isdir(existing):
-        kind = "a broken symbolic link" if os.path.islink(existing) else "a file"
-        raise UserError(f"{flag} '{value}': {why}, but {where} is {kind}, not a folder.")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"{flag} '{value}': {why}, but {where} is not writable (no permission).")
-
-
-def parse_command_line(cls, rules: dict, validate: Callable):
-    """(args, the --resume checkpoint or None, device), all checked before anything starts; torch's threads set."""
-    args = tyro.cli(cls)
-    if args.capture_video and not os.environ.get("DISPLAY"):  # headless MuJoCo renders through EGL; set before it loads
-        os.environ["MUJOCO_GL"] = os.environ.get("MUJOCO_GL") or "egl"
-    quiet_mujoco_warnings()
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))  # never wait at wandb's login prompt
-    if args.track and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun") and not (
-            os.environ.get("WANDB_API_KEY") or netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")):
-        raise UserError("--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
-                        "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`).")  # fmt: skip
-    check_flags(args, rules)
-    # 0: a thread per usable core (taskset, cgroups); several runs on one machine must share them (--torch-threads),
-    # else torch's OpenMP threads spin against each other and slow every run several times
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    torch.set_num_threads(args.torch_threads or cores)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    if not args.resume:
-        check_folder("--runs-dir", args.runs_dir, Path(args.runs_dir), "the run's folder is made in it")
-        validate(args)
-        return args, None, device
-    if not os.path.isfile(args.resume):  # os.path: no PermissionError from a path under an unreadable folder
-        problem = "is a folder, not a file" if os.path.isdir(args.resume) else "does not exist (or cannot be read)"
-        raise UserError(f"--resume '{args.resume}': the checkpoint {problem}.")
-    run_dir = Path(args.resume).resolve().parent.parent
-    for folder in (run_dir, run_dir / "checkpoints"):
-        check_folder("--resume", args.resume, folder, f"a resumed run writes in '{folder}'")
-    ckpt = load_checkpoint(args.resume)
-    given = flags_on_command_line(sys.argv[1:], cls)
-    if ":" in str(ckpt["args"].get("env_id")) and "env_id" not in given:  # a checkpoint is data: it imports nothing
-        raise UserError(f"checkpoint '{args.resume}' names the env '{ckpt['args']['env_id']}', which imports a module: "
-                        "give the same --env-id on the command line to allow it.")  # fmt: skip
-    args = merge_resume_args(args, ckpt["args"], given)
-    check_flags(args, rules)
-    validate(args)
-    return args, ckpt, device
-
-
-def flags_on_command_line(argv: list, cls) -> set:
-    """The flags typed (`--x`, `--x=v`, `--no-x`). Why argv: tyro cannot tell a default from a flag not given."""
-    given = {w[2:].split("=", 1)[0].replace("-", "_") for w in argv if w.startswith("--")}
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {name[3:] if name not in names and name.startswith("no_") else name for name in given} & names
-
-
-def merge_resume_args(cli, saved: dict, given: set):
-    """--resume: the checkpoint's Args, except RESUME_OVERRIDABLE's (from the command line); a fixed flag typed with
-    another value than the checkpoint's is refused, never silently ignored."""
-    merged = {}
-    for f in dataclasses.fields(cli):
-        keep = f.name in RESUME_OVERRIDABLE or f.name not in saved
-        if not keep and f.name in given and getattr(cli, f.name) != saved[f.name]:
-            raise UserError(f"--{f.name.replace('_', '-')} {getattr(cli, f.name)} conflicts with the checkpoint, which "
-                            f"was trained with {saved[f.name]}: a resumed run keeps it. Drop the flag, or start a new "
-                            "run.")  # fmt: skip
-        merged[f.name] = getattr(cli, f.name) if keep else saved[f.name]
-    return type(cli)(**merged)
-
-
-class UserError(Exception):
-    """A problem with the user's input (flags, env, checkpoint): reported as one paragraph, exit code 2."""
-
-
-def run_cli(main: Callable[[], None]) -> None:
-    """Run main(); a UserError becomes a short message on stderr and exit code 2 instead of a traceback."""
-    try:
-        main()
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-
-
+# --- shared: continuous-env ---
 def check_env_id(env_id: str) -> None:
-    """Fail early on an unknown id, or an Atari game here; "module:Env-v0" imports module first, as gym.make does."""
+    """Fail early on an unknown id, or an Atari game here; "module:Env-v0" imports module first, as gym.make does.
+    Before MuJoCo loads: headless rendering through EGL where there is no display, and known warnings hidden."""
+    if not os.environ.get("DISPLAY"):
+        os.environ.setdefault("MUJOCO_GL", "egl")
+    quiet_mujoco_warnings()
     module, _, name = env_id.rpartition(":")
     try:
         if module:
@@ -1189,28 +678,456 @@ def quiet_mujoco_warnings() -> None:
     mujoco.set_mju_user_warning(lambda m: None if "settotalmass" in m else print(f"MuJoCo warning: {m}", file=sys.stderr))
 
 
+# --- end shared: continuous-env ---
+
+
+# --- shared: plumbing ---
+# Flags --resume takes from the command line (those the script has); every other comes from the checkpoint.
+RESUME_OVERRIDABLE = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
+                      "runs_dir", "checkpoint_interval", "keep_checkpoints", "resume", "eval_episodes", "eval_interval",
+                      "keep_best", "progress", "cuda", "torch_threads", "save_buffer", "log_interval", "env_backend",
+                      "async_envs", "env_threads", "num_rollout_workers", "envs_per_worker", "weight_sync_interval",
+                      "worker_batch_steps", "ray_address", "pause_learner")  # fmt: skip
+MAY_BE_NAN = ("losses/explained_variance",)  # NaN by definition when all returns are equal: not a broken run
+NON_FINITE_FLAGS = ("learning_rate", "policy_lr", "q_lr", "max_grad_norm", "num_minibatches", "norm_adv", "norm_obs")
+CHECKPOINT = re.compile(r"(step|interrupted|final)_(\d{10})\.pt")  # the names runs write; no other file is pruned
+
+
+class Run:
+    """A run's folder, args.json, TensorBoard, wandb, progress, Ctrl-C, timings, evaluation (`run.play(episodes,
+    video_dir) -> returns`, set by the script) and checkpoints (loop state, attach()'s parts, RNG) as plain data."""
+
+    def __init__(self, args, script: str, ckpt: Optional[dict], shapes: dict, log_every: int):
+        self.args, self.script, self.ckpt, self.shapes, self.log_every = args, script, ckpt, shapes, log_every
+        if ckpt is not None:
+            check_checkpoint_matches(ckpt, args.resume, script, shapes)
+            if ckpt["iteration"] >= args.num_iterations:
+                raise UserError(f"checkpoint '{args.resume}' is at iteration {ckpt['iteration']} (step "
+                                f"{ckpt['global_step']}), the last of --total-timesteps {args.total_timesteps}: "
+                                "nothing left to do. Raise --total-timesteps.")  # fmt: skip
+        self.dir = None if ckpt is None else resume_folder(args, ckpt)
+        base = ckpt["run_name"] if ckpt else f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__" \
+            f"{args.seed}__{int(time.time())}"  # fmt: skip
+        Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
+        for n in range(1, 1000) if self.dir is None else ():  # exclusively: runs started in the same second get two
+            self.dir = Path(args.runs_dir) / (base if n == 1 else f"{base}-{n}")
+            with suppress(FileExistsError):
+                self.dir.mkdir()
+                break
+        self.name, self.ckpt_dir, in_place = self.dir.name, self.dir / "checkpoints", (self.dir / "args.json").exists()
+        if args.track:  # wandb mirrors the TensorBoard scalars: initialized before the writer
+            import wandb
+
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                       config=vars(args), name=self.name, dir=str(self.dir), save_code=True)  # fmt: skip
+        from torch.utils.tensorboard import SummaryWriter
+
+        # on resume, purge_step hides events logged after the checkpoint: one continuous curve
+        self.writer = SummaryWriter(str(self.dir), purge_step=ckpt["global_step"] + 1 if in_place else None)
+        if not in_place:  # a run resumed in its folder keeps the first start's args.json and hyperparameter table
+            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in
+                                                                                         vars(args).items()))  # fmt: skip
+            compute = {"device": "cuda" if torch.cuda.is_available() and args.cuda else "cpu",
+                       "torch_threads": torch.get_num_threads()}  # fmt: skip
+            (self.dir / "args.json").write_text(json.dumps({**dataclasses.asdict(args), "compute": compute}, indent=2))
+        print(f"run: {self.dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
+        self.recent_returns, self.phase_time = [], {}  # the last 10 episodes' returns; seconds per run.timer phase
+        self.state, self.parts, self.closing, self.play, self.line, self.window_step = None, {}, None, None, "", 0
+        self.stop_requested = self.saving = self.stopped = self.last = False
+        self.last_print, self.best_path, self.best_step = time.monotonic(), self.ckpt_dir / "best.pt", None
+        # --keep-best never replaces a better best.pt, whichever checkpoint of its run a resume starts from
+        scores = [float(ckpt["run_state"]["best_score"])] if in_place else []
+        if in_place and args.keep_best and self.best_path.is_file():
+            scores.append(float(load_checkpoint(str(self.best_path))["run_state"]["best_score"]))
+        self.best_score = max(scores, default=-math.inf)
+
+    def attach(self, state, envs, **parts) -> None:
+        """Register what a checkpoint holds and what to close at the end; on --resume, load it all."""
+        self.state, self.closing, self.parts = state, envs, parts
+        if hasattr(envs, "step"):  # what the envs return is checked as it arrives (a NaN stops the run: non_finite)
+            envs.step = lambda actions, step=envs.step: self.checked_step(step, actions)
+        if self.ckpt is None:
+            return
+        for name, part in parts.items():
+            part.load_state_dict(self.ckpt[name]) if hasattr(part, "load_state_dict") else load_plain(part, self.ckpt[name])
+        if not (exact := all(getattr(part, "exact", True) for part in parts.values())):
+            print(f"warning: {self.args.env_id}'s simulator state cannot be captured; its envs restart from a reset.")
+        load_plain(state, self.ckpt["run_state"], exact)
+        self.recent_returns = list(self.ckpt["run_state"]["recent_returns"])
+        torch.set_rng_state(self.ckpt["rng_states"]["torch"])
+        if "cuda" in self.ckpt["rng_states"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(self.ckpt["rng_states"]["cuda"])
+
+    def iterations(self, state, num_iterations: int):
+        """The iteration numbers; after each, what is due: logs, evaluation, checkpoints, a stop (a signal, `run.last`)."""
+        # the handlers before ours come back at close() (Ray's own SIGTERM handler, in the Ray script)
+        self.handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        start_time, start_step, window_start = time.time(), state.global_step, time.monotonic()
+        self.window_step = saved_step = evaluated_step = state.global_step
+        for iteration in range(state.iteration + 1, num_iterations + 1):
+            state.iteration = iteration
+            yield iteration
+            if self.log_due():
+                sps = (state.global_step - start_step) / (time.time() - start_time)
+                self.writer.add_scalar("charts/SPS", sps, state.global_step)
+                window = state.global_step - self.window_step  # 0 when a stop ends a window with no new step
+                for phase, seconds in self.phase_time.items() if window > 0 else ():
+                    self.writer.add_scalar(f"charts/{phase}_us_per_step", seconds / window * 1e6, state.global_step)
+                self.phase_time = dict.fromkeys(self.phase_time, 0.0)
+                self.progress(sps, window / max(time.monotonic() - window_start, 1e-9))
+                self.window_step, window_start = state.global_step, time.monotonic()
+            every = self.args.eval_interval
+            if self.play is not None and every > 0 and state.global_step // every > evaluated_step // every:
+                self.evaluated(self.play(self.args.eval_episodes))
+                evaluated_step = state.global_step
+            every = self.args.checkpoint_interval
+            if every > 0 and state.global_step // every > saved_step // every:
+                self.offer_training_return()  # before the save: the checkpoint holds the best score
+                self.save("step")
+                prune_checkpoints(self.ckpt_dir, self.args.keep_checkpoints)
+                saved_step = state.global_step
+            if self.stop_requested or self.last:
+                self.stopped = self.stop_requested
+                break
+        if self.args.progress and self.line:
+            print() if sys.stdout.isatty() else print(self.line, flush=True)
+
+    def on_signal(self, signum, frame) -> None:
+        """Ctrl-C / SIGTERM: stop after this iteration, not mid-write; a second one interrupts, unless the final save runs."""
+        if self.stop_requested and not self.saving:
+            raise KeyboardInterrupt
+        self.stop_requested = True
+
+    def progress(self, sps: float, recent_sps: float) -> None:
+        """A self-overwriting line on a terminal, else a line every 30 s; the ETA from the last window's speed."""
+        step, total = self.state.global_step, self.args.total_timesteps
+        eta = int(max(total - step, 0) / recent_sps) if recent_sps > 0 else None
+        eta = "?" if eta is None else f"{eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
+        ret = f"{np.mean(self.recent_returns):9.1f}" if self.recent_returns else "      n/a"
+        self.line = f"step {step:>10,}/{total:,} | {sps:6.0f} SPS | return (last 10) {ret} | ETA {eta}"
+        if self.args.progress and (sys.stdout.isatty() or time.monotonic() - self.last_print >= 30):
+            print(f"\r{self.line}" if sys.stdout.isatty() else self.line, end="" if sys.stdout.isatty() else "\n", flush=True)
+            self.last_print = time.monotonic()
+
+    def log_due(self) -> bool:
+        """Does this iteration end a log window (a multiple of log_every passed, the last iteration, a stop)?"""
+        step, last = self.state.global_step, self.state.iteration == self.args.num_iterations
+        return step // self.log_every > self.window_step // self.log_every or last or self.last or self.stop_requested
+
+    @contextmanager
+    def timer(self, phase: str):
+        """Time a phase of the loop; logged per env step as charts/<phase>_us_per_step at the end of each window."""
+        start = time.perf_counter()
+        yield
+        self.phase_time[phase] = self.phase_time.get(phase, 0.0) + time.perf_counter() - start
+
+    def log(self, step: int, scalars: dict) -> None:
+        """Log an update's metrics after checking them for NaN / Inf (a NaN weight makes its loss NaN: caught here)."""
+        for tag, value in scalars.items():
+            if not math.isfinite(value) and tag not in MAY_BE_NAN:
+                self.non_finite(f"{tag} ({value})", cause="training")
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, value, step)
+
+    def episode(self, episode_return: float, length: int, step: int) -> None:
+        """A finished episode: its true return and length, at the global step at which it ended."""
+        if not math.isfinite(episode_return):
+            self.non_finite(f"an episode's return ({episode_return})", cause="env")
+        self.writer.add_scalar("charts/episodic_return", episode_return, step)
+        self.writer.add_scalar("charts/episodic_length", length, step)
+        self.recent_returns = (self.recent_returns + [float(episode_return)])[-10:]
+
+    def checkpoint(self, best: bool = False) -> dict:
+        """The checkpoint as plain data; for best.pt a copy, without the parts that `holds_replay_buffer`."""
+        state = {"format": 1, "script": self.script, "run_name": self.name, "args": dataclasses.asdict(self.args),
+                 "global_step": self.state.global_step, "iteration": self.state.iteration, **self.shapes,
+                 **{name: None if best and getattr(part, "holds_replay_buffer", False)
+                    else part.state_dict() if hasattr(part, "state_dict") else to_plain(part)
+                    for name, part in self.parts.items()},
+                 "run_state": {**to_plain(self.state), "recent_returns": list(self.recent_returns),
+                               "best_score": self.best_score},
+                 # torch's RNGs: the scripts draw every random number from torch, or from the envs' own (env-state)
+                 "rng_states": {"torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state_all()}
+                                                                   if torch.cuda.is_available() else {})}}  # fmt: skip
+        return copy.deepcopy(state) if best else state
+
+    def save(self, kind: str) -> Path:
+        """Write `<kind>_<global step>.pt` (never with a NaN in it); it supersedes this run's older interrupted one."""
+        path, state = self.ckpt_dir / f"{kind}_{self.state.global_step:010d}.pt", self.checkpoint()
+        self.check_weights(state, f"the {kind} checkpoint about to be written")
+        save_checkpoint(state, path)
+        for old in self.ckpt_dir.glob("interrupted_*.pt") if getattr(self.args, "save_buffer", True) else ():
+            if kind != "interrupted" and CHECKPOINT.fullmatch(old.name) and int(old.stem[-10:]) < self.state.global_step:
+                old.unlink()
+        return path
+
+    def evaluated(self, returns: list, step: Optional[int] = None, snapshot: Optional[dict] = None) -> None:
+        """An evaluation's returns at `step` (default: now), offered to --keep-best with `snapshot`, the weights played."""
+        step = self.state.global_step if step is None else step
+        self.writer.add_scalar("eval/episodic_return", float(np.mean(returns)), step)
+        self.offer_best(float(np.mean(returns)), step, "eval/best_return", snapshot)
+
+    def offer_best(self, score: float, step: int, tag: str, snapshot: Optional[dict] = None) -> None:
+        """--keep-best: best.pt holds the agent of the best evaluation return (else of 10 training episodes) so far."""
+        if not self.args.keep_best:
+            return
+        if score > self.best_score:
+            self.best_score, state = score, snapshot if snapshot is not None else self.checkpoint(best=True)
+            self.check_weights(state, "the agent --keep-best was about to keep")
+            state["run_state"]["best_score"] = score
+            save_checkpoint(state, self.best_path)
+        self.best_step = step
+        self.writer.add_scalar(tag, self.best_score, step)
+
+    def offer_training_return(self) -> None:
+        """Where evaluation is off: the mean of the recent training returns, once per step (if an episode ended)."""
+        if self.args.eval_interval == 0 and self.recent_returns and self.state.global_step != self.best_step:
+            self.offer_best(float(np.mean(self.recent_returns)), self.state.global_step, "charts/best_training_return")
+
+    def finish(self) -> None:
+        """Stopped by a signal: save, say how to resume, exit 130; else (--save-model) evaluate, then save."""
+        self.saving = True
+        if self.stopped:
+            path = self.save("interrupted")
+            print(f"interrupted: saved step {self.state.global_step} (iteration {self.state.iteration}) to {path}\n"
+                  f"resume with: {resume_command(path)}", file=sys.stderr)  # fmt: skip
+            self.close()
+            sys.exit(130)
+        self.offer_training_return()
+        if self.args.save_model and self.play is not None:
+            returns = self.play(self.args.eval_episodes, self.dir / "videos" / "eval" if self.args.capture_video else None)
+            self.evaluated(returns)
+            print(f"eval: {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
+        if self.args.save_model:
+            print(f"model saved to {self.save('final')}")
+
+    def checked_step(self, step: Callable, actions):
+        """envs.step, checking the actions (a policy gone NaN), then what the env returns, for NaN / Inf."""
+        if first_non_finite(actions) is not None:
+            self.non_finite("the actions the policy chose", cause="training")
+        out = step(actions)
+        for name, value in (("observation", out[0]), ("reward", out[1]), ("final observation", out[4].get("final_obs"))):
+            if first_non_finite(value) is not None:
+                self.non_finite(f"the environment's {name}", cause="env")
+        return out
+
+    def check_weights(self, state: dict, what: str) -> None:
+        """Stop on a NaN / Inf in a checkpoint's (or the attached parts') tensors; replay buffers and counters aside."""
+        buffers = {name for name, part in self.parts.items() if getattr(part, "holds_replay_buffer", False)}
+        found = first_non_finite({k: v for k, v in state.items() if k in self.parts and k not in buffers})
+        if found is not None:
+            self.non_finite(f"{what}: {found}", cause="training")
+
+    def non_finite(self, quantity: str, cause: str) -> None:
+        """Stop on the first NaN / Inf, saving nothing: one paragraph (what, when, likely causes, how to resume), exit 3."""
+        args, state = self.args, self.state
+        saved = [p for p in self.ckpt_dir.glob("*.pt") if CHECKPOINT.fullmatch(p.name)] if self.ckpt_dir.is_dir() else []
+        newest = max(saved, key=lambda p: p.stat().st_mtime, default=None)
+        flags = ", ".join(f"--{f.replace('_', '-')} {getattr(args, f)}" for f in NON_FINITE_FLAGS if hasattr(args, f))
+        print(f"error: non-finite value (NaN or Inf) in {quantity} at env step {state.global_step} (iteration "
+              f"{state.iteration}): the run stopped and saved nothing of this state. Likely cause: " + (
+              f"the environment ({args.env_id}): a custom env's bug, or a simulator made unstable" if cause == "env" else
+              f"a step too large for these settings: {flags} (a lower learning rate, a larger batch or normalization "
+              "usually help)") + (f". The newest checkpoint from before it, {newest}, is untouched: resume it with "
+              f"`{resume_command(newest)}` once the cause is fixed." if newest else
+              ". No checkpoint was written before it (--checkpoint-interval sets how often)."), file=sys.stderr)  # fmt: skip
+        self.close()
+        sys.exit(3)
+
+    def close(self) -> None:
+        for sig, handler in getattr(self, "handlers", {}).items():
+            signal.signal(sig, handler)
+        self.writer.close()
+        if self.closing is not None:
+            self.closing.close()
+        if self.args.track:
+            import wandb
+
+            wandb.finish()
+
+
+def resume_folder(args, ckpt: dict) -> Optional[Path]:
+    """The checkpoint's run folder, unless it is not in one, cannot be written, or holds checkpoints a later part of
+    the run saved (continuing there would rewrite its history): then None, a new folder under --runs-dir."""
+    folder, step = Path(args.resume).resolve().parent, ckpt["global_step"]
+    later = sorted(p.name for p in folder.glob("*.pt") if CHECKPOINT.fullmatch(p.name) and int(p.stem[-10:]) > step)
+    why = ("is not in a run folder" if folder.name != "checkpoints" or not (folder.parent / "args.json").is_file() else
+           "sits in a run folder this user cannot write" if not all(os.access(f, os.W_OK | os.X_OK) for f in (folder,
+                                                                                                   folder.parent)) else
+           f"is older than checkpoints saved later in its folder ({', '.join(later)}), which stay as they are"
+           if later else None)  # fmt: skip
+    if why is not None:
+        print(f"note: '{args.resume}' {why}: the resumed run writes into a new run folder under '{args.runs_dir}'.")
+    return None if why else folder.parent
+
+
+def to_plain(obj) -> dict:
+    """An object's attributes as plain data that loads with weights_only=True (arrays become tensors; copies)."""
+    plain = {}
+    for name, value in vars(obj).items():
+        if isinstance(value, (np.ndarray, np.generic)):  # np.generic: 0-d arithmetic gives numpy scalars
+            value = torch.from_numpy(np.array(value))
+        plain[name] = value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
+    return plain
+
+
+def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
+    """Set attributes from to_plain's dict; fields marked {"env": True} stay as they are unless env_exact."""
+    env_fields = {f.name for f in dataclasses.fields(obj) if f.metadata.get("env")} if dataclasses.is_dataclass(obj) else set()
+    for name, current in vars(obj).items():
+        if name in saved and (name not in env_fields or env_exact):
+            value = saved[name]
+            if isinstance(current, (np.ndarray, np.generic)):
+                value = value.numpy().astype(current.dtype)
+            setattr(obj, name, value.to(current.device) if isinstance(current, torch.Tensor) else value)
+
+
+def first_non_finite(obj, path: str = "") -> Optional[str]:
+    """The dotted path to the first NaN / Inf in obj (tensors, arrays, numbers, nested), or None."""
+    if isinstance(obj, torch.Tensor):
+        return path if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else None
+    if isinstance(obj, np.ndarray) and obj.dtype != object:
+        return path if obj.dtype.kind in "fc" and not np.isfinite(obj).all() else None
+    if isinstance(obj, float):
+        return None if math.isfinite(obj) else path
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple, np.ndarray)) else ()
+    found = (first_non_finite(value, f"{path}.{key}" if path else str(key)) for key, value in items)
+    return next((where for where in found if where is not None), None)
+
+
+def resume_command(checkpoint: Path) -> str:
+    """What resumes from `checkpoint`, pasted in this shell: this Python, this script, --resume (paths quoted)."""
+    import shlex
+
+    path = Path(__file__).resolve()
+    path = os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
+    return f"{shlex.quote(sys.executable)} {shlex.quote(path)} --resume {shlex.quote(str(checkpoint))}"
+
+
+def save_checkpoint(state: dict, path: Path) -> None:
+    """Atomically (a temporary file, fsync, rename): a crash mid-write never leaves a truncated checkpoint."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_checkpoint(path: str) -> dict:
+    """Load with weights_only=True: plain tensors and Python data, never arbitrary pickled objects."""
+    if not os.path.isfile(path):  # os.path: no PermissionError from a path under an unreadable folder
+        raise UserError(f"checkpoint '{path}' " + ("is a folder, not a file." if os.path.isdir(path) else "does not exist."))
+    try:  # why the CPU: RNG and env states must be CPU tensors; modules copy their weights to their own device
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
+        raise UserError(f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint "
+                        f"({type(e).__name__}).") from None  # fmt: skip
+    if not isinstance(state, dict) or "format" not in state or "args" not in state:
+        raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
+    return state
+
+
+def check_checkpoint_matches(ckpt: dict, path: str, script: str, shapes: dict) -> None:
+    """Refuse a checkpoint of another script, or one made for an env of other shapes (`shapes`: name -> value)."""
+    if ckpt.get("script") != script:
+        raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script', 'another script')}.py, not {script}.py.")
+    if (saved := {k: ckpt.get(k) for k in shapes}) != shapes:
+        describe = lambda d: ", ".join(f"{k} {tuple(v) if isinstance(v, list) else v}" for k, v in d.items())  # noqa: E731
+        raise UserError(f"checkpoint '{path}' was made for {ckpt['args']['env_id']} ({describe(saved)}), which does not "
+                        f"fit this env ({describe(shapes)}).")  # fmt: skip
+
+
+def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
+    """Delete all but the `keep` periodic checkpoints of highest step (by number; no file of another name)."""
+    periodic = sorted((p for p in ckpt_dir.glob("step_*.pt") if CHECKPOINT.fullmatch(p.name)), key=lambda p: int(p.stem[5:]))
+    for old in periodic[: max(len(periodic) - keep, 0)]:
+        old.unlink()
+
+
+RULES = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0, ">= 1": lambda v: v >= 1, "in [0, 1]": lambda v: 0 <= v <= 1,
+         "in (0, 1]": lambda v: 0 < v <= 1, "in [0, 1)": lambda v: 0 <= v < 1}  # fmt: skip
+# the run flags every script has, with their rules; each script's FLAG_RULES adds its own
+RUN_RULES = {"seed": ">= 0", "torch_threads": ">= 0", "checkpoint_interval": ">= 0", "keep_checkpoints": ">= 1",
+             "eval_episodes": ">= 1", "eval_interval": ">= 0"}  # fmt: skip
+
+
+def check_flags(args, rules: dict) -> None:
+    """Every numeric flag against its rule (RUN_RULES and `rules`: flag -> a key of RULES); None passes."""
+    for name, rule in {**RUN_RULES, **rules}.items():
+        if (value := getattr(args, name)) is not None and not RULES[rule](value):
+            raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
+    if args.exp_name in ("", ".", "..") or Path(args.exp_name).name != args.exp_name:  # it names the run's folder
+        raise UserError(f"--exp-name '{args.exp_name}' must be a plain name, not a path: it names the run's folder.")
+
+
+def parse_command_line(cls, rules: dict, validate: Callable):
+    """(args, the --resume checkpoint or None, device), all checked before anything starts; torch's threads set."""
+    args = tyro.cli(cls)
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))  # never wait at wandb's login prompt
+    if args.track and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun") and not (
+            os.environ.get("WANDB_API_KEY") or netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")):
+        raise UserError("--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
+                        "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`).")  # fmt: skip
+    # 0: a thread per usable core (taskset, cgroups); runs sharing a machine must split them, or slow each other severalfold
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    torch.set_num_threads(args.torch_threads or cores)
+    device, ckpt = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu"), None
+    if args.resume:
+        ckpt, argv = load_checkpoint(args.resume), sys.argv[1:]
+        if ":" in str(ckpt["args"].get("env_id")) and not any(w.startswith("--env-id") for w in argv):  # it imports nothing
+            raise UserError(f"checkpoint '{args.resume}' names the env '{ckpt['args']['env_id']}', which imports a "
+                            "module: give the same --env-id on the command line to allow it.")  # fmt: skip
+        args = merge_resume_args(args, ckpt["args"], argv)
+    check_flags(args, rules)
+    existing = Path(args.runs_dir).absolute()
+    while not os.path.lexists(existing):  # made at the start of the run; what exists of it must be a writable folder
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"--runs-dir '{args.runs_dir}': run folders are made in it, but '{existing}' is " +
+                        ("not writable (no permission)." if existing.is_dir() else "not a folder."))  # fmt: skip
+    validate(args)
+    return args, ckpt, device
+
+
+def merge_resume_args(cli, saved: dict, argv: list):
+    """The checkpoint's Args but RESUME_OVERRIDABLE's; a fixed flag typed with another value is refused, not ignored.
+    Why argv: tyro cannot tell a default from a flag not given (`--x`, `--x=v`, `--no-x`)."""
+    given = {w[2:].split("=", 1)[0].replace("-", "_") for w in argv if w.startswith("--")}
+    given |= {name[3:] for name in given if name.startswith("no_")}
+    merged = {}
+    for f in dataclasses.fields(cli):
+        keep = f.name in RESUME_OVERRIDABLE or f.name not in saved
+        if not keep and f.name in given and getattr(cli, f.name) != saved[f.name]:
+            raise UserError(f"--{f.name.replace('_', '-')} {getattr(cli, f.name)} conflicts with the checkpoint, which "
+                            f"was trained with {saved[f.name]}: a resumed run keeps it. Drop the flag, or start a new "
+                            "run.")  # fmt: skip
+        merged[f.name] = getattr(cli, f.name) if keep else saved[f.name]
+    return type(cli)(**merged)
+
+
+class UserError(Exception):
+    """A problem with the user's input (flags, env, checkpoint): reported as one paragraph, exit code 2."""
+
+
+def run_cli(main: Callable[[], None]) -> None:
+    """Run main(); a UserError becomes a short message on stderr and exit code 2 instead of a traceback."""
+    try:
+        main()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
 def seed_everything(seed: int, torch_deterministic: bool) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
     torch.backends.cudnn.deterministic = torch_deterministic
-
-
-def get_rng_states() -> dict:
-    """The global RNG states (python, numpy, torch, cuda) as plain data that loads with weights_only=True."""
-    _, key, pos, has_gauss, cached = np.random.get_state()
-    states = {"python": random.getstate(), "torch": torch.get_rng_state(), "numpy": {"key": torch.from_numpy(
-        key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "cached_gaussian": cached}}  # fmt: skip
-    return {**states, "cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else states
-
-
-def set_rng_states(states: dict) -> None:
-    random.setstate(states["python"])
-    n = states["numpy"]
-    np.random.set_state(("MT19937", n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
-    torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 # --- end shared: plumbing ---

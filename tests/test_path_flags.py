@@ -65,17 +65,15 @@ def folder_at(path: Path) -> Path:
 # Each wrong kind of path: build(row folder) -> (the flag's value, the folder to make unwritable or None), and the
 # words the message must hold. A folder flag wants a folder it can make and write in; a checkpoint flag, a file.
 FOLDER_KINDS = {
-    "a file": (lambda r: (file_at(r / "a_file"), None), "is a file, not a folder"),
-    "under a file": (lambda r: (file_at(r / "a_file") / "sub", None), "is a file, not a folder"),
+    "a file": (lambda r: (file_at(r / "a_file"), None), "is not a folder"),
+    "under a file": (lambda r: (file_at(r / "a_file") / "sub", None), "is not a folder"),
     "not writable": (lambda r: (folder_at(r / "locked"), r / "locked"), "is not writable"),
 }
 CHECKPOINT_KINDS = {
     "missing": (lambda r: (r / "missing.pt", None), "does not exist"),
     "a folder": (lambda r: (folder_at(r / "a_folder"), None), "is a folder, not a file"),
     "under a file": (lambda r: (file_at(r / "a_file") / "step.pt", None), "does not exist"),
-    # the run writes next to the checkpoint's folder: <run>/ (--resume), <run>/eval/, <run>/export/
-    "run folder not writable": (lambda r: (file_at(r / "run" / "checkpoints" / "step.pt"), r / "run"), "is not writable"),
-}
+}  # a checkpoint in a folder this user cannot write resumes into a new run folder (test_resume_folders.py)
 FLAGS = {  # flag -> (its kinds, the other flags its rows need)
     "--runs-dir": (FOLDER_KINDS, lambda r: []),
     "--resume": (CHECKPOINT_KINDS, lambda r: []),
@@ -84,7 +82,7 @@ FLAGS = {  # flag -> (its kinds, the other flags its rows need)
 SOME = {
     "ppo_atari.py": [("--runs-dir", "under a file"), ("--resume", "a folder")],
     "a2c_atari.py": [("--runs-dir", "a file"), ("--resume", "missing")],
-    "sac_continuous.py": [("--runs-dir", "not writable"), ("--resume", "run folder not writable")],
+    "sac_continuous.py": [("--runs-dir", "not writable"), ("--resume", "under a file")],
     "sac_continuous_ray.py": [("--runs-dir", "a file"), ("--resume", "missing")],  # before Ray starts
 }  # fmt: skip
 PATH_ROWS = [("ppo_continuous.py", flag, kind) for flag, (kinds, _) in FLAGS.items() for kind in kinds]
@@ -201,5 +199,5 @@ def test_a_plain_command_line_is_refused_the_same_way(tmp_path, script):
     runs_dir = file_at(tmp_path / "a_file")
     extra = NO_RAY if script == "sac_continuous_ray.py" else []
     proc = run_script(script, "--runs-dir", runs_dir, *extra, timeout=120)
-    assert_clean_error(proc, "--runs-dir", f"'{runs_dir}'", "is a file, not a folder")
+    assert_clean_error(proc, "--runs-dir", f"'{runs_dir}'", "is not a folder")
     assert tree(tmp_path) == ["a_file"]

@@ -53,32 +53,53 @@ def test_check_flags_names_the_flag_and_the_rule():
     ppo.check_flags(ppo.Args(target_kl=None), ppo.FLAG_RULES)  # an unset optional passes
 
 
-def test_progress_off_a_terminal_prints_plain_lines_with_an_eta(capsys, monkeypatch):
+def progress_run(tmp_path, progress: bool = True):
+    """A Run on a bare loop state, for its progress line."""
+    @dataclasses.dataclass
+    class State:
+        global_step: int = 0
+        iteration: int = 0
+
+    args = ppo.Args(env_id="Pendulum-v1", total_timesteps=1000, runs_dir=str(tmp_path), progress=progress)
+    args.num_iterations = 3
+    run = ppo.Run(args, "ppo_continuous", None, {"obs_shape": [3], "act_shape": [1]}, log_every=1)
+    run.attach(State(), None)
+    return run
+
+
+def test_progress_off_a_terminal_prints_plain_lines_with_an_eta(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
-    progress = ppo.Progress(True, total=1000, every_s=0.0)
-    progress.update(250, sps=50.0, recent_return=None, recent_sps=50.0)
-    progress.update(500, sps=500.0, recent_return=-3.25, recent_sps=25.0)  # e.g. SAC once its updates begin
-    progress.close()
+    run = progress_run(tmp_path)
+    capsys.readouterr()
+    run.state.global_step, run.last_print = 250, -1e9  # the 30 s since the last line have passed
+    run.progress(sps=50.0, recent_sps=50.0)
+    run.state.global_step, run.last_print, run.recent_returns = 500, -1e9, [-3.25]
+    run.progress(sps=500.0, recent_sps=25.0)  # e.g. SAC once its updates begin
     lines = capsys.readouterr().out.splitlines()
-    assert "\r" not in "".join(lines) and len(lines) == 3
-    assert "250/1,000" in lines[0] and "n/a" in lines[0] and "ETA 00:00:15" in lines[0]  # 750 steps at 50 SPS
+    assert "\r" not in "".join(lines) and len(lines) == 2
+    assert "250/1,000" in lines[0] and "n/a" in lines[0] and "ETA 0:00:15" in lines[0]  # 750 steps at 50 SPS
     # the ETA follows the last window's speed (500 steps at 25 SPS), not the average since the start
-    assert "500/1,000" in lines[1] and "-3.2" in lines[1] and "500 SPS" in lines[1] and "ETA 00:00:20" in lines[1]
-    assert lines[2] == lines[1]  # the closing line repeats the last state
-    quiet = ppo.Progress(False, total=1000, every_s=0.0)
-    quiet.update(500, 50.0, None, 50.0)
-    quiet.close()
+    assert "500/1,000" in lines[1] and "-3.2" in lines[1] and "500 SPS" in lines[1] and "ETA 0:00:20" in lines[1]
+    run.state.global_step = 1000
+    run.progress(sps=500.0, recent_sps=1e-3)  # within 30 s of the last line: nothing yet...
     assert capsys.readouterr().out == ""
+    list(run.iterations(run.state, 0))  # ...and the loop's end prints the last state
+    assert "1,000/1,000" in capsys.readouterr().out
+    run.close()
+    quiet = progress_run(tmp_path, progress=False)
+    quiet.last_print = -1e9
+    quiet.progress(50.0, 50.0)
+    list(quiet.iterations(quiet.state, 0))
+    assert "step" not in capsys.readouterr().out
+    quiet.close()
 
 
-def test_progress_waits_its_interval_off_a_terminal(capsys, monkeypatch):
-    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
-    progress = ppo.Progress(True, total=1000, every_s=3600.0)
-    for step in range(100, 1001, 100):
-        progress.update(step, 100.0, None, 100.0)
-    assert capsys.readouterr().out == ""  # within the interval: nothing yet...
-    progress.close()
-    assert "1,000/1,000" in capsys.readouterr().out  # ...and the closing line
+def test_the_eta_counts_hours_past_a_day(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)  # a terminal: every update rewrites the line
+    run = progress_run(tmp_path)
+    run.progress(sps=1.0, recent_sps=1000 / (27 * 3600 + 61))  # 1,000 steps left at 27 h 1 min 1 s
+    assert capsys.readouterr().out.endswith("ETA 27:01:01") and run.line.startswith("step")
+    run.close()
 
 
 def parse(monkeypatch, *flags) -> "ppo.Args":
@@ -154,7 +175,7 @@ def test_a_log_window_with_no_new_step_logs_no_phase_timing(tmp_path, monkeypatc
         if iteration == 1:
             state.global_step = 10
         if iteration == 2:
-            run.stop.requested = True  # as Ctrl-C would: this window has no new step
+            run.stop_requested = True  # as Ctrl-C would: this window has no new step
     assert run.stopped and state.iteration == 2
     assert ("charts/update_us_per_step", 10) in logged and ("charts/SPS", 10) in logged
     assert [step for tag, step in logged if tag == "charts/update_us_per_step"] == [10]
@@ -175,21 +196,15 @@ def test_args_json_records_the_flags_and_what_they_resolved_to(tmp_path):
 
 
 @pytest.mark.parametrize("script", ["ppo_continuous", "ppo_atari", "sac_continuous_ray"])
-def test_printed_commands_start_the_way_this_run_was_started(script, monkeypatch, tmp_path):
-    """The resume hint: `uv run [--extra X]` when uv runs the script from the project's
-    .venv (from outside the project folder with --project), else this interpreter with the script's path."""
+def test_the_printed_resume_command_runs_this_script_with_this_python(script, monkeypatch, tmp_path):
+    """The resume hint: this interpreter, the script's path (relative under the current folder), the checkpoint's
+    path, each quoted so that a space keeps it one argument when pasted."""
     module = importlib.import_module(script)
-    extra = {"ppo_atari": " --extra atari", "sac_continuous_ray": " --extra ray"}.get(script, "")
     monkeypatch.chdir(ROOT)
-    monkeypatch.delenv("UV", raising=False)
-    assert module.launch_command() == f"{sys.executable} {script}.py"
-    monkeypatch.setenv("UV", "/somewhere/uv")
-    monkeypatch.setattr(sys, "prefix", str(ROOT / ".venv"))
-    assert module.launch_command() == f"uv run{extra} {script}.py"
+    ckpt = tmp_path / "my runs" / "step_0000000100.pt"
+    assert module.resume_command(ckpt) == f"{sys.executable} {script}.py --resume '{ckpt}'"
     monkeypatch.chdir(tmp_path)
-    assert module.launch_command() == f"uv run --project {ROOT}{extra} {ROOT / script}.py"
-    monkeypatch.setattr(sys, "prefix", str(tmp_path / "other-env"))  # uv running another environment
-    assert module.launch_command() == f"{sys.executable} {ROOT / script}.py"
+    assert module.resume_command(ckpt) == f"{sys.executable} {ROOT / script}.py --resume '{ckpt}'"
 
 
 def test_xdist_groups_reach_the_scheduler(request):

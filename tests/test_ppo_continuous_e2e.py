@@ -76,6 +76,8 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
 
     resumed = tmp_path / "b" / full.name
     shutil.copytree(full, resumed)  # the resumed run appends to its own folder: work on a copy
+    for later in ("step_0000001536.pt", "step_0000002048.pt"):  # as if the run had died after step 1024's checkpoint
+        (resumed / "checkpoints" / later).unlink()  # (with later ones there, it would start a new folder instead)
     proc = run_script(SCRIPT, "--resume", resumed / "checkpoints" / "step_0000001024.pt", "--total-timesteps", "2048",
                       "--torch-threads", "1")  # fmt: skip
     assert proc.returncode == 0, proc.stderr

@@ -307,28 +307,33 @@ def test_load_checkpoint_rejects_bad_files(tmp_path):
 
 
 def test_prune_keeps_the_newest_periodic_checkpoints(tmp_path):
+    """By step number, and only the names runs write: a user's step_mine.pt or step_0000000001.pt.bak survives."""
     for step in (100, 2000, 300, 40):
-        (tmp_path / ppo.checkpoint_name("step", step)).write_bytes(b"x")
-    (tmp_path / ppo.checkpoint_name("final", 3000)).write_bytes(b"x")
+        (tmp_path / f"step_{step:010d}.pt").write_bytes(b"x")
+    for name in ("final_0000003000.pt", "step_mine.pt", "step_0000000001.pt.bak", "step_00000000010.pt"):
+        (tmp_path / name).write_bytes(b"x")
     ppo.prune_checkpoints(tmp_path, keep=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["final_0000003000.pt", "step_0000000300.pt", "step_0000002000.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final_0000003000.pt", "step_0000000001.pt.bak",
+                                                          "step_00000000010.pt", "step_0000000300.pt",
+                                                          "step_0000002000.pt", "step_mine.pt"]  # fmt: skip
 
 
 def test_merge_resume_args_keeps_checkpoint_values_and_refuses_conflicts():
     saved = ppo.Args(env_id="Pendulum-v1", learning_rate=1e-3, total_timesteps=10_000)
     cli = ppo.Args(learning_rate=5e-4, total_timesteps=20_000, resume="x.pt")
-    given = ppo.flags_on_command_line(["--resume", "x.pt", "--total-timesteps=20000"], ppo.Args)
-    assert given == {"resume", "total_timesteps"}
+    given = ["--resume", "x.pt", "--total-timesteps=20000"]
     merged = ppo.merge_resume_args(cli, vars(saved), given)
     assert merged.env_id == "Pendulum-v1" and merged.learning_rate == 1e-3  # the checkpoint wins...
     assert merged.total_timesteps == 20_000 and merged.resume == "x.pt"  # ...except total_timesteps and output flags
     # a fixed flag typed with the checkpoint's own value is fine; with another value it is refused, naming both
-    same = ppo.merge_resume_args(ppo.Args(learning_rate=1e-3), vars(saved), {"learning_rate"})
+    same = ppo.merge_resume_args(ppo.Args(learning_rate=1e-3), vars(saved), ["--learning-rate", "1e-3"])
     assert same.learning_rate == 1e-3
     with pytest.raises(ppo.UserError, match=r"--learning-rate 0.0005 .*1e-3|--learning-rate 0.0005 .*0.001"):
-        ppo.merge_resume_args(cli, vars(saved), given | {"learning_rate"})
-    # a boolean turned off with --no-X counts as given
-    assert ppo.flags_on_command_line(["--no-norm-obs", "--seed", "3"], ppo.Args) == {"norm_obs", "seed"}
+        ppo.merge_resume_args(cli, vars(saved), [*given, "--learning-rate", "5e-4"])
+    # a boolean turned off with --no-X counts as given: refused when the checkpoint trained with it on
+    with pytest.raises(ppo.UserError, match="--norm-obs False conflicts"):
+        ppo.merge_resume_args(ppo.Args(norm_obs=False), vars(saved), ["--no-norm-obs"])
+    assert ppo.merge_resume_args(ppo.Args(norm_obs=False), vars(saved), []).norm_obs is True  # not typed: the checkpoint's
 
 
 def test_logged_losses_are_the_mean_over_all_minibatches(tmp_path, monkeypatch):

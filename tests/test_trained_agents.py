@@ -170,7 +170,7 @@ def test_run_keeps_the_best_evaluated_agent_a_snapshot_and_its_score_on_resume(t
     assert ckpt["run_state"]["best_score"] == 9.0 and torch.equal(ckpt["replay_buffer"]["obs"], torch.ones(4))
     args.resume, args.num_iterations = str(final), 20
     resumed = ppo.Run(args, "ppo_continuous", ckpt, shapes, 10)
-    assert resumed.best.score == 9.0  # a resumed run keeps best.pt unless it beats 9
+    assert resumed.best_score == 9.0  # a resumed run keeps best.pt unless it beats 9
     resumed.writer.close()
 
 
@@ -190,9 +190,9 @@ def test_ppo_keep_best_keeps_the_agent_before_the_return_fell_and_a_resumed_run_
     assert same_tensors(best["model"], torch.load(ckpts / "step_0000000016.pt", weights_only=True)["model"])
     last = torch.load(ckpts / "step_0000000096.pt", weights_only=True)
     assert not same_tensors(best["model"], last["model"]) and last["run_state"]["best_score"] == 7.0
-    # resumed: the env restarts (its returns are 7 again), never above the stored best 7: best.pt stays
+    # resumed from its last checkpoint: the env restarts (its returns are 7 again), never above the stored best 7
     before = (ckpts / "best.pt").read_bytes()
-    resumed = run_script("ppo_continuous.py", "--resume", ckpts / "step_0000000048.pt", "--env-id", FALLING,
+    resumed = run_script("ppo_continuous.py", "--resume", ckpts / "step_0000000096.pt", "--env-id", FALLING,
                          "--total-timesteps", 128, "--checkpoint-interval", 16, "--keep-checkpoints", 10, "--keep-best",
                          *common)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr

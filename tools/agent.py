@@ -85,7 +85,6 @@ def load(path: str, script_path=None):
     if ":" in env_id:  # why: "module:Env" would import any module on sys.path; a checkpoint is data, not code
         raise ToolError(f"checkpoint '{path}' names the env '{env_id}', which imports a module; register the env "
                         "and store its plain id, or run the evaluation from your own code.")  # fmt: skip
-    script.quiet_mujoco_warnings()
     try:  # the script checks the env id against gymnasium's registry and the checkpoint against the env
         policy = script.policy_from_checkpoint(ckpt).eval()
     except script.UserError as e:

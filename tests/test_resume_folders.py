@@ -1,0 +1,142 @@
+"""Nothing a user saved is ever overwritten by a resume or a signal. The shared plumbing is the same text in every
+script (test_shared_blocks.py): it is tested here through ppo_continuous.py, on Pendulum runs of a few iterations.
+
+- A resume continues in its checkpoint's run folder only when nothing of that run came after it; from an older
+  checkpoint (later ones exist), from a file outside a run folder, or from a folder this user cannot write, it starts a
+  new run folder under --runs-dir and says so: every file already saved stays byte for byte.
+- --keep-best never replaces a better best.pt, whichever checkpoint a resume starts from.
+- A SIGTERM or a second Ctrl-C during the final save leaves a complete checkpoint and no temporary file."""
+
+import hashlib
+import os
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+import ppo_continuous as ppo
+from tests.conftest import only_run_dir, run_script, scalars
+from tests.student_copy import main_in_process
+
+SCRIPT = "ppo_continuous.py"
+SMALL = ["--env-id", "Pendulum-v1", "--num-envs", "1", "--num-steps", "64", "--num-minibatches", "2",
+         "--update-epochs", "1", "--torch-threads", "1", "--no-progress"]  # fmt: skip
+
+
+def contents(folder: Path) -> dict:
+    """Every file under folder and a hash of its bytes."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A run of 4 iterations with a checkpoint after each (64 steps): step_64 ... step_256, and --keep-best."""
+    runs = tmp_path_factory.mktemp("runs")
+    proc = run_script(SCRIPT, *SMALL, "--total-timesteps", "256", "--checkpoint-interval", "64", "--keep-checkpoints", "10",
+                      "--keep-best", "--runs-dir", runs)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return only_run_dir(runs)
+
+
+def test_resuming_an_older_checkpoint_starts_a_new_folder_and_leaves_the_run_as_it_was(finished_run, tmp_path):
+    run = tmp_path / "runs" / finished_run.name
+    shutil.copytree(finished_run, run)
+    before = contents(run)
+    proc = run_script(SCRIPT, "--resume", run / "checkpoints" / "step_0000000128.pt", "--total-timesteps", "320",
+                      "--checkpoint-interval", "64", "--keep-checkpoints", "1", "--torch-threads", "1", "--no-progress", "--runs-dir", tmp_path / "runs")
+    assert proc.returncode == 0, proc.stderr
+    assert "saved later in its folder (step_0000000192.pt, step_0000000256.pt" in proc.stdout
+    assert contents(run) == before  # nothing pruned, replaced or appended: not even the TensorBoard events
+    branch = tmp_path / "runs" / f"{finished_run.name}-2"
+    assert sorted(p.name for p in (branch / "checkpoints").glob("step_*.pt")) == ["step_0000000320.pt"]
+    assert set(scalars(branch, "losses/value_loss")) == {192, 256, 320}  # the new part only, from step 128 on
+    assert (branch / "args.json").is_file()
+
+
+def test_a_checkpoint_outside_a_run_folder_resumes_into_a_new_one_under_runs_dir(finished_run, tmp_path):
+    downloads = tmp_path / "Downloads"
+    downloads.mkdir()
+    shutil.copy(finished_run / "checkpoints" / "step_0000000256.pt", downloads / "x.pt")
+    proc = run_script(SCRIPT, "--resume", downloads / "x.pt", "--total-timesteps", "320", "--torch-threads", "1",
+                      "--no-progress", "--runs-dir", tmp_path / "runs")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "is not in a run folder" in proc.stdout and str(tmp_path / "runs") in proc.stdout
+    assert sorted(p.name for p in downloads.iterdir()) == ["x.pt"]  # nothing written or pruned beside it
+    assert only_run_dir(tmp_path / "runs").name == finished_run.name
+
+
+def test_the_newest_checkpoint_of_a_writable_run_folder_continues_in_it(finished_run, tmp_path):
+    run = tmp_path / "runs" / finished_run.name
+    shutil.copytree(finished_run, run)
+    args = ppo.Args(resume=str(run / "checkpoints" / "step_0000000256.pt"), runs_dir=str(tmp_path / "runs"))
+    ckpt = ppo.load_checkpoint(args.resume)
+    assert ppo.resume_folder(args, ckpt) == run.resolve()
+
+
+def test_a_run_folder_this_user_cannot_write_gets_a_new_folder(finished_run, tmp_path, monkeypatch, capsys):
+    """Checked through os.access (what the script asks), so that it holds as root too, where chmod stops nothing."""
+    run = tmp_path / "runs" / finished_run.name
+    shutil.copytree(finished_run, run)
+    args = ppo.Args(resume=str(run / "checkpoints" / "step_0000000256.pt"), runs_dir=str(tmp_path / "runs"))
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p).resolve() == run.resolve() else real(p, mode))
+    assert ppo.resume_folder(args, ppo.load_checkpoint(args.resume)) is None
+    assert "cannot write" in capsys.readouterr().out
+
+
+def test_keep_best_never_replaces_a_better_best_pt_from_an_older_checkpoint(finished_run, tmp_path):
+    """An evaluation after the last checkpoint kept a better agent (best.pt: 100), then the run died. Resuming that
+    checkpoint (best score lower) must not let a worse agent replace best.pt."""
+    run = tmp_path / "runs" / finished_run.name
+    shutil.copytree(finished_run, run)
+    best = run / "checkpoints" / "best.pt"
+    state = torch.load(best, weights_only=True)
+    state["run_state"]["best_score"] = 100.0
+    torch.save(state, best)
+    before = best.read_bytes()
+    proc = run_script(SCRIPT, "--resume", run / "checkpoints" / "step_0000000256.pt", "--total-timesteps", "448",
+                      "--checkpoint-interval", "64", "--keep-best", "--torch-threads", "1", "--no-progress")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert best.read_bytes() == before
+    assert torch.load(run / "checkpoints" / "step_0000000448.pt", weights_only=True)["run_state"]["best_score"] == 100.0
+
+
+@pytest.mark.parametrize("kind", ["final", "interrupted"])
+def test_a_signal_during_the_final_save_leaves_a_complete_checkpoint_and_no_temporary_file(kind, tmp_path, monkeypatch):
+    """The signal is sent from inside torch.save, while the checkpoint is being written: SIGTERM (Slurm's second
+    one) during --save-model's final save; a second Ctrl-C during the save that the first one asked for."""
+    real_save, sent = torch.save, []
+
+    def save_and_signal(state, f, *a, **k):
+        if kind == "interrupted" and not sent:  # the first Ctrl-C, during the periodic save: the run stops after it
+            sent.append(os.kill(os.getpid(), signal.SIGINT))
+        elif Path(getattr(f, "name", "")).name.startswith(f".{kind}_"):  # the final save
+            sent.append(os.kill(os.getpid(), signal.SIGTERM if kind == "final" else signal.SIGINT))
+        return real_save(state, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", save_and_signal)
+    flags = [*SMALL, "--total-timesteps", "6400", "--checkpoint-interval", "128", "--runs-dir", tmp_path]
+    if kind == "final":
+        main_in_process(ppo, [*flags[:-4], "--total-timesteps", "128", "--save-model", "--eval-episodes", "1",
+                              "--checkpoint-interval", "0", "--runs-dir", tmp_path], monkeypatch)  # fmt: skip
+    else:
+        try:
+            main_in_process(ppo, flags, monkeypatch)
+        except KeyboardInterrupt:  # caught here: left to pytest, it would end the whole session
+            pytest.fail("the second Ctrl-C interrupted the save of the interrupted checkpoint")
+        except SystemExit as stop:
+            assert stop.code == 130
+    ckpts = only_run_dir(tmp_path) / "checkpoints"
+    assert len(sent) == (1 if kind == "final" else 2)
+    (saved,) = ckpts.glob(f"{kind}_*.pt")
+    assert torch.load(saved, weights_only=True)["global_step"] == 128  # complete: it loads
+    assert sorted(p.name for p in ckpts.iterdir() if p.name.startswith(".")) == []  # no temporary file left
+
+
+def test_exp_name_cannot_leave_runs_dir(tmp_path):
+    for name in ("../escaped", "..", "a/b"):
+        proc = run_script(SCRIPT, *SMALL, "--exp-name", name, "--runs-dir", tmp_path / "runs", timeout=120)
+        assert proc.returncode == 2 and "--exp-name" in proc.stderr and "plain name" in proc.stderr, proc.stderr
+    assert not (tmp_path / "runs").exists() and sorted(p.name for p in tmp_path.iterdir()) == []
