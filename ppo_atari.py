@@ -1,15 +1,15 @@
 """Proximal Policy Optimization (PPO) on Atari (pixels, discrete actions), in one file.
 
 Map of this file, top to bottom:
-  Args            algorithm flags, then run flags (`python ppo_atari.py --help` lists them), and the rules they obey
+  Args            algorithm flags, then run flags (`python ppo_atari.py --help` lists them)
   make_env        gymnasium's Atari preprocessing, and the two steps it lacks (EpisodicLife, FireReset)
-  Agent           the Nature CNN: a shared trunk, a policy-logit head and a value head; Policy
+  Agent           the Nature CNN: a shared trunk, a policy-logit head and a value head
   helpers         next-step autoreset targets, GAE, the PPO losses (one line of math above each)
   main()          set-up, then the loop: rollout -> advantages -> update -> log, then finish
-  # === Plumbing  runs, checkpoints, resume, errors, progress, the env backends, evaluation, start-up checks
+  # === Plumbing  flag rules, runs, checkpoints, resume, errors, progress, evaluation (Policy), start-up checks
 
-Runs on gymnasium 1.x / ale-py 0.11+; `diff ppo_atari.py a2c_atari.py` shows what differs between
-the two algorithms. Docs: docs/ppo_atari.md; the algorithm: https://arxiv.org/abs/1707.06347
+`diff ppo_atari.py a2c_atari.py` shows what differs between the algorithms. Docs: docs/ppo_atari.md; the algorithm:
+https://arxiv.org/abs/1707.06347
 """
 
 import copy
@@ -42,8 +42,7 @@ class Args:
     """PPO on Atari (pixels, discrete actions): trains an agent and logs to TensorBoard.
     --resume CKPT continues the run of checkpoint CKPT; `python tools/agent.py eval|export CKPT` plays or exports it."""
     # --- algorithm ---
-    env_id: str = "BreakoutNoFrameskip-v4"
-    """id of the Atari game: GameNoFrameskip-v4 (no sticky actions) or ALE/Game-v5 (sticky actions, p=0.25)"""
+    env_id: str = "BreakoutNoFrameskip-v4"  # the game: GameNoFrameskip-v4, or ALE/Game-v5 (sticky actions, p=0.25)
     total_timesteps: int = 10_000_000  # env steps to train for, summed over all envs (an env step is 4 emulator frames)
     learning_rate: float = 2.5e-4  # learning rate of Adam (the start value with --anneal-lr)
     num_envs: int = 8  # envs stepped in parallel, as one vector env
@@ -68,16 +67,11 @@ class Args:
     torch_deterministic: bool = True  # make cuDNN pick deterministic algorithms (torch.backends.cudnn.deterministic)
     cuda: bool = True  # use the GPU when there is one
     torch_threads: int = 0  # torch's CPU threads; 0 = one per usable core (set it when runs share a machine)
-    env_backend: str = "gymnasium"
-    """`gymnasium` (make_env's chain on ale-py) or `ale-vector` (ale-py's C++ vector env, faster; unlike gymnasium:
-    FIRE then 0-28 NOOPs at a game's start, one FIRE step after a lost life, the 108k-frame limit counted after the
-    start's NOOPs, other random streams; see the docs); video and the evaluation games always run on gymnasium"""
-    async_envs: bool = False  # gymnasium backend: step the envs in worker processes (AsyncVectorEnv); off = in-process, faster
-    env_threads: int = 0  # ale-vector backend: worker threads (0 = one per core this process may use)
+    async_envs: bool = False  # step the envs in worker processes (AsyncVectorEnv); off = in-process, faster
     track: bool = False  # log to Weights and Biases too (WANDB_MODE=offline works without network)
     wandb_project_name: str = "onefile-rl"  # wandb project
     wandb_entity: Optional[str] = None  # wandb entity, a team or user (None = your wandb default)
-    capture_video: bool = False  # record videos of env 0 under runs/<run>/videos (gymnasium backend)
+    capture_video: bool = False  # record videos of env 0 under runs/<run>/videos
     save_model: bool = False  # save a final checkpoint at the end of training, then evaluate it
     runs_dir: str = "runs"  # folder with one sub-folder per run (TensorBoard events, checkpoints, videos)
     checkpoint_interval: int = 100_000  # write a checkpoint every N env steps (0 = never; Ctrl-C and --save-model still save)
@@ -90,44 +84,24 @@ class Args:
 
     # --- derived from the flags above (not flags themselves) ---
     batch_size: tyro.conf.Suppress[int] = 0  # the batch size: num_envs * num_steps
-    minibatch_size: tyro.conf.Suppress[int] = 0  # the mini-batch size: batch_size // num_minibatches
     num_iterations: tyro.conf.Suppress[int] = 0  # the number of iterations: total_timesteps // batch_size
 
 
-# Every numeric flag and the range it must lie in (checked before anything starts)
-FLAG_RULES = {
-    "total_timesteps": ">= 1", "learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gamma": "in [0, 1]",
-    "gae_lambda": "in [0, 1]", "num_minibatches": ">= 1", "update_epochs": ">= 1", "clip_coef": "> 0", "target_kl": "> 0",
-    "ent_coef": ">= 0", "vf_coef": ">= 0", "max_grad_norm": "> 0",
-    "env_threads": ">= 0",
-}  # fmt: skip
+# --- shared: layer-init ---
+def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Module:
+    """Orthogonal weights with gain `std`, constant bias: the initialization the PPO implementations share."""
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
 
 
-def validate_args(args: Args) -> None:
-    """What single-flag rules cannot say: sizes that must fit together, and the env backend's options."""
-    check_backend(args)
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches != 0:
-        raise UserError(f"num_minibatches ({args.num_minibatches}) must divide the batch size num_envs * num_steps = "
-                        f"{args.num_envs} * {args.num_steps} = {batch_size}.")  # fmt: skip
-    if args.total_timesteps < batch_size:
-        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one batch (num_envs * num_steps = "
-                        f"{batch_size}): no update would run. Raise --total-timesteps or lower --num-steps.")  # fmt: skip
-    minibatch = batch_size // args.num_minibatches
-    if args.norm_adv and minibatch < 2:
-        raise UserError(f"--norm-adv divides by the advantages' standard deviation over a minibatch, undefined for a "
-                        f"minibatch of {minibatch}: raise --num-envs or --num-steps, or leave --norm-adv off.")  # fmt: skip
+# --- end shared: layer-init ---
 
 
-# --- shared: atari-make-env ---
-MAX_FRAMES_PER_GAME = 108_000  # 30 minutes of play at 60 fps; ALE truncates the game there
-
-
+# --- shared: atari ---
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Callable[[], gym.Env]:
     """One Atari env under the standard preprocessing (Mnih et al. 2015; Machado et al. 2018), innermost first.
-    RecordEpisodeStatistics sits below EpisodicLife and the reward clipping: info["episode"] holds the whole game's
-    score (all lives, unclipped) and length (env steps, the resets' NOOP and FIRE steps included). Video, when asked
-    for, records env 0's full screen."""
+    Video, when asked for, records env 0's full screen."""
 
     def thunk() -> gym.Env:
         import ale_py
@@ -135,16 +109,16 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Call
         gym.register_envs(ale_py)
         ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
         render_mode = "rgb_array" if capture_video and idx == 0 else None
-        # frameskip=1: AtariPreprocessing skips frames; v5's own skip (4, no max-pooling) would come on top of it.
-        # Sticky actions: the id's own (v4 none, v5 p=0.25).
-        env = gym.make(env_id, obs_type="grayscale", frameskip=1, max_num_frames_per_episode=MAX_FRAMES_PER_GAME,
-                       render_mode=render_mode)  # fmt: skip
+        # frameskip=1: AtariPreprocessing skips frames (v5's own skip would come on top); sticky actions: the id's own;
+        # ALE truncates a game at 108,000 frames (30 minutes of play at 60 fps)
+        env = gym.make(env_id, obs_type="grayscale", frameskip=1, max_num_frames_per_episode=108_000, render_mode=render_mode)
         if render_mode is not None:
             env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
         # 1..30 NOOPs after a reset (each game starts in another state); each action held for 4 frames, returning
         # the max of the last two (Atari draws some sprites on odd frames only); the screen as 84x84 grayscale
         env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)
-        env = gym.wrappers.RecordEpisodeStatistics(env)  # the whole game: under EpisodicLife and ClipReward
+        # info["episode"]: the whole game's score (all lives, unclipped) and length, below EpisodicLife and ClipReward
+        env = gym.wrappers.RecordEpisodeStatistics(env)
         env = EpisodicLife(env)  # a lost life ends the learning episode (terminated), not the game
         if "FIRE" in env.unwrapped.get_action_meanings():
             env = FireReset(env)  # press FIRE after every reset (Breakout waits for it)
@@ -154,27 +128,15 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Call
     return thunk
 
 
-def eval_env(env_id: str, video_dir: Optional[str] = None) -> gym.Env:
-    """The env evaluation plays on: env 0's chain, recording a video into video_dir if given."""
-    return make_env(env_id, 0, video_dir is not None, video_dir or "")()
-
-
 def finished_games(infos: dict) -> list:
     """[(env index, full-game return, length)] for each game that ended at this step (RecordEpisodeStatistics)."""
-    if "_episode" not in infos:
-        return []
-    episode = infos["episode"]
-    return [(int(i), float(episode["r"][i]), int(episode["l"][i])) for i in np.flatnonzero(infos["_episode"])]
+    episode = infos.get("episode")
+    return [(int(i), float(episode["r"][i]), int(episode["l"][i])) for i in np.flatnonzero(infos.get("_episode", []))]
 
 
-# --- end shared: atari-make-env ---
-
-
-# --- shared: atari-wrappers ---
 class EpisodicLife(gym.Wrapper):
-    """A lost life ends the learning episode (terminated=True: no value beyond it), which speeds up learning; the game
-    goes on: reset() after a lost life takes one NOOP step, only a game over (or the time limit) resets the emulator.
-    By hand: gymnasium's AtariPreprocessing(terminal_on_life_loss=True) restarts the whole game at a lost life."""
+    """A lost life ends the learning episode (terminated: no value beyond it; learning goes faster), not the game: reset()
+    then takes one NOOP step. By hand: AtariPreprocessing(terminal_on_life_loss=True) would restart the whole game."""
 
     def __init__(self, env: gym.Env):
         super().__init__(env)
@@ -214,21 +176,6 @@ def step_in_reset(env: gym.Env, action: int, reset_kwargs: dict) -> tuple:
     return obs, info
 
 
-# --- end shared: atari-wrappers ---
-
-
-# --- shared: layer-init ---
-def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias_const: float = 0.0) -> nn.Module:
-    """Orthogonal weights with gain `std`, constant bias: the initialization the PPO implementations share."""
-    torch.nn.init.orthogonal_(layer.weight, std)
-    torch.nn.init.constant_(layer.bias, bias_const)
-    return layer
-
-
-# --- end shared: layer-init ---
-
-
-# --- shared: nature-cnn ---
 class Agent(nn.Module):
     """The Nature CNN (Mnih et al. 2015): three convolutions and a 512-unit layer shared by a policy-logit head and
     a value head. Input: (batch, 4, 84, 84) uint8 frames, scaled to [0, 1] here."""
@@ -236,16 +183,11 @@ class Agent(nn.Module):
     def __init__(self, num_actions: int):
         super().__init__()
         self.network = nn.Sequential(
-            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
-            nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
-            nn.ReLU(),
-            nn.Flatten(),
-            layer_init(nn.Linear(64 * 7 * 7, 512)),
-            nn.ReLU(),
-        )
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)), nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
+            nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU(),
+        )  # fmt: skip
         self.actor = layer_init(nn.Linear(512, num_actions), std=0.01)
         self.critic = layer_init(nn.Linear(512, 1), std=1.0)
 
@@ -255,8 +197,7 @@ class Agent(nn.Module):
         return self.actor(hidden), self.critic(hidden).squeeze(-1)
 
     def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, ...]:
-        """(action, log pi(action|obs), entropy, V(obs)); samples a ~ pi(.|obs) when no action is given. The policy's
-        distribution is built here, once: the rollout samples from it, the update takes log-probs and entropy."""
+        """(action, log pi(action|obs), entropy, V(obs)): the one policy distribution; samples a ~ pi(.|obs) if no action."""
         logits, value = self(obs)
         # validate_args=False: NaN weights reach the non-finite check at the next log (a message, a clean stop)
         pi = Categorical(logits=logits, validate_args=False)
@@ -265,48 +206,26 @@ class Agent(nn.Module):
         return action, pi.log_prob(action), pi.entropy(), value
 
 
-class Policy(nn.Module):
-    """The trained agent as it acts in evaluation (and in the exported program): a batch of uint8 frame stacks as
-    make_env's env returns them -> the most likely actions (argmax of the Agent's logits); deterministic."""
-
-    def __init__(self, agent: Agent):
-        super().__init__()
-        self.agent = agent
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        logits, _ = self.agent(obs)
-        return logits.argmax(dim=-1)
-
-
-# --- end shared: nature-cnn ---
-
-# ---- algorithm helpers: no globals, tensors / arrays in and out (the tests import them) ----
-# --- shared: next-step-autoreset ---
 def next_step_targets(values: np.ndarray, last_value: np.ndarray, reset_steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Under next-step autoreset, over a (num_steps, num_envs) rollout:
-    next_values[t] = V(obs[t+1]), and V(obs after the rollout) for the last step. Where an episode ended at t,
-    obs[t+1] is that episode's final obs (the env resets one step later), so a truncation bootstraps from it.
-    real: the flat indices of the real transitions; a reset step (reset_steps[t]: the step after an episode end,
-    whose action the env ignored and whose obs is the next episode's first) is not one and stays out of training."""
+    """Under next-step autoreset, over a (num_steps, num_envs) rollout: next_values[t] = V(obs[t+1]), the episode's final
+    obs where it ended at t (a truncation bootstraps from it); real: the flat indices of the real transitions, all but
+    the reset steps (reset_steps[t]: the step after an episode end, whose action the env ignored)."""
     next_values = np.concatenate([values[1:], last_value[None]], axis=0)
     real = np.flatnonzero(~reset_steps.reshape(-1))
     return next_values, real
 
 
-# --- end shared: next-step-autoreset ---
+# --- end shared: atari ---
 
-
+# ---- algorithm helpers: no globals, tensors / arrays in and out (the tests import them) ----
 # --- shared: gae ---
 def compute_gae(rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray, terminations: np.ndarray,
                 truncations: np.ndarray, gamma: float, gae_lambda: float) -> np.ndarray:  # fmt: skip
-    """Generalized Advantage Estimation over a (num_steps, num_envs) rollout, all arrays "after step t":
-
-    next_values[t] is V of the true next state of transition t (V(final obs) when the episode ended at t).
+    """Generalized Advantage Estimation over a (num_steps, num_envs) rollout, all arrays "after step t"; next_values[t]
+    is V of transition t's true next state (V(final obs) where the episode ended at t):
         delta_t = r_t + gamma * (1 - terminated_t) * V(s_{t+1}) - V(s_t)
         A_t     = delta_t + gamma * lambda * (1 - (terminated_t or truncated_t)) * A_{t+1}
-    A termination has no future value; a truncation (time limit) keeps V(final obs): the state was not terminal,
-    only the episode was cut. Either one ends the recursion: A_{t+1} belongs to the next episode.
-    """
+    A truncation (time limit) keeps V(final obs): the state was not terminal. Either end stops the recursion."""
     advantages = np.zeros_like(rewards)
     last_gae = np.zeros_like(rewards[0])
     not_terminated = 1.0 - terminations.astype(rewards.dtype)
@@ -332,22 +251,16 @@ def ppo_losses(new_logprob: torch.Tensor, old_logprob: torch.Tensor, advantages:
     pg_loss = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)).mean()
     # L^V = 1/2 E[max((V - R)^2, (V_old + clip(V - V_old, -eps, eps) - R)^2)]  (unclipped: 1/2 E[(V - R)^2])
     v_loss_unclipped = (new_values - returns) ** 2
-    if clip_vloss:
-        v_clipped = old_values + torch.clamp(new_values - old_values, -clip_coef, clip_coef)
-        v_loss = 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns) ** 2).mean()
-    else:
-        v_loss = 0.5 * v_loss_unclipped.mean()
+    v_clipped = old_values + torch.clamp(new_values - old_values, -clip_coef, clip_coef)
+    v_loss = 0.5 * (torch.max(v_loss_unclipped, (v_clipped - returns) ** 2) if clip_vloss else v_loss_unclipped).mean()
     return pg_loss, v_loss, log_ratio.detach()
 
 
 def kl_diagnostics(log_ratio: torch.Tensor, clip_coef: float) -> torch.Tensor:
-    """[old_approx_kl, approx_kl, clipfrac] averaged over all samples given (a minibatch, or a whole epoch's
-    minibatches of equal size: then it is the mean of the per-minibatch values).
-    KL(old || new) estimators, http://joschu.net/blog/kl-approx.html: k1 = -log r, k3 = (r - 1) - log r."""
+    """[old_approx_kl, approx_kl, clipfrac], averaged over all samples given; the KL(old || new) estimators of
+    http://joschu.net/blog/kl-approx.html: k1 = -log r, k3 = (r - 1) - log r."""
     ratio = log_ratio.exp()
-    return torch.stack(
-        [(-log_ratio).mean(), ((ratio - 1) - log_ratio).mean(), ((ratio - 1.0).abs() > clip_coef).float().mean()]
-    )
+    return torch.stack([(-log_ratio).mean(), ((ratio - 1) - log_ratio).mean(), ((ratio - 1).abs() > clip_coef).float().mean()])
 
 
 # --- end shared: ppo-losses ---
@@ -368,55 +281,36 @@ def annealed(iteration: int, num_iterations: int, value: float) -> float:
 # --- end shared: diagnostics-and-schedules ---
 
 
-@dataclass
-class LoopState:
-    """What the training loop carries from one iteration to the next; checkpoints save and restore all of it. The
-    games themselves are not in it: ALE states are not saved, so a resumed run restarts its games from a reset."""
-
-    global_step: int = 0
-    iteration: int = 0  # the last completed iteration
-
-
 def main() -> None:
     args, ckpt, device = parse_command_line(Args, FLAG_RULES, validate_args)
     args.batch_size = args.num_envs * args.num_steps
-    args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
     obs_shape, num_actions = probe_env(args.env_id)
     run = Run(args, SCRIPT_NAME, ckpt, {"num_actions": num_actions}, args.batch_size)
     seed_everything(args.seed, args.torch_deterministic)
-    # A resumed run restarts its games from a reset; a fresh env seed keeps it from replaying the first games.
-    env_seed = args.seed + (0 if ckpt is None else ckpt["iteration"]) * args.num_envs
-
-    # NEXT_STEP autoreset (gymnasium 1.x's default; ale-vector's too): the step after an episode ends returns the next
-    # episode's first obs, reward 0, and ignores its action. Such a "reset step" is not a transition: it is
-    # recorded in reset_step_buf and left out of training (see the update). The obs returned at the episode's last
-    # step is its true final obs: a truncation is bootstrapped from V(final obs) without any final_obs lookup.
-    envs = make_vector_env(args, str(run.dir / "videos"), env_seed)
+    env_seed = args.seed + (0 if ckpt is None else ckpt["iteration"]) * args.num_envs  # a resumed run: other games
+    # Next-step autoreset: the step after an episode's end ignores its action and returns the next episode's first obs:
+    # a reset step, no transition (reset_step_buf marks it). An episode's last obs is its final obs: truncations bootstrap.
+    envs = make_vector_env(args, str(run.dir / "videos"))
     assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.NEXT_STEP, "the loop assumes next-step autoreset"
 
-    # channels-last weights: CPU (oneDNN) convolutions run faster on them, with the same values (benchmarks/README.md)
-    agent = Agent(num_actions).to(device, memory_format=torch.channels_last)
+    agent = Agent(num_actions).to(device, memory_format=torch.channels_last)  # same values, faster CPU convolutions
     check_agent(agent, obs_shape, ckpt, args.resume)  # below the banner: an edit that no longer fits stops here, named
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
     # ---- storage: everything indexed "at step t" of the rollout ----
     obs_buf = torch.zeros((args.num_steps, args.num_envs, *obs_shape), dtype=torch.uint8)  # frames the policy saw
     actions_buf = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long)
-    logprobs_buf = torch.zeros((args.num_steps, args.num_envs))
-    values_buf = torch.zeros((args.num_steps, args.num_envs))
+    logprobs_buf, values_buf = torch.zeros((2, args.num_steps, args.num_envs))
     rewards_buf = np.zeros((args.num_steps, args.num_envs), np.float32)  # clipped rewards
-    terminations_buf = np.zeros((args.num_steps, args.num_envs), bool)  # episode ended at t by a terminal state (or life)
-    truncations_buf = np.zeros((args.num_steps, args.num_envs), bool)  # episode ended at t by the time limit
-    reset_step_buf = np.zeros((args.num_steps, args.num_envs), bool)  # step t only reset the env: not a transition
+    # the episode ended at t by a terminal state (or a lost life) / by the time limit; step t only reset the env
+    terminations_buf, truncations_buf, reset_step_buf = np.zeros((3, args.num_steps, args.num_envs), bool)
 
     next_obs, _ = envs.reset(seed=env_seed)
     episode_ended = np.zeros(args.num_envs, bool)  # the last step ended an episode: the next step is a reset step
     s = LoopState()
     run.attach(s, envs, model=agent, optimizer=optimizer)
-    # evaluation: full games on a separate env; the Run plays them every --eval-interval env steps
-    run.play = lambda episodes, video_dir=None: evaluate(Policy(agent), eval_env(args.env_id, video_dir), episodes,
-                                                         args.seed + 10_000)  # fmt: skip
+    run.play = player(Policy(agent), args.env_id, args.seed + 10_000)  # evaluation: full games on a separate env
 
     for iteration in run.iterations(s, args.num_iterations):  # between iterations: checkpoints, Ctrl-C, progress
         lr = annealed(iteration, args.num_iterations, args.learning_rate) if args.anneal_lr else args.learning_rate
@@ -427,15 +321,13 @@ def main() -> None:
         with run.timer("rollout"):
             for step in range(args.num_steps):
                 s.global_step += args.num_envs
-                obs_t = torch.from_numpy(next_obs)
-                obs_buf[step] = obs_t
+                obs_buf[step] = obs = torch.from_numpy(next_obs)
                 reset_step_buf[step] = episode_ended
                 with torch.inference_mode():
-                    action, logprob, _, value = agent.get_action_and_value(obs_t.to(device))
+                    action, logprob, _, value = agent.get_action_and_value(obs.to(device))
                 actions_buf[step], logprobs_buf[step], values_buf[step] = action.cpu(), logprob.cpu(), value.cpu()
                 next_obs, reward, terminations, truncations, infos = envs.step(action.cpu().numpy())
-                rewards_buf[step] = reward
-                terminations_buf[step], truncations_buf[step] = terminations, truncations
+                rewards_buf[step], terminations_buf[step], truncations_buf[step] = reward, terminations, truncations
                 episode_ended = terminations | truncations
                 for _, game_return, game_length in finished_games(infos):  # whole games, not lives
                     run.episode(game_return, game_length, s.global_step)
@@ -450,55 +342,43 @@ def main() -> None:
                                      args.gamma, args.gae_lambda)  # fmt: skip
             returns = advantages + values
 
-            # flatten (num_steps, num_envs) -> batch, keeping only real transitions (not the reset steps)
-            valid = torch.from_numpy(real)
-            b_obs = obs_buf.reshape(-1, *obs_shape)[valid].to(device)
-            b_actions = actions_buf.reshape(-1)[valid].to(device)
-            b_logprobs = logprobs_buf.reshape(-1)[valid].to(device)
-            b_advantages = torch.from_numpy(advantages.reshape(-1)).to(device)[valid]
-            b_returns = torch.from_numpy(returns.reshape(-1)).to(device)[valid]
-            b_values = values_buf.reshape(-1)[valid].to(device)
-            # Reset steps make the batch a few samples short of batch_size; the minibatches keep an equal size and
-            # each epoch leaves out a different random remainder (fewer than num_minibatches samples).
-            minibatch_size = len(valid) // args.num_minibatches
+            # flatten (num_steps, num_envs) -> batch, keeping only the real transitions (not the reset steps)
+            b_obs, b_actions, b_logprobs, b_values, b_advantages, b_returns = (
+                torch.as_tensor(x).flatten(0, 1)[real].to(device)
+                for x in (obs_buf, actions_buf, logprobs_buf, values_buf, advantages, returns)
+            )  # fmt: skip
+            # the reset steps leave the batch a few samples short: each epoch leaves out another random remainder
+            minibatch_size = len(real) // args.num_minibatches
 
             # ---- update: update_epochs passes over the batch in shuffled minibatches ----
-            # Metrics are summed over every minibatch (no .item() per minibatch: one sync per update) and averaged.
-            loss_sums = torch.zeros(4, device=device)  # policy_loss, value_loss, entropy, grad_norm
-            kl_sums, num_epochs = torch.zeros(3, device=device), 0  # old_approx_kl, approx_kl, clipfrac
+            # every minibatch's metrics stay on the device (one sync per update), averaged for the log
+            losses, kls = [], []  # per minibatch: policy_loss, value_loss, entropy, grad_norm; per epoch: the KLs
             log_ratios = torch.zeros((args.num_minibatches, minibatch_size), device=device)
             for epoch in range(args.update_epochs):
-                perm = torch.randperm(len(valid), device=device)[: args.num_minibatches * minibatch_size]
-                perm = perm.view(args.num_minibatches, minibatch_size)
-                for mb in range(args.num_minibatches):
-                    idx = perm[mb]
+                perm = torch.randperm(len(real), device=device)[: args.num_minibatches * minibatch_size]
+                for mb, idx in enumerate(perm.view(args.num_minibatches, minibatch_size)):
                     _, new_logprob, entropy, new_values = agent.get_action_and_value(b_obs[idx], b_actions[idx])
                     entropy = entropy.mean()
                     mb_advantages = b_advantages[idx]
                     if args.norm_adv:
                         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                    pg_loss, v_loss, log_ratios[mb] = ppo_losses(
-                        new_logprob, b_logprobs[idx], mb_advantages, new_values, b_values[idx], b_returns[idx],
-                        clip_coef, args.clip_vloss,
-                    )  # fmt: skip
+                    pg_loss, v_loss, log_ratios[mb] = ppo_losses(new_logprob, b_logprobs[idx], mb_advantages, new_values,
+                                                                 b_values[idx], b_returns[idx], clip_coef, args.clip_vloss)
                     # L = L^CLIP - c_ent * H + c_v * L^V
                     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
                     optimizer.zero_grad()
                     loss.backward()
                     grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)  # norm before clipping
                     optimizer.step()
-                    loss_sums += torch.stack([pg_loss.detach(), v_loss.detach(), entropy.detach(), grad_norm])
-                epoch_kl = kl_diagnostics(log_ratios, clip_coef)  # the epoch's mean over its minibatches
-                kl_sums += epoch_kl
-                num_epochs += 1
-                # KL early stop, on the epoch's mean approx_kl (one sync per epoch)
-                if args.target_kl is not None and epoch_kl[1].item() > args.target_kl:
+                    losses.append(torch.stack([pg_loss.detach(), v_loss.detach(), entropy.detach(), grad_norm]))
+                kls.append(kl_diagnostics(log_ratios, clip_coef))  # old_approx_kl, approx_kl, clipfrac over the epoch
+                if args.target_kl is not None and kls[-1][1].item() > args.target_kl:  # KL early stop
                     break
 
         # ---- log: every metric is a mean over all minibatches of the update (not the last minibatch's value) ----
-        metrics = dict(zip(("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/grad_norm"),
-                           (loss_sums / (num_epochs * args.num_minibatches)).tolist()))  # fmt: skip
-        metrics.update(zip(("losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac"), (kl_sums / num_epochs).tolist()))
+        names = ("policy_loss", "value_loss", "entropy", "grad_norm", "old_approx_kl", "approx_kl", "clipfrac")
+        means = torch.cat([torch.stack(losses).mean(0), torch.stack(kls).mean(0)]).tolist()
+        metrics = {f"losses/{name}": mean for name, mean in zip(names, means)}
         metrics["losses/explained_variance"] = explained_variance(b_values.cpu().numpy(), b_returns.cpu().numpy())
         metrics["charts/learning_rate"], metrics["charts/clip_coef"] = lr, clip_coef
         run.log(s.global_step, metrics)
@@ -508,9 +388,32 @@ def main() -> None:
 
 
 # === Plumbing: runs, checkpoints, errors; not needed to follow the algorithm ===
-# What follows makes the script a dependable research tool: resume, evaluation of a checkpoint, the ale-vector
-# backend, the start-up checks, checkpoints, TensorBoard / wandb, progress, Ctrl-C. The `shared:` blocks are the same
-# text in every script that has them (tests/test_shared_blocks.py).
+# What follows makes the script a dependable research tool: the flags' rules, resume, evaluation, the start-up checks,
+# checkpoints, TensorBoard / wandb, progress, Ctrl-C. The `shared:` blocks are the same text in every script that has
+# them (tests/test_shared_blocks.py).
+
+
+# Every numeric flag and the range it must lie in (checked before anything starts)
+FLAG_RULES = {
+    "total_timesteps": ">= 1", "learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gamma": "in [0, 1]",
+    "gae_lambda": "in [0, 1]", "num_minibatches": ">= 1", "update_epochs": ">= 1", "clip_coef": "> 0", "target_kl": "> 0",
+    "ent_coef": ">= 0", "vf_coef": ">= 0", "max_grad_norm": "> 0",
+}  # fmt: skip
+
+
+def validate_args(args: Args) -> None:
+    """What single-flag rules cannot say: sizes that must fit together."""
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches != 0:
+        raise UserError(f"num_minibatches ({args.num_minibatches}) must divide the batch size num_envs * num_steps = "
+                        f"{args.num_envs} * {args.num_steps} = {batch_size}.")  # fmt: skip
+    if args.total_timesteps < batch_size:
+        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one batch (num_envs * num_steps = "
+                        f"{batch_size}): no update would run. Raise --total-timesteps or lower --num-steps.")  # fmt: skip
+    minibatch = batch_size // args.num_minibatches
+    if args.norm_adv and minibatch < 2:
+        raise UserError(f"--norm-adv divides by the advantages' standard deviation over a minibatch, undefined for a "
+                        f"minibatch of {minibatch}: raise --num-envs or --num-steps, or leave --norm-adv off.")  # fmt: skip
 
 
 # --- shared: atari-run ---
@@ -552,80 +455,6 @@ def probe_env(env_id: str) -> tuple[tuple, int]:
     obs_shape, num_actions = env.observation_space.shape, int(env.action_space.n)  # ALE's action spaces are discrete
     env.close()
     return obs_shape, num_actions
-
-
-def check_backend(args) -> None:
-    """The env backend's options, checked before anything starts."""
-    if args.env_backend not in ("gymnasium", "ale-vector"):
-        raise UserError(f"--env-backend must be 'gymnasium' or 'ale-vector', not '{args.env_backend}'.")
-    if args.env_backend != "gymnasium" and args.capture_video:
-        raise UserError(f"--capture-video records env 0 of the gymnasium backend; {args.env_backend} renders no frames. "
-                        "Use --env-backend gymnasium to record video.")  # fmt: skip
-    if args.env_backend != "gymnasium" and args.async_envs:
-        raise UserError(f"--async-envs runs the gymnasium backend's envs in worker processes; {args.env_backend} steps "
-                        "its envs in its own threads (--env-threads). Drop --async-envs, or use --env-backend "
-                        "gymnasium.")  # fmt: skip
-
-
-class AleVectorAtari:
-    """ale-py's own C++ vector env (threads; wheels for Linux, macOS and Windows) behind the interface of a gymnasium
-    vector env, set up to match make_env's chain as far as the library allows, with the same episode statistics.
-    Why not its own switches: with reward_clipping it reports no unclipped score, and its episodic_life restarts
-    the whole game at a lost life. So the rewards come unclipped and are clipped here; a lost life ends a learning
-    episode here, the game goes on, and the next step presses FIRE (NOOP in games without it) in place of the
-    agent's action: a reset step, as in the chain, that the loop leaves out of training; after any reset every
-    frame-stack slot holds the first frame (the library pads with zeros). A game's length counts every step but the
-    library's own reset step, as RecordEpisodeStatistics does in the chain (where a lost life's reset takes a NOOP
-    and a FIRE step, here one FIRE step). The other differences are listed in docs/ppo_atari.md."""
-
-    def __init__(self, env_id: str, num_envs: int, seed: int, num_threads: int):
-        from ale_py.vector_env import AtariVectorEnv
-
-        _, sticky = parse_atari_id(env_id)
-        self.envs = AtariVectorEnv(
-            gym.spec(env_id).kwargs["game"], num_envs, num_threads=num_threads, repeat_action_probability=sticky,
-            max_num_frames_per_episode=MAX_FRAMES_PER_GAME, noop_max=30, frameskip=4, maxpool=True, stack_num=4,
-            img_height=84, img_width=84, grayscale=True, episodic_life=False, life_loss_info=False,
-            reward_clipping=False, use_fire_reset=True, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
-        )  # fmt: skip
-        action_names = [action.name for action in self.envs.ale.get_action_set()]
-        self.restart_action = action_names.index("FIRE") if "FIRE" in action_names else 0  # after a lost life
-        self.num_envs, self.seed = num_envs, seed
-        self.single_observation_space = self.envs.single_observation_space
-        self.single_action_space = self.envs.single_action_space
-        self.metadata = {"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
-        self.game_return, self.game_length = np.zeros(num_envs), np.zeros(num_envs, np.int64)
-        self.lives = np.zeros(num_envs, np.int64)
-        self.game_ended = np.zeros(num_envs, bool)  # the last step ended the game: the library resets it now
-        self.life_lost = np.zeros(num_envs, bool)  # the last step lost a life: this step presses FIRE
-
-    def reset(self, seed: Optional[int] = None) -> tuple[np.ndarray, dict]:
-        obs, info = self.envs.reset(seed=self.seed if seed is None else seed)  # env i gets seed + i
-        obs[:] = obs[:, -1:]  # every slot holds the first frame, as FrameStackObservation after a reset
-        self.game_return[:], self.game_length[:], self.lives[:] = 0.0, 0, info["lives"]
-        self.game_ended[:], self.life_lost[:] = False, False
-        return obs, {}
-
-    def step(self, actions: np.ndarray) -> tuple:
-        actions = np.where(self.life_lost, self.restart_action, actions)  # the agent's action is ignored there
-        obs, reward, game_over, truncated, info = self.envs.step(actions)
-        reset_step = self.game_ended | self.life_lost
-        obs[reset_step] = obs[reset_step, -1:]  # after a reset (a new game or a new life): the first frame in every slot
-        self.game_return += reward  # the unclipped reward, FIRE steps included; the library's reset step pays 0
-        self.game_length += ~self.game_ended  # every step but the library's reset step
-        lives = info["lives"]
-        life_lost = (0 < lives) & (lives < self.lives)
-        ended = game_over | truncated
-        infos: dict = {}
-        if ended.any():
-            infos["episode"] = {"r": np.where(ended, self.game_return, 0.0), "l": np.where(ended, self.game_length, 0)}
-            infos["_episode"] = ended
-            self.game_return[ended], self.game_length[ended] = 0.0, 0
-        self.lives, self.game_ended, self.life_lost = lives, ended, life_lost & ~ended
-        return obs, np.sign(reward).astype(np.float32), game_over | life_lost, truncated, infos
-
-    def close(self) -> None:
-        self.envs.close()
 
 
 def ignoring_stop_signals(thunk: Callable[[], gym.Env]) -> Callable[[], gym.Env]:
@@ -682,6 +511,17 @@ def check_agent(agent: nn.Module, obs_shape: tuple, ckpt: Optional[dict] = None,
                         "to use this checkpoint, or start a new run.")  # fmt: skip
 
 
+class Policy(nn.Module):
+    """The agent as evaluation and export run it: uint8 frame stacks -> the most likely actions (argmax of the logits)."""
+
+    def __init__(self, agent: Agent):
+        super().__init__()
+        self.agent = agent
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.agent(obs)[0].argmax(dim=-1)
+
+
 def policy_from_checkpoint(ckpt: dict) -> Policy:
     """The checkpoint's agent as its Policy, on the CPU (tools/agent.py evaluates and exports it); a checkpoint of
     another script, another game's actions or an Agent of other shapes stops with a message."""
@@ -693,16 +533,31 @@ def policy_from_checkpoint(ckpt: dict) -> Policy:
     return Policy(agent)
 
 
-def make_vector_env(args, video_dir: str, seed: int):
-    """The batch of envs for training; every backend uses next-step autoreset (see the rollout). ale-vector: ale-py's
-    C++ vector env, set up below the banner to act as make_env's chain does."""
-    if args.env_backend == "ale-vector":
-        return AleVectorAtari(args.env_id, args.num_envs, seed, args.env_threads or os.cpu_count() or 1)
+@dataclass
+class LoopState:
+    """What the loop carries across iterations, saved in checkpoints (the games are not: a resumed run resets them)."""
+
+    global_step: int = 0
+    iteration: int = 0  # the last completed iteration
+
+
+def make_vector_env(args, video_dir: str):
+    """The batch of envs for training, with next-step autoreset (see the rollout)."""
     thunks = [make_env(args.env_id, i, args.capture_video, video_dir) for i in range(args.num_envs)]
     if args.async_envs:  # worker processes ignore Ctrl-C: the main process finishes its iteration and saves
         thunks = [ignoring_stop_signals(thunk) for thunk in thunks]
         return gym.vector.AsyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
     return gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+
+
+def eval_env(env_id: str, video_dir: Optional[str] = None) -> gym.Env:
+    """The env evaluation plays on: env 0's chain, recording a video into video_dir if given."""
+    return make_env(env_id, 0, video_dir is not None, video_dir or "")()
+
+
+def player(policy: nn.Module, env_id: str, seed: int) -> Callable:
+    """run.play(episodes, video_dir=None): `policy` plays full games on a new eval_env, from the same seed each time."""
+    return lambda episodes, video_dir=None: evaluate(policy, eval_env(env_id, video_dir), episodes, seed)
 
 
 def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,

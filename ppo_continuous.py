@@ -264,14 +264,11 @@ def scale_rewards(rewards: np.ndarray, discounted_returns: np.ndarray, episode_e
 # --- shared: gae ---
 def compute_gae(rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray, terminations: np.ndarray,
                 truncations: np.ndarray, gamma: float, gae_lambda: float) -> np.ndarray:  # fmt: skip
-    """Generalized Advantage Estimation over a (num_steps, num_envs) rollout, all arrays "after step t":
-
-    next_values[t] is V of the true next state of transition t (V(final obs) when the episode ended at t).
+    """Generalized Advantage Estimation over a (num_steps, num_envs) rollout, all arrays "after step t"; next_values[t]
+    is V of transition t's true next state (V(final obs) where the episode ended at t):
         delta_t = r_t + gamma * (1 - terminated_t) * V(s_{t+1}) - V(s_t)
         A_t     = delta_t + gamma * lambda * (1 - (terminated_t or truncated_t)) * A_{t+1}
-    A termination has no future value; a truncation (time limit) keeps V(final obs): the state was not terminal,
-    only the episode was cut. Either one ends the recursion: A_{t+1} belongs to the next episode.
-    """
+    A truncation (time limit) keeps V(final obs): the state was not terminal. Either end stops the recursion."""
     advantages = np.zeros_like(rewards)
     last_gae = np.zeros_like(rewards[0])
     not_terminated = 1.0 - terminations.astype(rewards.dtype)
@@ -314,22 +311,16 @@ def ppo_losses(new_logprob: torch.Tensor, old_logprob: torch.Tensor, advantages:
     pg_loss = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef)).mean()
     # L^V = 1/2 E[max((V - R)^2, (V_old + clip(V - V_old, -eps, eps) - R)^2)]  (unclipped: 1/2 E[(V - R)^2])
     v_loss_unclipped = (new_values - returns) ** 2
-    if clip_vloss:
-        v_clipped = old_values + torch.clamp(new_values - old_values, -clip_coef, clip_coef)
-        v_loss = 0.5 * torch.max(v_loss_unclipped, (v_clipped - returns) ** 2).mean()
-    else:
-        v_loss = 0.5 * v_loss_unclipped.mean()
+    v_clipped = old_values + torch.clamp(new_values - old_values, -clip_coef, clip_coef)
+    v_loss = 0.5 * (torch.max(v_loss_unclipped, (v_clipped - returns) ** 2) if clip_vloss else v_loss_unclipped).mean()
     return pg_loss, v_loss, log_ratio.detach()
 
 
 def kl_diagnostics(log_ratio: torch.Tensor, clip_coef: float) -> torch.Tensor:
-    """[old_approx_kl, approx_kl, clipfrac] averaged over all samples given (a minibatch, or a whole epoch's
-    minibatches of equal size: then it is the mean of the per-minibatch values).
-    KL(old || new) estimators, http://joschu.net/blog/kl-approx.html: k1 = -log r, k3 = (r - 1) - log r."""
+    """[old_approx_kl, approx_kl, clipfrac], averaged over all samples given; the KL(old || new) estimators of
+    http://joschu.net/blog/kl-approx.html: k1 = -log r, k3 = (r - 1) - log r."""
     ratio = log_ratio.exp()
-    return torch.stack(
-        [(-log_ratio).mean(), ((ratio - 1) - log_ratio).mean(), ((ratio - 1.0).abs() > clip_coef).float().mean()]
-    )
+    return torch.stack([(-log_ratio).mean(), ((ratio - 1) - log_ratio).mean(), ((ratio - 1).abs() > clip_coef).float().mean()])
 
 
 # --- end shared: ppo-losses ---

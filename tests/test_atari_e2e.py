@@ -1,4 +1,4 @@
-"""ppo_atari.py and a2c_atari.py run as a user runs them (subprocess): both backends reach an update and write the
+"""ppo_atari.py and a2c_atari.py run as a user runs them (subprocess): both reach an update and write the
 tags and checkpoints (every --checkpoint-interval env steps); resume restores networks, optimizer, counters,
 schedules and RNG, and refuses a conflicting flag; bad input gets a short message; Ctrl-C saves."""
 
@@ -27,20 +27,9 @@ COMMON_TAGS = ["losses/value_loss", "losses/policy_loss", "losses/entropy", "los
 PPO_TAGS = COMMON_TAGS + ["losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac", "charts/clip_coef"]
 
 
-def backends():
-    yield "gymnasium"
-    try:
-        import ale_py.vector_env  # noqa: F401
-
-        yield "ale-vector"
-    except ImportError:
-        pass
-
-
-@pytest.mark.parametrize("backend", list(backends()))
-def test_ppo_atari_reaches_the_update_with_both_backends(tmp_path, backend):
+def test_ppo_atari_reaches_the_update(tmp_path):
     # 1,024 steps: 16 iterations; a random policy's Breakout game lasts about 170 agent steps, so games finish
-    proc = run_script("ppo_atari.py", "--env-id", GAME, "--env-backend", backend, *PPO_SMALL, "--total-timesteps", "1024",
+    proc = run_script("ppo_atari.py", "--env-id", GAME, *PPO_SMALL, "--total-timesteps", "1024",
                       "--checkpoint-interval", "512", "--save-model", "--eval-episodes", "1", "--anneal-clip",
                       "--runs-dir", tmp_path, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -65,9 +54,8 @@ def test_ppo_atari_reaches_the_update_with_both_backends(tmp_path, backend):
     assert {"model", "optimizer", "rng_states", "args", "run_state"} <= state.keys()
 
 
-@pytest.mark.parametrize("backend", list(backends()))
-def test_a2c_atari_reaches_the_update_with_both_backends(tmp_path, backend):
-    proc = run_script("a2c_atari.py", "--env-id", GAME, "--env-backend", backend, *A2C_SMALL, "--total-timesteps", "1000",
+def test_a2c_atari_reaches_the_update(tmp_path):
+    proc = run_script("a2c_atari.py", "--env-id", GAME, *A2C_SMALL, "--total-timesteps", "1000",
                       "--checkpoint-interval", "500", "--save-model", "--eval-episodes", "1", "--runs-dir", tmp_path,
                       timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -143,10 +131,6 @@ def test_resume_restores_network_optimizer_counters_schedule_and_rng(tmp_path):
         ("ppo_atari.py", ["--env-id", "NoSuchGameNoFrameskip-v4"], ["unknown Atari game"]),
         ("a2c_atari.py", ["--env-id", "ALE/NoSuchGame-v5"], ["unknown Atari game"]),
         ("ppo_atari.py", ["--num-envs", "3", "--num-steps", "5", "--num-minibatches", "4"], ["must divide the batch size"]),
-        ("ppo_atari.py", ["--env-backend", "gym"], ["--env-backend must be"]),
-        ("a2c_atari.py", ["--env-backend", "envpool"], ["--env-backend must be 'gymnasium' or 'ale-vector'"]),
-        ("ppo_atari.py", ["--env-backend", "ale-vector", "--capture-video"], ["ale-vector renders no frames"]),
-        ("a2c_atari.py", ["--env-backend", "ale-vector", "--async-envs"], ["--async-envs runs the gymnasium backend"]),
         ("a2c_atari.py", ["--optimizer", "adam"], ["--optimizer must be 'rmsprop-tf' or 'rmsprop-torch'"]),
         ("ppo_atari.py", ["--total-timesteps", "100"], ["below one batch"]),
         ("ppo_atari.py", ["--num-envs", "1", "--num-steps", "4", "--num-minibatches", "4"], ["--norm-adv divides"]),

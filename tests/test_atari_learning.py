@@ -51,7 +51,7 @@ def train_on_pixel_target(script_path: Path, runs_dir: Path, monkeypatch, seed: 
     module = import_copy(script_path)  # a fresh module: the patches below stay with it
     num_actions = pixel_envs.PixelTarget().action_space.n
     monkeypatch.setattr(module, "probe_env", lambda env_id: (pixel_envs.PixelTarget().observation_space.shape, num_actions))
-    monkeypatch.setattr(module, "make_vector_env", lambda args, video_dir, seed: pixel_envs.make_vector_env(args.num_envs))
+    monkeypatch.setattr(module, "make_vector_env", lambda args, video_dir: pixel_envs.make_vector_env(args.num_envs))
     flags = [*RECIPES[script_path.name], "--seed", seed, "--torch-threads", 1, "--no-progress", "--checkpoint-interval", 0,
              "--runs-dir", runs_dir]  # fmt: skip
     monkeypatch.setattr(sys, "argv", [str(script_path), *map(str, flags)])

@@ -10,13 +10,12 @@ import pytest
 
 from tests.conftest import ROOT, run_script
 
-# script: (the banner's line number at most, main()'s length at most). The Atari pair's ceilings are their earlier
-# ones plus what the loop's rule moved above the banner on purpose (FLAG_RULES / validate_args, Policy, EpisodicLife
-# and FireReset, formerly below it): 20 and 30 lines.
+# script: (the banner's line number at most, main()'s length at most). The Atari pair's are the "Half the file"
+# issue's ceilings.
 BUDGETS = {
     "ppo_continuous.py": (500, 150),
-    "ppo_atari.py": (520, 150),
-    "a2c_atari.py": (480, 150),
+    "ppo_atari.py": (420, 150),
+    "a2c_atari.py": (380, 150),
     "sac_continuous.py": (550, 150),
     "sac_continuous_ray.py": (1100, 180),
 }

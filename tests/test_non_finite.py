@@ -183,7 +183,7 @@ def run_main(path: Path, flags: list, env_class, monkeypatch) -> None:
     num_actions = int(pixel_envs.PixelTarget().action_space.n)
     monkeypatch.setattr(module, "probe_env", lambda env_id: (pixel_envs.PixelTarget().observation_space.shape, num_actions))
     monkeypatch.setattr(module, "make_vector_env",
-                        lambda args, video_dir, seed: pixel_envs.make_vector_env(args.num_envs, env_class=env_class))
+                        lambda args, video_dir: pixel_envs.make_vector_env(args.num_envs, env_class=env_class))
     monkeypatch.setattr(sys, "argv", [str(path), *map(str, flags)])
     module.main()
 

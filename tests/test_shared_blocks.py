@@ -16,16 +16,16 @@ REQUIRED = {"plumbing"}
 # the SAC scripts: sac_continuous_ray.py distributes sac_continuous.py's algorithm, so it carries it verbatim
 SAC_PARTS = {"sac-algorithm", "sac-run", "episode-boundaries", "evaluate"}
 # ...and each family its own: MuJoCo/classic-control scripts capture simulator state, use same-step autoreset and
-# evaluate on a plain env; the Atari scripts share the preprocessing, both backends, the Nature CNN and the run
-# plumbing; the on-policy scripts share the initialization, explained variance and the schedules.
+# evaluate on a plain env; the Atari scripts share the preprocessing, the Nature CNN, the next-step autoreset targets
+# (`atari`) and the run plumbing (`atari-run`); the on-policy scripts share the initialization, explained variance and
+# the schedules.
 ON_POLICY = {"layer-init", "diagnostics-and-schedules"}
 FAMILY = {
     "ppo_continuous.py": {"env-state", "episode-boundaries", "gae", "ppo-losses", "evaluate", *ON_POLICY},
     "sac_continuous.py": {"env-state", *SAC_PARTS},
     "sac_continuous_ray.py": SAC_PARTS,
-    "ppo_atari.py": {"atari-make-env", "nature-cnn", "next-step-autoreset", "atari-wrappers", "atari-run", "gae",
-                     "ppo-losses", *ON_POLICY},  # fmt: skip
-    "a2c_atari.py": {"atari-make-env", "nature-cnn", "next-step-autoreset", "atari-wrappers", "atari-run", *ON_POLICY},
+    "ppo_atari.py": {"atari", "atari-run", "gae", "ppo-losses", *ON_POLICY},
+    "a2c_atari.py": {"atari", "atari-run", *ON_POLICY},
 }
 
 
