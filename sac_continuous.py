@@ -685,9 +685,9 @@ def quiet_mujoco_warnings() -> None:
 # Flags --resume takes from the command line (those the script has); every other comes from the checkpoint.
 RESUME_OVERRIDABLE = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
                       "runs_dir", "checkpoint_interval", "keep_checkpoints", "resume", "eval_episodes", "eval_interval",
-                      "keep_best", "progress", "cuda", "torch_threads", "save_buffer", "log_interval", "env_backend",
-                      "async_envs", "env_threads", "num_rollout_workers", "envs_per_worker", "weight_sync_interval",
-                      "worker_batch_steps", "ray_address", "pause_learner")  # fmt: skip
+                      "keep_best", "progress", "cuda", "torch_threads", "save_buffer", "log_interval", "async_envs",
+                      "num_rollout_workers", "envs_per_worker", "weight_sync_interval", "worker_batch_steps",
+                      "ray_address", "pause_learner")  # fmt: skip
 MAY_BE_NAN = ("losses/explained_variance",)  # NaN by definition when all returns are equal: not a broken run
 NON_FINITE_FLAGS = ("learning_rate", "policy_lr", "q_lr", "max_grad_norm", "num_minibatches", "norm_adv", "norm_obs")
 CHECKPOINT = re.compile(r"(step|interrupted|final)_(\d{10})\.pt")  # the names runs write; no other file is pruned

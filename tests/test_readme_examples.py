@@ -15,7 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 from tests.conftest import BASE_ENV, ROOT, episode_lines
 from tests.fork_runner import run_fresh, run_python
