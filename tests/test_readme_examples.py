@@ -15,7 +15,6 @@ import sys
 import time
 from pathlib import Path
 
-
 from tests.conftest import BASE_ENV, ROOT, episode_lines
 from tests.fork_runner import run_fresh, run_python
 from tests.test_sac_continuous_ray_e2e import stop_session
