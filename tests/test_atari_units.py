@@ -211,11 +211,6 @@ def test_a_view_on_the_channels_last_output_stops_with_a_message():
         P.check_agent(agent, (4, 84, 84))
 
 
-def test_scripts_share_the_network_and_preprocessing():
-    assert P.Agent(4).state_dict().keys() == A.Agent(4).state_dict().keys()
-    assert P.parse_atari_id("ALE/Pong-v5") == A.parse_atari_id("ALE/Pong-v5")
-
-
 def test_rmsprop_tf_by_hand_over_three_steps():
     """v_0 = 1, v_t = alpha v_{t-1} + (1 - alpha) g^2, theta -= lr g / sqrt(v_t + eps): eps under the root."""
     w = torch.nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float64))

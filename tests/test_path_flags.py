@@ -6,9 +6,9 @@ the other family of scripts names the scripts that take it.
 Why one subprocess per script, not per row: each row would pay the script's import (torch, gymnasium: 3-5 s) for
 an error that comes before any work. DRIVER imports once, then runs the script file as `__main__` (runpy: its own
 `if __name__ == "__main__"` entry, with sys.argv set) once per row, in the row's own folder, and records the exit
-code and stderr of each. Two rows also run as a plain `python script.py`, the way a user runs it. As root, where
-permission bits do not stop writes, the chmod rows are skipped: the rows where os.access answers no check that the
-scripts ask it."""
+code and stderr of each. Two rows also run as a plain `python script.py`, the way a user runs it. An unwritable folder
+is made by os.access answering no for it (what the scripts ask), not by chmod: that holds as root too, where
+permission bits stop nothing."""
 
 import json
 import os
@@ -22,8 +22,6 @@ from tests.conftest import BASE_ENV, ROOT, assert_clean_error, run_script
 
 pytestmark = pytest.mark.xdist_group("test_path_flags")  # one worker: each script's rows share one subprocess
 
-AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
-ROOT_SKIP = "running as root: permission bits do not stop root's writes (the 'os.access says no' rows cover the check)"
 
 # Runs each row's argv as `python script ...` would, in one process: the imports are paid once.
 DRIVER = r"""
@@ -90,8 +88,7 @@ PATH_ROWS += [(script, flag, kind) for script, rows in SOME.items() for flag, ki
 # The Ray script's rows name a cluster that is not there: had the check let a row through, it would end on "cannot
 # connect" within seconds, instead of starting an embedded Ray.
 NO_RAY = ["--ray-address", "127.0.0.1:1"]
-# the way a row makes its folder unwritable: chmod (not as root), or os.access answering no (the check asks it)
-WAYS = ("chmod", "os.access says no")
+WAYS = ("os.access says no",)  # how a row makes its folder unwritable
 
 # Item 4: an env id of the other family names the scripts that take it.
 ATARI_HINT = "is an Atari game: use ppo_atari.py or a2c_atari.py"
@@ -134,7 +131,7 @@ class Rows:
     def run(self, script: str) -> dict:
         specs, rows = [], {}
         chosen = [r for r in [*row_ids(), *ENV_ROWS] if r[0] == script and r in self.selected]
-        for n, row in enumerate(r for r in chosen if not (len(r) == 4 and r[3] == "chmod" and AS_ROOT)):
+        for n, row in enumerate(chosen):
             folder = folder_at(self.base / script / str(n))
             if len(row) == 4:  # a path row
                 _, flag, kind, way = row
@@ -147,8 +144,6 @@ class Rows:
             else:  # an env-id row
                 _, env_id, needles = row
                 argv, lock, way = ["--env-id", env_id, "--runs-dir", folder / "runs"], None, ""
-            if lock is not None and way == "chmod":
-                lock.chmod(0o555)
             deny = str(lock.resolve()) if lock is not None and way == "os.access says no" else None
             argv += NO_RAY if script == "sac_continuous_ray.py" else []
             specs.append({"cwd": str(folder), "argv": [str(a) for a in argv], "deny": deny})
@@ -158,9 +153,6 @@ class Rows:
         command = [sys.executable, "-c", DRIVER, str(ROOT / script), str(rows_file), str(out_file)]
         proc = subprocess.run(command, cwd=ROOT, env={**os.environ, **BASE_ENV}, capture_output=True, text=True,
                               timeout=300)  # fmt: skip
-        for _, _, _, lock in rows.values():
-            if lock is not None:
-                lock.chmod(0o755)  # so that pytest can clean up the folder
         assert proc.returncode == 0 and out_file.exists(), proc.stderr
         results = json.loads(out_file.read_text())
         return {row: (subprocess.CompletedProcess(spec["argv"], **result), *info)
@@ -183,8 +175,6 @@ def check_row(rows: Rows, row) -> None:
 
 @pytest.mark.parametrize("row", row_ids(), ids=lambda row: " ".join(part for part in row if part))
 def test_path_flag_of_the_wrong_kind_is_refused_before_any_work(rows, row):
-    if row[3] == "chmod" and AS_ROOT:
-        pytest.skip(ROOT_SKIP)
     check_row(rows, row)
 
 

@@ -207,12 +207,25 @@ def test_the_printed_resume_command_runs_this_script_with_this_python(script, mo
     assert module.resume_command(ckpt) == f"{sys.executable} {ROOT / script}.py --resume '{ckpt}'"
 
 
-def test_xdist_groups_reach_the_scheduler(request):
-    """--dist loadgroup keeps a group (the Ray tests; a module's shared trained run) on one worker by renaming each
-    item's nodeid through `item._nodeid` (xdist 3.8); pytest 9.2 stopped reading it, and the groups silently split."""
-    original = request.node._nodeid
-    try:
-        request.node._nodeid = original + "@ray"
-        assert request.node.nodeid.endswith("@ray")
-    finally:
-        request.node._nodeid = original
+def test_xdist_keeps_a_group_on_one_worker(tmp_path):
+    """The Ray tests must never run beside each other: tests/conftest.py marks them xdist_group("ray") and pyproject's
+    `--dist loadgroup` must then send the whole group to one worker (pytest 9.2 stopped honouring it with xdist 3.8,
+    and the groups split silently). A small session of its own, 2 workers: the group's four tests share one."""
+    (tmp_path / "test_groups.py").write_text(
+        "import os, time, pytest\n"
+        "@pytest.mark.parametrize('n', range(4))\n"
+        "@pytest.mark.xdist_group('ray')\n"
+        "def test_grouped(n):\n"
+        "    time.sleep(0.3)\n"
+        "    open(f'worker_{n}', 'w').write(os.environ['PYTEST_XDIST_WORKER'])\n"
+        "@pytest.mark.parametrize('n', range(4))\n"
+        "def test_free(n):\n"
+        "    time.sleep(0.3)\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist",
+                           "loadgroup", "-o", "addopts=", "test_groups.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    workers = {(tmp_path / f"worker_{n}").read_text() for n in range(4)}
+    assert len(workers) == 1, f"the group ran on {sorted(workers)}"
+
+

@@ -25,6 +25,7 @@ SCRIPTS = ["ppo_continuous.py", "ppo_atari.py", "a2c_atari.py", "sac_continuous.
 LEFT_OUT = {
     "python3 -m pip install -q uv && python3 -m uv run --all-extras pytest": "the test suite, which this test is part of",
     "uv run --all-extras pytest": "the test suite, which this test is part of",
+    "uv run --all-extras pytest -m slow": "the slow tier of the test suite (learning runs), which .ci/run runs",
     "uv run ppo_continuous.py --env-id HalfCheetah-v4": "the quick start's first command again, for a machine with uv "
     "on its PATH (run above as `python3 -m uv run ...`)",
     "uv export --frozen --no-dev --no-hashes --no-emit-project --extra atari | grep -vE '^(nvidia-|triton|cuda-)' > "

@@ -17,11 +17,12 @@ PENDULUM_RUN = ["--env-id", "Pendulum-v1", "--total-timesteps", "5000", "--learn
 
 
 @pytest.mark.slow
-def test_pendulum_reaches_minus_300(tmp_path):
+@pytest.mark.parametrize("seed", [1, 2])  # two seeds: one lucky or unlucky seed decides nothing
+def test_pendulum_reaches_minus_300(tmp_path, seed):
     """Default hyperparameters, 500 random steps first. Measured (one thread): the mean of the last 10 training
     episodes at 5k steps is -180 (seed 1) and -225 (seed 2); the random policy scores -1,200 to -1,500. 5k steps
     take about 50 s on one thread of the 2-core development machine. The run stops (Ctrl-C) once 10 consecutive
     episodes average -300: the threshold is met then; broken copies run the whole budget without meeting it."""
-    proc = run_script(SCRIPT, *PENDULUM_RUN, "--runs-dir", tmp_path, timeout=600, stop_when=reached_return(tmp_path, -300))
+    proc = run_script(SCRIPT, *PENDULUM_RUN, "--seed", seed, "--runs-dir", tmp_path, timeout=600, stop_when=reached_return(tmp_path, -300))
     assert proc.returncode == 0, proc.stderr
     assert best_last10(tmp_path) >= -300
