@@ -1,19 +1,17 @@
 """Soft Actor-Critic (SAC) for continuous actions (MuJoCo, classic control), in one file.
 
 Map of this file, top to bottom:
-  Args, FLAG_RULES  algorithm flags, then run flags (`python sac_continuous.py --help` lists them); their ranges
-  sac-algorithm     make_env; Actor (the tanh-squashed Gaussian policy), q_network (a soft Q-network; the learner has
-                    two); squashed_gaussian, the soft-Q target; Policy; ReplayBuffer; Learner, its updates and their
-                    schedule (gradient_step); the rollout step (true_next_obs: the final observation at an auto-reset)
+  Args, FLAG_RULES  algorithm flags, then run flags (`--help` lists them); their ranges
+  sac-algorithm     make_env; Actor, q_network (the learner has two); squashed_gaussian, the soft-Q target; Policy;
+                    ReplayBuffer; Learner and its updates (gradient_step); the rollout step (env_step)
   main()            set-up, then the loop: act -> store -> sample a batch -> update -> log, then finish
   # === Plumbing    runs, checkpoints, errors, progress, evaluation, the env probe, the speed set-up
-sac_continuous_ray.py distributes the `sac-algorithm` block and carries it verbatim. Only a termination (never a
-time-limit truncation) stops bootstrapping. Docs: docs/sac_continuous.md; the algorithm: arxiv.org/abs/1812.05905
+Only a termination (never a time-limit truncation) stops bootstrapping. sac_continuous_ray.py carries the
+`sac-algorithm` block verbatim. Docs: docs/sac_continuous.md; the algorithm: arxiv.org/abs/1812.05905
 """
 
 import atexit
 import copy
-import ctypes
 import dataclasses
 import gc
 import json
@@ -154,8 +152,7 @@ def q_network(obs_dim: int, act_dim: int) -> nn.Sequential:
 
 
 def q_values(critics: nn.ModuleList, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-    """Q1(s, a) and Q2(s, a) as a (2, batch) tensor, each critic called on its own (torch.func.vmap over their stacked
-    weights was slower on CPU)."""
+    """Q1(s, a) and Q2(s, a) as a (2, batch) tensor: each critic called on its own (vmap was slower on CPU)."""
     x = torch.cat([obs, action], -1)
     return torch.stack([critic(x).squeeze(-1) for critic in critics])
 
@@ -401,10 +398,10 @@ class LoopState:
 
 def main() -> None:
     args, ckpt, device = parse_command_line(Args, FLAG_RULES, validate_args)
-    speed_setup()  # speed (below the banner): before torch's first parallel op
+    flush_denormals()  # speed (below the banner): before torch's first parallel op
     args.num_iterations = args.total_timesteps // args.num_envs
-    obs_shape, act_shape = probe_env(args.env_id)
-    run = Run(args, SCRIPT_NAME, ckpt, {"obs_shape": list(obs_shape), "act_shape": list(act_shape)}, args.log_interval)
+    obs_shape, act_space = probe_env(args.env_id)
+    run = Run(args, SCRIPT_NAME, ckpt, {"obs_shape": list(obs_shape), "act_shape": list(act_space.shape)}, args.log_interval)
     seed_everything(args.seed, args.torch_deterministic)
 
     # SAME_STEP autoreset: step() returns the next episode's first obs, the finished one's last is in infos["final_obs"]
@@ -414,8 +411,8 @@ def main() -> None:
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
     assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "the loop assumes same-step autoreset"
-    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_shape))
-    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_space.shape))
+    action_low, action_high = act_space.low, act_space.high
     learner = Learner(obs_dim, act_dim, action_low, action_high, args, device)
     buffer = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
     print(f"replay buffer: {args.buffer_size:,} transitions, {buffer.nbytes / 1e6:.1f} MB of arrays "
@@ -489,16 +486,6 @@ def main() -> None:
 # checkpoints, TensorBoard / wandb, progress, Ctrl-C, the env probe, the networks' check, speed. The `shared:` blocks
 # are the same text in every script that carries them (tests/test_shared_blocks.py).
 
-def refill_before_updating(global_step: int, learning_starts: int) -> int:
-    """A run resumed from a checkpoint without a replay buffer: the step from which updates go on (the buffer starts
-    empty and must hold learning_starts new transitions first), said in a warning."""
-    start = global_step + learning_starts
-    print(f"warning: the checkpoint holds no replay buffer (saved without --save-buffer): the buffer starts empty, and "
-          f"updates pause until {learning_starts} new transitions are in it (step {start}). Acting continues with the "
-          "trained policy.", file=sys.stderr)  # fmt: skip
-    return start
-
-
 class BufferPart:
     """The replay buffer as a checkpoint part: saved only with --save-buffer (up to buffer_size transitions, large),
     else as None. `loaded` says whether a resumed run found one; without it the buffer starts empty."""
@@ -518,19 +505,28 @@ class BufferPart:
 
 
 # --- shared: sac-run ---
+def refill_before_updating(global_step: int, learning_starts: int) -> int:
+    """A run resumed from a checkpoint without a replay buffer: the step from which updates go on (the buffer starts
+    empty and must hold learning_starts new transitions, at least one, first), said in a warning."""
+    start = global_step + max(learning_starts, 1)
+    print(f"warning: the checkpoint holds no replay buffer (saved without --save-buffer): the buffer starts empty, and "
+          f"updates pause until {learning_starts} new transitions are in it (step {start}). Acting continues with the "
+          "trained policy.", file=sys.stderr)  # fmt: skip
+    return start
+
+
 def policy_from_checkpoint(ckpt: dict) -> Policy:
     """The checkpoint's actor as its Policy, on the CPU (tools/agent.py evaluates and exports it)."""
-    obs_shape, act_shape = probe_env(ckpt["args"]["env_id"])  # the env exists, and the checkpoint's actor fits it
-    shapes = {"obs_shape": list(obs_shape), "act_shape": list(act_shape)}
+    obs_shape, act_space = probe_env(ckpt["args"]["env_id"])  # the env exists, and the checkpoint's actor fits it
+    shapes = {"obs_shape": list(obs_shape), "act_shape": list(act_space.shape)}
     check_checkpoint_matches(ckpt, ckpt.get("path", ""), SCRIPT_NAME, shapes)
-    actor = Actor(int(np.prod(obs_shape)), int(np.prod(act_shape)))
+    actor = Actor(int(np.prod(obs_shape)), int(np.prod(act_space.shape)))
     actor.load_state_dict(ckpt["learner"]["actor"])
-    space = eval_env(ckpt["args"]["env_id"]).action_space
-    return Policy(actor, space.low, space.high)
+    return Policy(actor, act_space.low, act_space.high)
 
 
-def probe_env(env_id: str) -> tuple[tuple, tuple]:
-    """Make the env once to check it exists and has a bounded continuous (Box) action space; return the shapes."""
+def probe_env(env_id: str) -> tuple[tuple, gym.spaces.Box]:
+    """Make the env once to check it exists and has a bounded continuous (Box) action space: (obs shape, that space)."""
     check_env_id(env_id)
     try:
         env = gym.wrappers.FlattenObservation(gym.make(env_id))
@@ -544,7 +540,7 @@ def probe_env(env_id: str) -> tuple[tuple, tuple]:
                         f"scripts, ppo_atari.py and a2c_atari.py, take Atari games only.")  # fmt: skip
     if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
         raise UserError(f"{env_id}'s action space {act_space} is unbounded; SAC squashes actions into its bounds.")
-    return obs_space.shape, act_space.shape
+    return obs_space.shape, act_space
 
 
 def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_dim: int) -> None:
@@ -571,18 +567,11 @@ def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_d
                             f"{', '.join(map(str, expected))}. {sizes}")  # fmt: skip
 
 
-# ---- speed set-up: each wraps one step of the algorithm above without changing its math ----
-def speed_setup() -> None:
-    """The process-wide speed settings (flush_denormals, keep_freed_memory), made before torch's first parallel op:
-    its OpenMP threads copy the denormal flag when they start."""
-    flush_denormals()
-    keep_freed_memory()
-
-
+# ---- speed set-up: each leaves the algorithm's math alone (measured: benchmarks/README.md) ----
 def flush_denormals() -> bool:
     """Make float32 arithmetic treat and produce denormals (|x| < 1.2e-38) as zero, in this thread and in the OpenMP
     threads torch starts later (call it before torch's first parallel op); returns whether it holds in every thread.
-    Why: Adam's decaying moments of dead ReLU units crawl through the slow denormal range (measured: docs page)."""
+    Why: Adam's decaying moments of dead ReLU units crawl through the slow denormal range."""
     if not torch.set_flush_denormal(True):
         return False  # a CPU without the flush-to-zero / denormals-are-zero modes
     # The smallest denormal, 1.4e-45, written as its bit pattern: converting a Python float would already flush it
@@ -590,24 +579,9 @@ def flush_denormals() -> bool:
     return bool(((probe * 1.0).view(torch.int32) == 0).all())  # bits: a comparison would read denormals as 0
 
 
-def keep_freed_memory() -> None:
-    """Let glibc's malloc reuse freed memory instead of handing it back to the OS (Linux with glibc; a no-op elsewhere).
-    Why: by default every block over 128 KiB is mapped fresh and unmapped when freed, so each large activation of
-    an update faults its pages in again (measured: docs page). The replay buffer's arrays are still mapped."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return  # another C library (e.g. musl): leave its allocator alone
-    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
-    libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)
-    libc.mallopt(m_trim_threshold, 512 * 1024 * 1024)
-
-
 def freeze_startup_objects() -> None:
     """Move every object alive now (modules, envs, the networks) out of the garbage collector's full collections,
-    which walk them all every few hundred gradient steps (measured: docs page); later objects are collected as usual.
+    which walk them all every few hundred gradient steps; later objects are collected as usual.
     Handed back at exit: nanobind modules (triton, imported by torch) otherwise print "leaked" lines at shutdown."""
     gc.collect()
     gc.freeze()

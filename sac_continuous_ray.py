@@ -1,35 +1,31 @@
 """Soft Actor-Critic distributed on Ray, in one file: rollout workers feed one learner.
 
-The algorithm is sac_continuous.py's: its networks, losses, update, replay buffer, rollout step and evaluation are
-copied here verbatim (the `sac-algorithm` block; a test keeps the copies identical). What this file adds is where
-each part runs:
+The algorithm is sac_continuous.py's, copied verbatim (the `sac-algorithm` block; a test keeps the copies identical).
+What this file adds is where each part runs:
 
     rollout workers (Ray actors, 1 CPU each) --batches of transitions--> driver --object refs--> replay buffer shard(s)
          ^  pull newer weights every --weight-sync-interval env steps (all workers')             |  sampled batches
          |                                                                                       v
     parameter server (Ray actor) <--weights + version-- learner (in the driver; a GPU if there is one) --> TensorBoard
-    evaluator (Ray actor): deterministic episodes with the newest weights every --eval-interval env steps
+    evaluation (in the driver, as in sac_continuous.py): deterministic episodes every --eval-interval env steps
 
-A batch counts once its buffer shard has stored it: a batch lost with its worker or node is never counted, and its
-steps are collected again. Batches go round-robin (pick_worker); a worker pulls newer weights every
---weight-sync-interval env steps of all workers (pull_due), so more workers do not make acting more off-policy. The
-learner holds --utd-ratio updates per collected env step (workers are held back when they run ahead): more workers
-make the run faster, not a different algorithm. --utd-ratio 0 lets both run freely.
+A batch counts once its buffer shard has stored it: a lost batch is never counted, and its steps are collected again.
+The learner holds --utd-ratio updates per collected env step (workers are held back when they run ahead): more
+workers make the run faster, not a different algorithm.
 
 Map of this file, top to bottom:
   Args            SAC flags (as sac_continuous.py), the distribution's, then run flags (`--help` lists them); ranges
   sac-algorithm   sac_continuous.py's env, networks, Policy, replay buffer, learner (gradient_step), rollout step
-  Ray actors      BufferShard, ParameterServer, RolloutWorker, Evaluator: plain classes, made remote in main()
+  Ray actors      BufferShard, ParameterServer, RolloutWorker: plain classes, made remote in main()
   data flow       Publisher (weights to the parameter server), Sampler (batches from the buffer shards)
   driver helpers  the utd schedule and back-pressure, batch plans, dispatch and weight pulls, the batches in flight
-  main()          set-up, then the driver loop: harvest -> dispatch -> learn -> evaluate -> log, then finish
+  main()          set-up, then the driver loop: harvest -> dispatch -> learn -> log, then finish
   # === Plumbing  flag checks, Ray connection, faults, checkpoints, resume, evaluation, export, errors, speed
 Docs: docs/sac_continuous_ray.md; the algorithm: https://arxiv.org/abs/1812.05905
 """
 
 import atexit
 import copy
-import ctypes
 import dataclasses
 import gc
 import json
@@ -82,11 +78,9 @@ class Args:
     envs_per_worker: int = 1  # envs each rollout worker steps, as one vector env
     weight_sync_interval: int = 1_000  # env steps (over all workers) between a worker's pulls of newer actor weights
     utd_ratio: float = 1.0  # gradient updates per collected env step that the learner holds to (0 = asynchronous)
-    num_buffer_shards: int = 1
-    """replay buffer actors; worker i writes to shard i % shards, the learner samples all in proportion to size"""
+    num_buffer_shards: int = 1  # replay buffer actors; worker i writes to shard i % shards, sampled in proportion to size
     worker_batch_steps: int = 100  # vector steps a worker takes per batch it sends (one object-store transfer per batch)
-    ray_address: Optional[str] = None
-    """cluster to join: None starts an embedded local Ray; `auto` or `host:port` joins a running one"""
+    ray_address: Optional[str] = None  # cluster to join: None starts a local Ray; `auto` or `host:port` joins a running one
     pause_learner: bool = False  # collect only, no gradient updates (to measure sampling throughput alone)
 
     # --- run ---
@@ -94,8 +88,7 @@ class Args:
     seed: int = 1  # random seed of the run
     torch_deterministic: bool = True  # make cuDNN pick deterministic algorithms (torch.backends.cudnn.deterministic)
     cuda: bool = True  # run the learner on the GPU when there is one
-    torch_threads: int = 0
-    """torch's CPU threads in the learner; 0 = one per usable core (set it when runs share a machine)"""
+    torch_threads: int = 0  # torch's CPU threads in the learner; 0 = one per usable core (set it when runs share a machine)
     track: bool = False  # log to Weights and Biases too (WANDB_MODE=offline works without network)
     wandb_project_name: str = "onefile-rl"  # wandb project
     wandb_entity: Optional[str] = None  # wandb entity, a team or user (None = your wandb default)
@@ -107,7 +100,7 @@ class Args:
     save_buffer: bool = False  # also checkpoint the replay buffer, all shards (large: up to buffer_size transitions)
     resume: Optional[str] = None  # continue the run of this checkpoint (appends to its run folder)
     eval_episodes: int = 10  # episodes per evaluation (every --eval-interval, and after --save-model)
-    eval_interval: int = 0  # every N env steps, the evaluator actor plays --eval-episodes deterministic episodes (0 = never)
+    eval_interval: int = 0  # every N env steps, play --eval-episodes deterministic episodes on a separate env (0 = never)
     keep_best: bool = False  # keep checkpoints/best.pt: the agent with the best evaluation (else training) return so far
     log_interval: int = 100  # log losses (averaged over the window's gradient steps) and speed every N env steps
     progress: bool = True  # show progress: a one-line display on a terminal, a plain line every 30 s otherwise
@@ -145,8 +138,7 @@ def validate_args(args: Args) -> None:
         raise UserError(f"--utd-ratio must be finite, not {args.utd_ratio}.")
 
 
-# The SAC itself: sac_continuous.py's, verbatim (the `sac-*` and episode-boundaries blocks; a test keeps the copies
-# identical). Then where each part runs: the Ray actors, the data flow between them, the driver.
+# The SAC itself, sac_continuous.py's verbatim; then where each part runs: the Ray actors, the data flow, the driver.
 # --- shared: sac-algorithm ---
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Callable[[], gym.Env]:
     """One environment. Episode statistics are kept on the whole batch in the rollout (vectorized, checkpointable),
@@ -196,8 +188,7 @@ def q_network(obs_dim: int, act_dim: int) -> nn.Sequential:
 
 
 def q_values(critics: nn.ModuleList, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-    """Q1(s, a) and Q2(s, a) as a (2, batch) tensor, each critic called on its own (torch.func.vmap over their stacked
-    weights was slower on CPU)."""
+    """Q1(s, a) and Q2(s, a) as a (2, batch) tensor: each critic called on its own (vmap was slower on CPU)."""
     x = torch.cat([obs, action], -1)
     return torch.stack([critic(x).squeeze(-1) for critic in critics])
 
@@ -455,21 +446,17 @@ class ParameterServer:
     workers pull when it moved on. Ray restarts it if it dies, empty: the driver's Publisher then publishes again."""
 
     def __init__(self):
-        self.weights, self.version = None, -1
+        self.weights, self.version = None, -1  # -1: nothing published (a fresh or restarted server)
 
-    def publish(self, weights: list, version: int) -> int:
+    def publish(self, weights: dict, version: int) -> None:
         self.weights, self.version = weights, version
-        return os.getpid()  # a new pid tells the driver this is a restarted server
 
     def pull(self, have_version: int) -> Optional[tuple]:
         """(weights, version) when newer than `have_version`, else None: an up-to-date worker receives nothing."""
-        if self.weights is not None and self.version > have_version:
-            return self.weights, self.version
-        return None
+        return (self.weights, self.version) if self.version > have_version else None
 
-    def status(self) -> tuple[int, int]:
-        """(pid, version held; -1 = no weights: a fresh or restarted server)."""
-        return os.getpid(), self.version if self.weights is not None else -1
+    def held_version(self) -> int:
+        return self.version
 
 
 WEIGHTS_WAIT_S = 600.0  # how long a worker without weights waits for the first publish before it gives up
@@ -539,16 +526,8 @@ class RolloutWorker:
         """`num_steps` vector steps, the first `num_random` with uniform random actions (before learning_starts), then
         with its weights, pulled first if `pull` (pull_due). Returns the transitions (num_steps * num_envs rows) and
         stats: the episodes that ended, the weight version acted with (-1: none), the row count, where it ran."""
-        n, e = num_steps, self.num_envs
-        batch = {
-            "obs": np.empty((n, e, self.obs_dim), np.float32),
-            "next_obs": np.empty((n, e, self.obs_dim), np.float32),
-            "actions": np.empty((n, e, self.act_dim), np.float32),
-            "rewards": np.empty((n, e), np.float32),
-            "terminated": np.empty((n, e), np.bool_),
-        }
-        finished, version = [], -1
-        for t in range(n):
+        e, steps, finished, version = self.num_envs, [], [], -1
+        for t in range(num_steps):
             if t < num_random:
                 actions = (self.rng.random((e, self.act_dim)) * (self.high - self.low) + self.low).astype(np.float32)
             else:
@@ -562,77 +541,56 @@ class RolloutWorker:
                 self.envs, actions, self.episode_return, self.episode_length
             )
             # store terminations, not truncations: a time limit is not a terminal state (next obs = true final obs)
-            for name, value in zip(batch, (obs, real_next_obs, actions, rewards, terminations)):
-                batch[name][t] = value
+            steps.append((obs, real_next_obs, actions, rewards, terminations))
             finished += ended
-        flat = {k: v.reshape(n * e, *v.shape[2:]) for k, v in batch.items()}
-        stats = {"steps": n * e, "episodes": finished, "version": version, "pid": os.getpid(), "node": node_id()}
-        return flat, stats
-
-
-class Evaluator:
-    """Deterministic evaluation episodes (evaluate) of its own Policy, on the actor weights it is sent, in its own
-    process."""
-
-    def __init__(self, env_id: str, policy: Policy, episodes: int, seed: int):
-        quiet_mujoco_warnings()
-        torch.set_num_threads(1)
-        self.env_id, self.policy, self.episodes, self.seed = env_id, policy, episodes, seed
-
-    def run(self, weights: dict, step: int) -> tuple[int, list]:
-        self.policy.actor.load_state_dict(weights)
-        return step, evaluate(self.policy, eval_env(self.env_id), self.episodes, self.seed)
+        names = ("obs", "next_obs", "actions", "rewards", "terminated")  # float32 rows, as ReplayBuffer stores them
+        batch = {name: np.concatenate(column, dtype=np.float32) for name, column in zip(names, zip(*steps))}
+        stats = {"steps": num_steps * e, "episodes": finished, "version": version, "pid": os.getpid(), "node": node_id()}
+        return batch, stats
 
 
 # ---- the data flow: weights from the learner to the workers (Publisher), batches from the shards (Sampler) ----
 def actor_weights(actor: nn.Module) -> dict:
-    """The actor's weights as they travel to the workers and the evaluator: a CPU copy of its state_dict, which their
-    own Actor loads (load_state_dict checks the names and shapes)."""
+    """The actor's weights as they travel to the workers: a CPU copy of its state_dict, which their own Actor loads
+    (load_state_dict checks the names and shapes)."""
     return {name: value.detach().cpu().clone() for name, value in actor.state_dict().items()}
 
 
 class Publisher:
-    """The driver's end of the parameter server: publishes the actor's weights when their version moved on, and
-    again when the server comes back from a restart (Ray restarts it empty: its weights die with its process). It
-    tells a restart by the pid each publish returns, and, while nothing is published, asks every second."""
+    """The driver's end of the parameter server: publishes the actor's weights when their version moved on. Ray
+    restarts a dead server empty: check() asks it every second which version it holds, and publishes again when that
+    is older than the one published."""
 
     def __init__(self, server, actor: nn.Module, version: int):
-        self.server, self.pid, self.weights, self.version = server, None, None, -1
-        self.pending, self.asked = None, time.monotonic()  # the last publish or status call, and when
-        self.looked = 0.0  # when check() last looked (at most every 0.2 s: a look costs a Ray call, a pass ~1 update)
+        self.server, self.weights, self.version, self.asked = server, None, -1, 0.0
+        self.pending, self.pending_version = None, -1  # the status call in flight, and the version published before it
         self.publish(actor, version)
 
     def publish(self, actor: nn.Module, version: int) -> None:
         if version != self.version:
             self.weights, self.version = actor_weights(actor), version
-            self.pending = self.server.publish.remote(self.weights, version)
+            self.server.publish.remote(self.weights, version)
 
     def check(self) -> None:
-        """Non-blocking: look at the last call's answer; a new pid (or a failed call) publishes the weights again."""
+        """Non-blocking: read the last status call's answer, if any, then ask again (at most every second)."""
         import ray
         from ray.exceptions import RayActorError
 
-        if time.monotonic() - self.looked < 0.2:
+        if time.monotonic() - self.asked < 1.0:
             return
-        self.looked = time.monotonic()
+        self.asked = time.monotonic()
+        if self.pending is not None and ray.wait([self.pending], timeout=0)[0]:
+            try:
+                held = ray.get(self.pending)
+            except RayActorError:  # it died during the call: publish to the restarted one
+                held = -1
+            if held < self.pending_version:
+                print(f"the parameter server is back (restarted by Ray, empty): weights of version {self.version} "
+                      "published to it again", file=sys.stderr)  # fmt: skip
+                self.server.publish.remote(self.weights, self.version)
+            self.pending = None
         if self.pending is None:
-            if time.monotonic() - self.asked > 1.0:
-                self.pending, self.asked = self.server.status.remote(), time.monotonic()
-            return
-        if not ray.wait([self.pending], timeout=0)[0]:
-            return
-        try:
-            answer = ray.get(self.pending)
-            pid = answer[0] if isinstance(answer, tuple) else answer
-        except RayActorError:  # died during the call: ask the restarted one
-            pid = -1
-        self.pending = None
-        if pid == -1 or (self.pid is not None and pid != self.pid):
-            if pid != -1:
-                print(f"the parameter server is back (restarted by Ray, pid {pid}): weights of version "
-                      f"{self.version} published to it again", file=sys.stderr)  # fmt: skip
-            self.pending = self.server.publish.remote(self.weights, self.version)
-        self.pid = self.pid if pid == -1 else pid
+            self.pending, self.pending_version = self.server.held_version.remote(), self.version
 
 
 def shard_sample_counts(sizes: list, n: int) -> list:
@@ -847,39 +805,25 @@ def updates_owed(state: LoopState, utd: float, total: int) -> int:
     return max(state.updates_base + updates_due(state.global_step, state.updates_start, utd) - state.grad_steps, 0)
 
 
-def new_window(state: LoopState) -> dict:
-    """A log window'state start: its time and counters (its rates are the differences), and its batches' staleness."""
+def new_window(state: LoopState, device: torch.device) -> dict:
+    """A log window's start: its time and counters (its rates are the differences), the sums of gradient_step's
+    metrics over its gradient steps and actor updates, and its batches' staleness."""
     return {"time": time.time(), "step": state.global_step, "grad_steps": state.grad_steps,
-            "actor_updates": state.actor_updates, "stale": []}  # fmt: skip
+            "actor_updates": state.actor_updates, "loss_sums": torch.zeros(4, device=device),
+            "actor_sums": torch.zeros(3, device=device), "stale": []}  # fmt: skip
 
 
-LOSS_NAMES = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss")
-ACTOR_NAMES = ("actor_loss", "alpha", "alpha_loss")
 SAMPLE_GROUP = 16  # batches per buffer request: one Ray round trip per 16 gradient steps
 MAX_IN_FLIGHT = 2  # batches queued per worker: one it collects, the next behind it
 
 
-def log_evaluation(run, eval_ref, snapshot: Optional[dict], timeout: Optional[float] = None) -> None:
-    """Log the evaluator's result against the step its weights are from; with --keep-best, `snapshot` (the checkpoint
-    taken when those weights were sent) becomes best.pt if they scored best. A dead evaluator only skips that
-    evaluation (Ray restarts it)."""
-    import ray
-    from ray.exceptions import RayActorError
-
-    try:
-        eval_step, returns = ray.get(eval_ref, timeout=timeout)
-        run.evaluated(returns, eval_step, snapshot)
-    except RayActorError as e:
-        print(f"warning: the evaluator died ({type(e).__name__}); training goes on and Ray restarts it.", file=sys.stderr)
-
-
 def main() -> None:
     args, ckpt, device = parse_command_line(Args, FLAG_RULES, validate_args)
-    speed_setup()  # speed (below the banner): before torch's first parallel op
+    flush_denormals()  # speed (below the banner): before torch's first parallel op
     args.num_iterations = sys.maxsize  # the driver loop has no fixed number of passes: it ends by setting run.last
     total = args.total_timesteps - args.total_timesteps % args.envs_per_worker  # whole vector steps of every worker
-    obs_shape, act_shape = probe_env(args.env_id)
-    shapes = {"obs_shape": list(obs_shape), "act_shape": list(act_shape)}
+    obs_shape, act_space = probe_env(args.env_id)
+    shapes = {"obs_shape": list(obs_shape), "act_shape": list(act_space.shape)}
     if ckpt is not None:
         check_resumable(ckpt, args.resume, shapes, total)
     ray = connect_ray(args.ray_address, args.num_rollout_workers)  # first: an unreachable cluster writes nothing
@@ -887,67 +831,52 @@ def main() -> None:
     seed_everything(args.seed, args.torch_deterministic)
 
     # ---- the learner (in this process) and the replay buffer shards (Ray actors) ----
-    probe = make_env(args.env_id, 0, False, "")()
-    action_low, action_high = probe.action_space.low, probe.action_space.high
-    probe.close()
-    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_shape))
-    learner = Learner(obs_dim, act_dim, action_low, action_high, args, device)
-    shard_capacity = args.buffer_size // args.num_buffer_shards
-    # Buffer shards hold the only copy of the data: no restart (a restarted shard would be empty; the run stops).
-    # On the driver's node (they hold the only copy of the data and talk to the learner most); the workers spread out.
+    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_space.shape))
+    learner = Learner(obs_dim, act_dim, act_space.low, act_space.high, args, device)
+    # Shards and the parameter server go on this node (the learner talks to them most), the workers spread out. Shards
+    # hold the only copy of their data: never restarted (a restarted one would be empty: the run stops instead).
     here, spread = placement(ray)  # (below the banner) node affinity to this node; SPREAD over the cluster
+    shard_capacity = args.buffer_size // args.num_buffer_shards
     shards = [ray.remote(BufferShard).options(num_cpus=0, scheduling_strategy=here).remote(shard_capacity, obs_dim,
               act_dim, args.seed + 7 + i) for i in range(args.num_buffer_shards)]  # fmt: skip
     state = LoopState(updates_start=args.learning_starts)  # the first gradient step once learning_starts steps are in
     shard_states = ShardStates(shards, args.save_buffer)
     run.attach(state, RaySession(ray), learner=learner, replay_buffers=shard_states)
-    if ckpt is not None and ckpt["replay_buffers"] is None:
-        state.updates_start = state.global_step + max(args.learning_starts, 1)  # the first sample needs a stored transition
+    if ckpt is not None and ckpt["replay_buffers"] is None:  # resumed without a buffer: a new schedule once it refills
+        state.updates_start = refill_before_updating(state.global_step, args.learning_starts)
         state.updates_base = state.grad_steps
-        print(f"warning: the checkpoint holds no replay buffer (saved without --save-buffer): the buffer starts empty, "
-              f"and updates pause until {args.learning_starts} new transitions are in it (step {state.updates_start}). "
-              "Acting continues with the trained policy.", file=sys.stderr)  # fmt: skip
 
-    # ---- the other Ray actors: parameter server, rollout workers, evaluator ----
+    # ---- the parameter server and the rollout workers (Ray actors) ----
     param_server_name = f"parameter-server-{run.name}-{os.getpid()}"  # unique on a shared cluster
     # restarted empty if it dies (its calls retried): the Publisher then publishes the newest weights to it again
     param_server = ray.remote(ParameterServer).options(name=param_server_name, num_cpus=0, max_restarts=-1,
                                                        max_task_retries=-1, scheduling_strategy=here).remote()  # fmt: skip
     publisher = Publisher(param_server, learner.actor, state.actor_updates)
-    # Workers: restarted by Ray when their process dies (max_restarts=-1); their in-flight batch then fails
-    # (max_task_retries=0) and the driver hands those steps to the next batch, so nothing is counted twice.
+    # Workers: restarted by Ray when their process dies; their in-flight batch then fails (max_task_retries=0) and the
+    # driver hands those steps to the next batch, so nothing is counted twice.
     worker_class = ray.remote(RolloutWorker).options(num_cpus=1, max_restarts=-1, max_task_retries=0,
                                                      scheduling_strategy=spread)  # fmt: skip
     workers = [worker_class.remote(i, args.env_id, args.envs_per_worker, args.seed + 1_000 * i + state.global_step,
                                    param_server_name) for i in range(args.num_rollout_workers)]  # fmt: skip
-    evaluator_class = ray.remote(Evaluator).options(num_cpus=0, max_restarts=-1, max_task_retries=0,
-                                                    scheduling_strategy=spread)  # rarely busy  # fmt: skip
-    policy = Policy(learner.actor, action_low, action_high).to(device)  # the current actor, deterministic
-    evaluator = (evaluator_class.remote(args.env_id, copy.deepcopy(policy).cpu(), args.eval_episodes, args.seed + 10_000)
-                 if args.eval_interval else None)  # fmt: skip
-    shard_sizes = ray.get([shard.size.remote() for shard in shards])
     batches = Batches(workers, state.global_step, args.envs_per_worker)
+    buffer_mb = args.buffer_size * ReplayBuffer(1, obs_dim, act_dim).nbytes / 1e6  # the shards' own layout
     print(f"ray: {args.num_rollout_workers} rollout workers x {args.envs_per_worker} envs (pids "
           f"{' '.join(map(str, batches.pids))} on nodes {' '.join(short(n) for n in batches.nodes)}), "
-          f"{args.num_buffer_shards} buffer "
-          f"shard(s) and the parameter server on the learner's node {short(node_id())}, learner on {device}, utd "
-          f"ratio {args.utd_ratio:g}{' (asynchronous)' if args.utd_ratio == 0 else ''}"
-          f"{', learner paused' if args.pause_learner else ''}")  # fmt: skip
-    bytes_per_transition = ReplayBuffer(1, obs_dim, act_dim).nbytes  # the shards' own layout, one transition
-    print(f"replay buffer: {args.buffer_size:,} transitions, {args.buffer_size * bytes_per_transition / 1e6:.1f} MB of "
-          f"arrays over {args.num_buffer_shards} shard(s) ({bytes_per_transition} bytes per transition)")  # fmt: skip
-
+          f"{args.num_buffer_shards} buffer shard(s) ({args.buffer_size:,} transitions, {buffer_mb:.1f} MB of arrays) and "
+          f"the parameter server on the learner's node {short(node_id())}, learner on {device}, utd ratio {args.utd_ratio:g}"
+          f"{' (asynchronous)' if args.utd_ratio == 0 else ''}{', learner paused' if args.pause_learner else ''}")  # fmt: skip
+    policy = Policy(learner.actor, act_space.low, act_space.high).to(device)  # the current actor, deterministic
+    run.play = lambda episodes, video_dir=None: evaluate(policy, eval_env(args.env_id, video_dir), episodes,
+                                                         args.seed + 10_000)  # fmt: skip
+    shard_sizes = ray.get([shard.size.remote() for shard in shards])
     sampler = Sampler(shards, args.batch_size, SAMPLE_GROUP, device)
-    eval_ref, eval_snapshot = None, None
-    next_eval = (state.global_step // args.eval_interval + 1) * args.eval_interval if evaluator else 0
-    loss_sums = torch.zeros(len(LOSS_NAMES), device=device)  # summed over the log window's gradient steps
-    actor_sums = torch.zeros(len(ACTOR_NAMES), device=device)  # summed over its actor updates
-    window = new_window(state)
+    window = new_window(state, device)
     freeze_startup_objects()  # speed (below the banner): everything set up so far lives to the end of the run
     start_time, start_step = time.time(), state.global_step
 
     with stop_on_task_error(run, shard_states):  # (below the banner) a failed Ray task: checkpoint, one paragraph
-        for _ in run.iterations(state, args.num_iterations):  # one pass: harvest, dispatch, learn, evaluate, log
+        # one pass: harvest, dispatch, learn, log; then (Run) evaluation every --eval-interval steps, checkpoints
+        for _ in run.iterations(state, args.num_iterations):
             # ---- harvest: count each batch its shard stored, note its episodes and its staleness ----
             for index, steps, stats in batches.harvest(shards):
                 state.worker_restarts += stats["restarted"]
@@ -974,22 +903,12 @@ def main() -> None:
                 for _ in range(owed if state.global_step >= total else min(owed, 1)):
                     state.grad_steps += 1
                     critic_metrics, actor_metrics = gradient_step(learner, sampler.next(shard_sizes), state.grad_steps, args)
-                    loss_sums += critic_metrics
+                    window["loss_sums"] += critic_metrics
                     if actor_metrics is not None:  # delayed: policy_frequency actor updates every policy_frequency steps
-                        actor_sums += actor_metrics
+                        window["actor_sums"] += actor_metrics
                         state.actor_updates += args.policy_frequency
             if owed == 0 and state.global_step < total:
                 batches.wait(timeout=0.2)  # nothing to learn: wait for a worker
-
-            # ---- evaluation: log a finished one; start one every --eval-interval env steps ----
-            if eval_ref is not None and ray.wait([eval_ref], timeout=0)[0]:
-                log_evaluation(run, eval_ref, eval_snapshot)
-                eval_ref = None
-            if evaluator is not None and state.global_step >= next_eval:
-                if eval_ref is None:  # the previous evaluation still running: skip this one rather than queue up
-                    eval_ref = evaluator.run.remote(actor_weights(learner.actor), state.global_step)
-                    eval_snapshot = run.checkpoint(best=True) if args.keep_best else None  # best.pt if it scores best
-                next_eval = (state.global_step // args.eval_interval + 1) * args.eval_interval
 
             # ---- log: losses averaged over the window's updates, speeds over its wall time (one sync per window) ----
             run.last = state.global_step >= total  # every env step is in, and (above) every update owed is done
@@ -997,41 +916,32 @@ def main() -> None:
                 elapsed = max(time.time() - window["time"], 1e-9)
                 grad_steps = state.grad_steps - window["grad_steps"]
                 actor_updates = state.actor_updates - window["actor_updates"]
-                metrics = {}
+                metrics = {"charts/env_steps_per_second": (state.global_step - window["step"]) / elapsed,
+                           "charts/updates_per_second": grad_steps / elapsed, "charts/worker_restarts": state.worker_restarts,
+                           "charts/learner_busy": run.phase_time.get("update", 0.0) / elapsed}  # sampling + updating
                 if grad_steps > 0:
-                    q_means = (loss_sums / grad_steps).tolist()
-                    metrics.update({f"losses/{name}": value for name, value in zip(LOSS_NAMES, q_means)})
-                    metrics["losses/qf_loss"] = (q_means[2] + q_means[3]) / 2.0
+                    q1, q2, loss1, loss2 = (window["loss_sums"] / grad_steps).tolist()
+                    metrics.update({"losses/qf1_values": q1, "losses/qf2_values": q2, "losses/qf1_loss": loss1,
+                                    "losses/qf2_loss": loss2, "losses/qf_loss": (loss1 + loss2) / 2.0})  # fmt: skip
                 if actor_updates > 0:
-                    for name, value in zip(ACTOR_NAMES, (actor_sums / actor_updates).tolist()):
-                        if name != "alpha_loss" or args.autotune:
-                            metrics[f"losses/{name}"] = value
-                metrics["charts/env_steps_per_second"] = (state.global_step - window["step"]) / elapsed
-                metrics["charts/updates_per_second"] = grad_steps / elapsed
-                metrics["charts/learner_busy"] = run.phase_time.get("update", 0.0) / elapsed  # sampling + updating
+                    actor_loss, alpha, alpha_loss = (window["actor_sums"] / actor_updates).tolist()
+                    metrics.update({"losses/actor_loss": actor_loss, "losses/alpha": alpha,
+                                    **({"losses/alpha_loss": alpha_loss} if args.autotune else {})})  # fmt: skip
                 if window["stale"]:
-                    metrics["charts/weight_staleness"] = float(np.mean(window["stale"]))
-                    metrics["charts/weight_staleness_max"] = float(np.max(window["stale"]))
-                metrics["charts/worker_restarts"] = state.worker_restarts
+                    metrics.update({"charts/weight_staleness": float(np.mean(window["stale"])),
+                                    "charts/weight_staleness_max": float(np.max(window["stale"]))})  # fmt: skip
                 run.log(state.global_step, metrics)
-                loss_sums.zero_()
-                actor_sums.zero_()
-                window = new_window(state)
+                window = new_window(state, device)
 
     if run.stopped:
         print(f"stopping: {batches.dispatched - state.global_step} env steps in flight are dropped (never counted: a resumed "
               "run collects them again)", file=sys.stderr)  # fmt: skip
     else:
         wall = time.time() - start_time
-        if eval_ref is not None:  # the last periodic evaluation
-            log_evaluation(run, eval_ref, eval_snapshot, timeout=600)
         stored = sum(ray.get([shard.size.remote() for shard in shards]))
         print(f"done: {state.global_step} env steps ({state.worker_restarts} worker restarts), {stored} transitions in the "
               f"buffer, {state.grad_steps} gradient updates in {wall:.1f} s: "
               f"{(state.global_step - start_step) / wall:.1f} env steps/s")  # fmt: skip
-    # the final evaluation (--save-model), in this process: (episodes, video_dir) -> returns
-    run.play = lambda episodes, video_dir=None: evaluate(policy, eval_env(args.env_id, video_dir), episodes,
-                                                         args.seed + 10_000)  # fmt: skip
     run.finish()  # after Ctrl-C: saved, Ray shut down, exits; with --save-model: the final agent evaluated, then saved
     run.close()  # and Ray with it
 
@@ -1156,9 +1066,9 @@ def short(node: Optional[str]) -> str:
 
 
 def placement(ray) -> tuple:
-    """(strategy for the buffer shards and the parameter server, strategy for the workers and the evaluator). The first
-    go on the driver's node, hard: they hold the only copy of the data and the weights, and the learner talks to them
-    most. The others spread over the cluster (by default Ray packs actors onto one node until it is full)."""
+    """(strategy for the buffer shards and the parameter server, strategy for the workers). The first go on the
+    driver's node, hard: they hold the only copy of the data and the weights, and the learner talks to them most. The
+    workers spread over the cluster (by default Ray packs actors onto one node until it is full)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False), "SPREAD"
@@ -1198,19 +1108,28 @@ def stop_on_task_error(run, shard_states: ShardStates):
 
 
 # --- shared: sac-run ---
+def refill_before_updating(global_step: int, learning_starts: int) -> int:
+    """A run resumed from a checkpoint without a replay buffer: the step from which updates go on (the buffer starts
+    empty and must hold learning_starts new transitions, at least one, first), said in a warning."""
+    start = global_step + max(learning_starts, 1)
+    print(f"warning: the checkpoint holds no replay buffer (saved without --save-buffer): the buffer starts empty, and "
+          f"updates pause until {learning_starts} new transitions are in it (step {start}). Acting continues with the "
+          "trained policy.", file=sys.stderr)  # fmt: skip
+    return start
+
+
 def policy_from_checkpoint(ckpt: dict) -> Policy:
     """The checkpoint's actor as its Policy, on the CPU (tools/agent.py evaluates and exports it)."""
-    obs_shape, act_shape = probe_env(ckpt["args"]["env_id"])  # the env exists, and the checkpoint's actor fits it
-    shapes = {"obs_shape": list(obs_shape), "act_shape": list(act_shape)}
+    obs_shape, act_space = probe_env(ckpt["args"]["env_id"])  # the env exists, and the checkpoint's actor fits it
+    shapes = {"obs_shape": list(obs_shape), "act_shape": list(act_space.shape)}
     check_checkpoint_matches(ckpt, ckpt.get("path", ""), SCRIPT_NAME, shapes)
-    actor = Actor(int(np.prod(obs_shape)), int(np.prod(act_shape)))
+    actor = Actor(int(np.prod(obs_shape)), int(np.prod(act_space.shape)))
     actor.load_state_dict(ckpt["learner"]["actor"])
-    space = eval_env(ckpt["args"]["env_id"]).action_space
-    return Policy(actor, space.low, space.high)
+    return Policy(actor, act_space.low, act_space.high)
 
 
-def probe_env(env_id: str) -> tuple[tuple, tuple]:
-    """Make the env once to check it exists and has a bounded continuous (Box) action space; return the shapes."""
+def probe_env(env_id: str) -> tuple[tuple, gym.spaces.Box]:
+    """Make the env once to check it exists and has a bounded continuous (Box) action space: (obs shape, that space)."""
     check_env_id(env_id)
     try:
         env = gym.wrappers.FlattenObservation(gym.make(env_id))
@@ -1224,7 +1143,7 @@ def probe_env(env_id: str) -> tuple[tuple, tuple]:
                         f"scripts, ppo_atari.py and a2c_atari.py, take Atari games only.")  # fmt: skip
     if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
         raise UserError(f"{env_id}'s action space {act_space} is unbounded; SAC squashes actions into its bounds.")
-    return obs_space.shape, act_space.shape
+    return obs_space.shape, act_space
 
 
 def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_dim: int) -> None:
@@ -1251,18 +1170,11 @@ def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_d
                             f"{', '.join(map(str, expected))}. {sizes}")  # fmt: skip
 
 
-# ---- speed set-up: each wraps one step of the algorithm above without changing its math ----
-def speed_setup() -> None:
-    """The process-wide speed settings (flush_denormals, keep_freed_memory), made before torch's first parallel op:
-    its OpenMP threads copy the denormal flag when they start."""
-    flush_denormals()
-    keep_freed_memory()
-
-
+# ---- speed set-up: each leaves the algorithm's math alone (measured: benchmarks/README.md) ----
 def flush_denormals() -> bool:
     """Make float32 arithmetic treat and produce denormals (|x| < 1.2e-38) as zero, in this thread and in the OpenMP
     threads torch starts later (call it before torch's first parallel op); returns whether it holds in every thread.
-    Why: Adam's decaying moments of dead ReLU units crawl through the slow denormal range (measured: docs page)."""
+    Why: Adam's decaying moments of dead ReLU units crawl through the slow denormal range."""
     if not torch.set_flush_denormal(True):
         return False  # a CPU without the flush-to-zero / denormals-are-zero modes
     # The smallest denormal, 1.4e-45, written as its bit pattern: converting a Python float would already flush it
@@ -1270,24 +1182,9 @@ def flush_denormals() -> bool:
     return bool(((probe * 1.0).view(torch.int32) == 0).all())  # bits: a comparison would read denormals as 0
 
 
-def keep_freed_memory() -> None:
-    """Let glibc's malloc reuse freed memory instead of handing it back to the OS (Linux with glibc; a no-op elsewhere).
-    Why: by default every block over 128 KiB is mapped fresh and unmapped when freed, so each large activation of
-    an update faults its pages in again (measured: docs page). The replay buffer's arrays are still mapped."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return  # another C library (e.g. musl): leave its allocator alone
-    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
-    libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)
-    libc.mallopt(m_trim_threshold, 512 * 1024 * 1024)
-
-
 def freeze_startup_objects() -> None:
     """Move every object alive now (modules, envs, the networks) out of the garbage collector's full collections,
-    which walk them all every few hundred gradient steps (measured: docs page); later objects are collected as usual.
+    which walk them all every few hundred gradient steps; later objects are collected as usual.
     Handed back at exit: nanobind modules (triton, imported by torch) otherwise print "leaked" lines at shutdown."""
     gc.collect()
     gc.freeze()
