@@ -24,10 +24,8 @@ Map of this file, top to bottom:
 Docs: docs/sac_continuous_ray.md; the algorithm: https://arxiv.org/abs/1812.05905
 """
 
-import atexit
 import copy
 import dataclasses
-import gc
 import json
 import logging
 import math
@@ -42,6 +40,7 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Optional
 
 import gymnasium as gym
@@ -71,7 +70,6 @@ class Args:
     target_network_frequency: int = 1  # gradient steps between Polyak updates of the target Q-networks
     alpha: float = 0.2  # entropy coefficient, >= 0 (with --autotune: ignored, the tuned one starts at 1.0)
     autotune: bool = True  # tune the entropy coefficient automatically (target entropy -|A|)
-    squash_eps: float = 0.0  # floor on tanh's slope in log pi: log(1 - tanh(u)^2 + eps); 0 = exact, 1e-6 = the reference's
 
     # --- distribution: where the parts run ---
     num_rollout_workers: int = 2  # rollout worker actors (one CPU each), each stepping --envs-per-worker envs
@@ -113,7 +111,7 @@ class Args:
 FLAG_RULES = {
     "total_timesteps": ">= 1", "buffer_size": ">= 1", "gamma": "in [0, 1]", "tau": "in (0, 1]", "batch_size": ">= 1",
     "learning_starts": ">= 0", "policy_lr": "> 0", "q_lr": "> 0", "policy_frequency": ">= 1",
-    "target_network_frequency": ">= 1", "alpha": ">= 0", "squash_eps": "in [0, 1)", "num_rollout_workers": ">= 1",
+    "target_network_frequency": ">= 1", "alpha": ">= 0", "num_rollout_workers": ">= 1",
     "envs_per_worker": ">= 1", "weight_sync_interval": ">= 1", "utd_ratio": ">= 0", "num_buffer_shards": ">= 1",
     "worker_batch_steps": ">= 1", "log_interval": ">= 1",
 }  # fmt: skip
@@ -141,15 +139,13 @@ def validate_args(args: Args) -> None:
 # The SAC itself, sac_continuous.py's verbatim; then where each part runs: the Ray actors, the data flow, the driver.
 # --- shared: sac-algorithm ---
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Callable[[], gym.Env]:
-    """One environment. Episode statistics are kept on the whole batch in the rollout (vectorized, checkpointable),
-    not by per-env wrappers. No action clipping: the tanh-squashed actions are always within the bounds."""
+    """One environment, flattened: episode statistics are kept by the rollout (checkpointable), and tanh keeps actions
+    in the bounds (no clipping)."""
 
     def thunk() -> gym.Env:
+        env = gym.make(env_id, render_mode="rgb_array") if capture_video and idx == 0 else gym.make(env_id)
         if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array")
             env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
-        else:
-            env = gym.make(env_id)
         return gym.wrappers.FlattenObservation(env)
 
     return thunk
@@ -194,17 +190,15 @@ def q_values(critics: nn.ModuleList, obs: torch.Tensor, action: torch.Tensor) ->
 
 
 def squashed_gaussian(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor, action_scale: torch.Tensor,
-                      action_bias: torch.Tensor, squash_eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                      action_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Reparameterized sample a = tanh(u) * scale + bias, u = mean + std * noise, and its log-density summed over
-    action dimensions (change of variables, SAC paper appendix C; tanh's slope floored at eps, 0 = exact: docs page):
-        log pi(a|s) = log N(u; mean, std) - sum_i [log scale_i + log(1 - tanh(u_i)^2 + eps)]
+    action dimensions (change of variables, SAC paper appendix C; exact, without the reference's 1e-6: docs page):
+        log pi(a|s) = log N(u; mean, std) - sum_i [log scale_i + log(1 - tanh(u_i)^2)]
         log N(u; mean, std) = sum_i (-noise_i^2 / 2 - log std_i - log sqrt(2 pi))      ((u - mean) / std = noise)
-        log(1 - tanh(u)^2) = 2 log 2 - 2 (u + softplus(-2u)),   log(x + eps) = log x + softplus(log eps - log x)
+        log(1 - tanh(u)^2) = 2 log 2 - 2 (u + softplus(-2u))
     Finite even where tanh(u) rounds to +-1. Terms without gradient are summed apart (each op costs a backward one)."""
     u = torch.addcmul(mean, log_std.exp(), noise)
     minus_log_slope = 2.0 * (u + nn.functional.softplus(-2.0 * u))  # 2 log 2 - log(1 - tanh(u)^2); 2 log 2 is constant
-    if squash_eps > 0.0:  # log(x + eps) = log x + softplus(log eps - log x), with log x = 2 log 2 - minus_log_slope
-        minus_log_slope = minus_log_slope - nn.functional.softplus(math.log(squash_eps / 4.0) + minus_log_slope)
     # the terms without gradient: sum_i (noise_i^2 / 2 + log scale_i + log sqrt(2 pi) + 2 log 2)
     constant = 0.5 * noise.pow(2).sum(-1) + torch.log(action_scale * (4.0 * math.sqrt(2.0 * math.pi))).sum()
     return torch.addcmul(action_bias, torch.tanh(u), action_scale), (minus_log_slope - log_std).sum(-1) - constant
@@ -219,8 +213,8 @@ def soft_q_target(rewards: torch.Tensor, terminated: torch.Tensor, next_q: torch
 
 
 class Policy(nn.Module):
-    """The trained agent as it acts in evaluation and in an export: observations as make_env's env returns them ->
-    actions; deterministic: tanh(mean) scaled to the bounds, by the Actor's forward and squashed_gaussian (noise 0)."""
+    """The agent as it acts: observations as make_env's env returns them -> a = tanh(mean + std * noise) scaled to the
+    bounds, by the Actor's forward and squashed_gaussian; deterministic (noise 0) in evaluation and in an export."""
 
     def __init__(self, actor: Actor, low, high):
         super().__init__()
@@ -228,9 +222,14 @@ class Policy(nn.Module):
         self.register_buffer("scale", torch.as_tensor((high - low) / 2.0, dtype=torch.float32))
         self.register_buffer("bias", torch.as_tensor((high + low) / 2.0, dtype=torch.float32))
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+    def forward(self, obs: torch.Tensor, noise: Optional[torch.Tensor] = None) -> torch.Tensor:
         mean, log_std = self.actor(obs.to(torch.float32))
-        return squashed_gaussian(mean, log_std, torch.zeros_like(mean), self.scale, self.bias)[0]
+        noise = torch.zeros_like(mean) if noise is None else noise.to(mean)
+        return squashed_gaussian(mean, log_std, noise, self.scale, self.bias)[0]
+
+    def act(self, obs: np.ndarray, noise) -> np.ndarray:  # a rollout step's actions, with the given noise
+        with torch.inference_mode():  # no_grad, and no version counters either: a quarter less time on one observation
+            return self(torch.as_tensor(obs, device=self.scale.device), torch.as_tensor(noise)).cpu().numpy()
 
 
 class ReplayBuffer:
@@ -244,8 +243,7 @@ class ReplayBuffer:
         self.nbytes = sum(array.nbytes for array in self.arrays.values())
 
     def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, terminated: np.ndarray):
-        """Store n transitions (one per env), wrapping around and overwriting the oldest."""
-        idx = (self.pos + np.arange(len(rewards))) % self.capacity
+        idx = (self.pos + np.arange(len(rewards))) % self.capacity  # one row per env; wraps, overwriting the oldest
         for array, value in zip(self.arrays.values(), (obs, next_obs, actions, rewards, terminated)):
             array[idx] = value
         self.pos, self.size = (self.pos + len(rewards)) % self.capacity, min(self.size + len(rewards), self.capacity)
@@ -254,19 +252,10 @@ class ReplayBuffer:
         idx = torch.randint(0, self.size, (batch_size,))  # uniform, with replacement
         return {name: torch.from_numpy(array).index_select(0, idx).to(device) for name, array in self.arrays.items()}
 
-    def state_dict(self) -> dict:  # the stored part (copies) and the write position: loads with weights_only=True
-        return {"capacity": self.capacity, "pos": self.pos, "size": self.size,
-                **{k: torch.from_numpy(v[: self.size].copy()) for k, v in self.arrays.items()}}  # fmt: skip
-
-    def load_state_dict(self, state: dict) -> None:
-        for k, array in self.arrays.items():
-            array[: state["size"]] = state[k].numpy()
-        self.pos, self.size = state["pos"], state["size"]
-
 
 class Learner:
-    """Everything the update changes: the actor, the two critics (two q_network instances, initialized independently)
-    and their targets, an Adam optimizer for the actor and one for the critics, and the entropy temperature."""
+    """Everything the update changes: the actor, two critics (q_network instances drawn independently) and their
+    targets, Adam optimizers, the entropy temperature; and the actor as a Policy (the action bounds)."""
 
     def __init__(self, obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, args, device: torch.device):
         self.actor = Actor(obs_dim, act_dim).to(device)
@@ -280,9 +269,8 @@ class Learner:
         self.log_alpha = torch.zeros(1, device=device, requires_grad=args.autotune)
         self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=args.q_lr, fused=fused) if args.autotune else None
         self.fixed_alpha = None if args.autotune else torch.full((1,), args.alpha, device=device)  # log(0) = -inf: kept apart
-        self.target_entropy, self.squash_eps = -float(act_dim), args.squash_eps
-        self.action_scale = torch.tensor((high - low) / 2.0, dtype=torch.float32, device=device)
-        self.action_bias = torch.tensor((high + low) / 2.0, dtype=torch.float32, device=device)
+        self.target_entropy = -float(act_dim)
+        self.policy = Policy(self.actor, low, high).to(device)  # acts in the rollout and in evaluation
 
     def alpha(self) -> torch.Tensor:
         return self.log_alpha.detach().exp() if self.fixed_alpha is None else self.fixed_alpha
@@ -300,9 +288,8 @@ class Learner:
             try:
                 part.load_state_dict(state[name])
             except (RuntimeError, ValueError, KeyError) as e:  # an edited network, or a checkpoint of an older build
-                why = " ".join(str(e).split())[:160]
-                raise UserError(f"the checkpoint's {name} does not fit this script's ({why}...). Resume it with the "
-                                "script that wrote it, or undo the edit to Actor / q_network.") from None
+                raise UserError(f"the checkpoint's {name} does not fit this script's ({' '.join(str(e).split())[:160]}...). "
+                                "Resume it with the script that wrote it, or undo the edit to Actor / q_network.") from None
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
 
@@ -311,7 +298,7 @@ def sample_action(learner: Learner, obs: torch.Tensor) -> tuple[torch.Tensor, to
     """a ~ pi(.|s) (reparameterized: differentiable in the actor's weights) and log pi(a|s)."""
     mean, log_std = learner.actor(obs)
     noise = torch.randn_like(mean)
-    return squashed_gaussian(mean, log_std, noise, learner.action_scale, learner.action_bias, learner.squash_eps)
+    return squashed_gaussian(mean, log_std, noise, learner.policy.scale, learner.policy.bias)
 
 
 def critic_update(learner: Learner, batch: dict, gamma: float) -> torch.Tensor:
@@ -362,23 +349,14 @@ def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
 
 
 def gradient_step(learner: Learner, batch: dict, step: int, args) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Gradient step number `step` (from 1) on one batch: the critics; every policy_frequency steps, policy_frequency
-    actor updates (delayed, as TD3, compensated); every target_network_frequency steps, the targets' Polyak step.
-    Returns critic_update's metrics and actor_update's summed over this step's actor updates (None: none ran)."""
+    """Gradient step `step` (from 1): the critics; every policy_frequency steps, policy_frequency actor updates (delayed,
+    as TD3, compensated); the targets' Polyak step. Returns both updates' metrics (actor's summed; None: none ran)."""
     critic_metrics, actor_metrics = critic_update(learner, batch, args.gamma), None
     if step % args.policy_frequency == 0:
         actor_metrics = sum(actor_update(learner, batch["obs"], args.autotune) for _ in range(args.policy_frequency))
     if step % args.target_network_frequency == 0:
         soft_update(learner.qf_target, learner.qf, args.tau)
     return critic_metrics, actor_metrics
-
-
-def policy_actions(actor: nn.Module, obs: np.ndarray, noise, scale: torch.Tensor, bias: torch.Tensor) -> np.ndarray:
-    """a = tanh(mean + std * noise) * scale + bias for one step's observations, by the Actor and squashed_gaussian."""
-    with torch.inference_mode():  # no_grad, and no version counters either: a quarter less time on one observation
-        mean, log_std = actor(torch.as_tensor(obs, dtype=torch.float32, device=scale.device))
-        noise = torch.as_tensor(noise, dtype=torch.float32, device=scale.device)
-        return squashed_gaussian(mean, log_std, noise, scale, bias)[0].cpu().numpy()
 
 
 def env_step(envs: gym.vector.VectorEnv, actions: np.ndarray, episode_return: np.ndarray, episode_length: np.ndarray):
@@ -434,10 +412,10 @@ class BufferShard:
         return self.buffer.size
 
     def state_dict(self) -> dict:
-        return self.buffer.state_dict()
+        return BufferPart(self.buffer).state_dict()
 
     def load_state_dict(self, state: dict) -> int:
-        self.buffer.load_state_dict(state)
+        BufferPart(self.buffer).load_state_dict(state)
         return self.buffer.size
 
 
@@ -482,14 +460,11 @@ class RolloutWorker:
             # Ray restarted this worker after a crash: fresh seeds, or it would replay its first life's episodes
             seed = int.from_bytes(os.urandom(4), "little")
         self.index, self.param_server = index, param_server
-        self.envs = gym.vector.SyncVectorEnv(
-            [make_env(env_id, i, False, "") for i in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-        )
+        self.envs = gym.vector.SyncVectorEnv([make_env(env_id, i, False, "") for i in range(num_envs)],
+                                             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         assert self.envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "assumes same-step autoreset"
         space = self.envs.single_action_space
         self.low, self.high = space.low, space.high
-        self.scale = torch.as_tensor((space.high - space.low) / 2.0, dtype=torch.float32)
-        self.bias = torch.as_tensor((space.high + space.low) / 2.0, dtype=torch.float32)
         self.num_envs, self.act_dim = num_envs, int(np.prod(space.shape))
         self.obs_dim = int(np.prod(self.envs.single_observation_space.shape))
         # [seed, 1]: not the env's own stream (gymnasium seeds each env's np_random from `seed + i` the same way)
@@ -497,8 +472,9 @@ class RolloutWorker:
         self.raw_obs, _ = self.envs.reset(seed=seed)
         self.episode_return = np.zeros(num_envs)
         self.episode_length = np.zeros(num_envs, np.int64)
-        self.actor = Actor(self.obs_dim, self.act_dim)  # the script's own class: acting runs the network that trains
-        self.version = -1  # the weights' version in self.actor; -1: none pulled yet
+        # the script's own classes: acting runs the network that trains, through squashed_gaussian
+        self.policy = Policy(Actor(self.obs_dim, self.act_dim), space.low, space.high)
+        self.version = -1  # the version of the weights in self.policy.actor; -1: none pulled yet
 
     def info(self) -> dict:
         return {"pid": os.getpid(), "host": socket.gethostname(), "node": node_id()}
@@ -515,7 +491,7 @@ class RolloutWorker:
                 pulled = None
             if pulled is not None:
                 weights, self.version = pulled
-                self.actor.load_state_dict(weights)
+                self.policy.actor.load_state_dict(weights)
             if self.version >= 0:
                 return
             if time.monotonic() > deadline:
@@ -534,8 +510,7 @@ class RolloutWorker:
                 if t == num_random and (pull or self.version < 0):  # one pull per batch, before its first policy step
                     self.sync_weights()
                 version = self.version
-                noise = self.rng.standard_normal((e, self.act_dim))
-                actions = policy_actions(self.actor, self.raw_obs, noise, self.scale, self.bias)
+                actions = self.policy.act(self.raw_obs, self.rng.standard_normal((e, self.act_dim)))
             obs = self.raw_obs
             self.raw_obs, real_next_obs, rewards, terminations, self.episode_return, self.episode_length, ended = env_step(
                 self.envs, actions, self.episode_return, self.episode_length
@@ -751,8 +726,8 @@ class Batches:
             stats["restarted"] = stats["pid"] != self.pids[index]
             if stats["restarted"]:
                 self.pids[index], self.nodes[index] = stats["pid"], stats["node"]
-                print(f"rollout worker {index} is back (restarted by Ray, pid {stats['pid']}, node {short(stats['node'])})",
-                      file=sys.stderr)  # fmt: skip
+                print(f"rollout worker {index} is back (restarted by Ray, pid {stats['pid']}, node "
+                      f"{(stats['node'] or '-')[:8]})", file=sys.stderr)  # fmt: skip
             self.versions[index] = max(self.versions[index], stats["version"])
             # the ref, not the data: the shard fetches the batch from the object store
             adds.append((index, steps, stats, shards[index % len(shards)].add.remote(batch_ref)))
@@ -833,15 +808,19 @@ def main() -> None:
     # ---- the learner (in this process) and the replay buffer shards (Ray actors) ----
     obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_space.shape))
     learner = Learner(obs_dim, act_dim, act_space.low, act_space.high, args, device)
-    # Shards and the parameter server go on this node (the learner talks to them most), the workers spread out. Shards
-    # hold the only copy of their data: never restarted (a restarted one would be empty: the run stops instead).
-    here, spread = placement(ray)  # (below the banner) node affinity to this node; SPREAD over the cluster
+    # Shards and the parameter server on this node, hard (the learner talks to them most); the workers SPREAD over the
+    # cluster (Ray packs actors onto one node until it is full). Shards hold the only copy of their data: never
+    # restarted (a restarted one would be empty: the run stops instead).
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     shard_capacity = args.buffer_size // args.num_buffer_shards
     shards = [ray.remote(BufferShard).options(num_cpus=0, scheduling_strategy=here).remote(shard_capacity, obs_dim,
               act_dim, args.seed + 7 + i) for i in range(args.num_buffer_shards)]  # fmt: skip
     state = LoopState(updates_start=args.learning_starts)  # the first gradient step once learning_starts steps are in
     shard_states = ShardStates(shards, args.save_buffer)
-    run.attach(state, RaySession(ray), learner=learner, replay_buffers=shard_states)
+    # what the run closes at its end: Ray, and with it every actor this run started
+    run.attach(state, SimpleNamespace(close=ray.shutdown), learner=learner, replay_buffers=shard_states)
     if ckpt is not None and ckpt["replay_buffers"] is None:  # resumed without a buffer: a new schedule once it refills
         state.updates_start = refill_before_updating(state.global_step, args.learning_starts)
         state.updates_base = state.grad_steps
@@ -855,23 +834,22 @@ def main() -> None:
     # Workers: restarted by Ray when their process dies; their in-flight batch then fails (max_task_retries=0) and the
     # driver hands those steps to the next batch, so nothing is counted twice.
     worker_class = ray.remote(RolloutWorker).options(num_cpus=1, max_restarts=-1, max_task_retries=0,
-                                                     scheduling_strategy=spread)  # fmt: skip
+                                                     scheduling_strategy="SPREAD")  # fmt: skip
     workers = [worker_class.remote(i, args.env_id, args.envs_per_worker, args.seed + 1_000 * i + state.global_step,
                                    param_server_name) for i in range(args.num_rollout_workers)]  # fmt: skip
     batches = Batches(workers, state.global_step, args.envs_per_worker)
     buffer_mb = args.buffer_size * ReplayBuffer(1, obs_dim, act_dim).nbytes / 1e6  # the shards' own layout
     print(f"ray: {args.num_rollout_workers} rollout workers x {args.envs_per_worker} envs (pids "
-          f"{' '.join(map(str, batches.pids))} on nodes {' '.join(short(n) for n in batches.nodes)}), "
+          f"{' '.join(map(str, batches.pids))} on nodes {' '.join((n or '-')[:8] for n in batches.nodes)}), "
           f"{args.num_buffer_shards} buffer shard(s) ({args.buffer_size:,} transitions, {buffer_mb:.1f} MB of arrays) and "
-          f"the parameter server on the learner's node {short(node_id())}, learner on {device}, utd ratio {args.utd_ratio:g}"
-          f"{' (asynchronous)' if args.utd_ratio == 0 else ''}{', learner paused' if args.pause_learner else ''}")  # fmt: skip
-    policy = Policy(learner.actor, act_space.low, act_space.high).to(device)  # the current actor, deterministic
-    run.play = lambda episodes, video_dir=None: evaluate(policy, eval_env(args.env_id, video_dir), episodes,
+          f"the parameter server on the learner's node {(node_id() or '-')[:8]}, learner on {device}, utd ratio "
+          f"{args.utd_ratio:g}{' (asynchronous)' if args.utd_ratio == 0 else ''}"
+          f"{', learner paused' if args.pause_learner else ''}")  # fmt: skip
+    run.play = lambda episodes, video_dir=None: evaluate(learner.policy, eval_env(args.env_id, video_dir), episodes,
                                                          args.seed + 10_000)  # fmt: skip
     shard_sizes = ray.get([shard.size.remote() for shard in shards])
     sampler = Sampler(shards, args.batch_size, SAMPLE_GROUP, device)
     window = new_window(state, device)
-    freeze_startup_objects()  # speed (below the banner): everything set up so far lives to the end of the run
     start_time, start_step = time.time(), state.global_step
 
     with stop_on_task_error(run, shard_states):  # (below the banner) a failed Ray task: checkpoint, one paragraph
@@ -947,10 +925,8 @@ def main() -> None:
 
 
 # === Plumbing: runs, checkpoints, errors, speed set-up; not needed to follow the algorithm ===
-# What follows makes the script a dependable research tool: flag checks, the Ray connection, resume, evaluation of a
-# checkpoint, checkpoints, TensorBoard / wandb, progress, Ctrl-C, the env probe and the speed set-up. The `shared:` blocks
-# are the same text in every script that has them (tests/test_shared_blocks.py). The cluster layout (workers, envs
-# per worker, weight sync, address) may change on --resume (RESUME_OVERRIDABLE): a resumed run may be bigger or smaller.
+# Flag checks, the Ray connection, faults, resume, checkpoints, logging, the env probe, speed; `shared:` blocks: see
+# sync_shared. The cluster layout (workers, envs per worker, weight sync, address) may change on --resume.
 
 
 def check_resumable(ckpt: dict, path: str, shapes: dict, total: int) -> None:
@@ -964,15 +940,13 @@ def check_resumable(ckpt: dict, path: str, shapes: dict, total: int) -> None:
 def connect_ray(address: Optional[str], num_workers: int):
     """Start an embedded Ray (address None) or join a cluster; an unreachable address fails in seconds, clearly."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage-stats prompt or upload
-    if address is None:
+    if address is None:  # (each read when ray is first imported, so set before that)
         # Under `uv run`, Ray builds a second virtual environment for its workers (tens of seconds per start), pointless
-        # when they run on this machine, in this environment; a cluster keeps it, to bring the environment to other
-        # nodes. Read when ray is first imported, so set before that.
+        # on this machine, in this environment (a cluster keeps it, to bring the environment to other nodes).
         os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-        # An embedded Ray serves this process alone: its servers listen on 127.0.0.1, not on every interface of the
-        # machine. (Ray's switch for that is named for Windows and macOS, where it is the default; read at import.)
+        # An embedded Ray serves this process alone: its servers listen on 127.0.0.1 only (a switch named for Windows
+        # and macOS, where it is the default); so no token either (Ray warns at every start when the mode is unset).
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        # No token: nothing off this machine can reach those servers (Ray warns at every start when the mode is unset).
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     try:
         import ray
@@ -980,8 +954,7 @@ def connect_ray(address: Optional[str], num_workers: int):
         raise UserError("sac_continuous_ray.py needs Ray: install the project's `ray` extra (the README's commands do: "
                         "`uv run --all-extras ...`), or `pip install 'ray>=2.40,<3'`.") from None  # fmt: skip
     if address is None:
-        # Logical CPUs: at least one per worker (+1 for the learner), so a 2-core machine can still start 4 workers;
-        # they then share the cores, which is what the scaling table measures.
+        # Logical CPUs: one per worker (+1 for the learner) at least, so 2 cores can still start 4 workers (sharing them).
         # "local": a Ray of this run's own. Why: with no address, ray.init() joins a `ray start` cluster already up on
         # this machine, the opposite of what leaving --ray-address out promises.
         ray.init(address="local", num_cpus=max(os.cpu_count() or 1, num_workers + 1), include_dashboard=False,
@@ -1012,16 +985,6 @@ def restarted_actor() -> bool:
     with warnings.catch_warnings():  # the property reads a deprecated attribute internally (Ray 2.5x)
         warnings.simplefilter("ignore")
         return bool(ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed)
-
-
-class RaySession:
-    """What the run closes at its end (Run.attach's `envs`): Ray, and with it every actor this run started."""
-
-    def __init__(self, ray):
-        self.ray = ray
-
-    def close(self) -> None:
-        self.ray.shutdown()
 
 
 class ShardStates:
@@ -1060,20 +1023,6 @@ def node_id() -> Optional[str]:
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
-def short(node: Optional[str]) -> str:
-    """A node id as the log prints it: its first 8 hex digits (Ray's ids are 56)."""
-    return node[:8] if node else "-"
-
-
-def placement(ray) -> tuple:
-    """(strategy for the buffer shards and the parameter server, strategy for the workers). The first go on the
-    driver's node, hard: they hold the only copy of the data and the weights, and the learner talks to them most. The
-    workers spread over the cluster (by default Ray packs actors onto one node until it is full)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False), "SPREAD"
-
-
 class ShardLost(Exception):
     """A replay buffer shard died (its `add` or `sample` failed with a dead actor): its transitions are gone."""
 
@@ -1108,13 +1057,33 @@ def stop_on_task_error(run, shard_states: ShardStates):
 
 
 # --- shared: sac-run ---
+class BufferPart:
+    """A replay buffer as a checkpoint part: its stored rows (copies) and write position, as tensors that load with
+    weights_only=True; with save False (no --save-buffer: up to buffer_size transitions, large) None instead."""
+
+    holds_replay_buffer = True  # never in best.pt (Run.checkpoint)
+
+    def __init__(self, buffer: ReplayBuffer, save: bool = True):
+        self.buffer, self.save = buffer, save
+
+    def state_dict(self) -> Optional[dict]:
+        b = self.buffer
+        return {"capacity": b.capacity, "pos": b.pos, "size": b.size,
+                **{k: torch.from_numpy(v[: b.size].copy()) for k, v in b.arrays.items()}} if self.save else None  # fmt: skip
+
+    def load_state_dict(self, state: Optional[dict]) -> None:  # None: saved without the buffer, which stays empty
+        if state is not None:
+            for k, array in self.buffer.arrays.items():
+                array[: state["size"]] = state[k].numpy()
+            self.buffer.pos, self.buffer.size = state["pos"], state["size"]
+
+
 def refill_before_updating(global_step: int, learning_starts: int) -> int:
-    """A run resumed from a checkpoint without a replay buffer: the step from which updates go on (the buffer starts
-    empty and must hold learning_starts new transitions, at least one, first), said in a warning."""
+    """Resumed without a replay buffer: the step from which updates go on (after learning_starts new transitions, at
+    least one), said in a warning."""
     start = global_step + max(learning_starts, 1)
-    print(f"warning: the checkpoint holds no replay buffer (saved without --save-buffer): the buffer starts empty, and "
-          f"updates pause until {learning_starts} new transitions are in it (step {start}). Acting continues with the "
-          "trained policy.", file=sys.stderr)  # fmt: skip
+    print(f"warning: no replay buffer in the checkpoint (saved without --save-buffer): the buffer starts empty, and updates "
+          f"pause until it holds {learning_starts} new transitions (step {start}); acting goes on.", file=sys.stderr)
     return start
 
 
@@ -1138,20 +1107,17 @@ def probe_env(env_id: str) -> tuple[tuple, gym.spaces.Box]:
     obs_space, act_space = env.observation_space, env.action_space
     env.close()
     if not isinstance(act_space, gym.spaces.Box):
-        raise UserError(f"{env_id} has a {type(act_space).__name__} action space ({act_space}); this SAC needs a "
-                        f"continuous Box action space (e.g. Pendulum-v1, HalfCheetah-v4). This project's discrete-action "
-                        f"scripts, ppo_atari.py and a2c_atari.py, take Atari games only.")  # fmt: skip
+        raise UserError(f"{env_id} has a {type(act_space).__name__} action space ({act_space}); this SAC needs a continuous "
+                        "Box action space (e.g. Pendulum-v1, HalfCheetah-v4).")  # fmt: skip
     if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
         raise UserError(f"{env_id}'s action space {act_space} is unbounded; SAC squashes actions into its bounds.")
     return obs_space.shape, act_space
 
 
 def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_dim: int) -> None:
-    """Stop at once, naming what to change, where an edit broke the networks' sizes (else the first failure would come
-    after learning_starts steps): on 64 observations (and actions) the Actor must give a mean and a log-std of shape
-    (64, act_dim) each, the critics Q1 and Q2 of shape (2, 64)."""
-    device = next(actor.parameters()).device
-    obs, actions = torch.zeros(64, obs_dim, device=device), torch.zeros(64, act_dim, device=device)  # no RNG drawn
+    """Stop at once, naming what to change, where an edit broke the networks' sizes (else it fails after learning_starts
+    steps): on 64 observations the Actor gives a mean and a log-std (64, act_dim) each, the critics Q1, Q2 (2, 64)."""
+    obs, actions = (torch.zeros(64, n, device=next(actor.parameters()).device) for n in (obs_dim, act_dim))  # no RNG
     checks = {"Actor": (actor, (obs,), f"obs_dim = {obs_dim}", f"2 * act_dim = {2 * act_dim} (mean and log-std)",
                         [(64, act_dim)] * 2),
               "q_network": (q_values, (critics, obs, actions), f"obs_dim + act_dim = {obs_dim + act_dim}",
@@ -1170,25 +1136,11 @@ def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_d
                             f"{', '.join(map(str, expected))}. {sizes}")  # fmt: skip
 
 
-# ---- speed set-up: each leaves the algorithm's math alone (measured: benchmarks/README.md) ----
-def flush_denormals() -> bool:
-    """Make float32 arithmetic treat and produce denormals (|x| < 1.2e-38) as zero, in this thread and in the OpenMP
-    threads torch starts later (call it before torch's first parallel op); returns whether it holds in every thread.
-    Why: Adam's decaying moments of dead ReLU units crawl through the slow denormal range."""
-    if not torch.set_flush_denormal(True):
-        return False  # a CPU without the flush-to-zero / denormals-are-zero modes
-    # The smallest denormal, 1.4e-45, written as its bit pattern: converting a Python float would already flush it
-    probe = torch.ones(1 << 16, dtype=torch.int32).view(torch.float32)  # 2 chunks of 32k: both threads (2 cores)
-    return bool(((probe * 1.0).view(torch.int32) == 0).all())  # bits: a comparison would read denormals as 0
-
-
-def freeze_startup_objects() -> None:
-    """Move every object alive now (modules, envs, the networks) out of the garbage collector's full collections,
-    which walk them all every few hundred gradient steps; later objects are collected as usual.
-    Handed back at exit: nanobind modules (triton, imported by torch) otherwise print "leaked" lines at shutdown."""
-    gc.collect()
-    gc.freeze()
-    atexit.register(gc.unfreeze)
+# ---- speed set-up: leaves the algorithm's math alone (measured: benchmarks/README.md) ----
+def flush_denormals() -> None:
+    """Treat float32 denormals (|x| < 1.2e-38) as zero, in this thread and the OpenMP threads torch starts later (so:
+    before torch's first parallel op). Why: Adam's decaying moments of dead ReLU units crawl through that slow range."""
+    torch.set_flush_denormal(True)
 
 
 # --- end shared: sac-run ---
