@@ -433,8 +433,8 @@ class ParameterServer:
         """(weights, version) when newer than `have_version`, else None: an up-to-date worker receives nothing."""
         return (self.weights, self.version) if self.version > have_version else None
 
-    def held_version(self) -> int:
-        return self.version
+    def status(self) -> tuple[int, int]:  # (pid, version held): a new pid is a restarted server
+        return os.getpid(), self.version
 
 
 WEIGHTS_WAIT_S = 600.0  # how long a worker without weights waits for the first publish before it gives up
@@ -533,11 +533,10 @@ def actor_weights(actor: nn.Module) -> dict:
 
 class Publisher:
     """The driver's end of the parameter server: publishes the actor's weights when their version moved on. Ray
-    restarts a dead server empty: check() asks it every second which version it holds, and publishes again when that
-    is older than the one published."""
+    restarts a dead server empty: check() asks for its pid and version, and publishes to a new or emptied one again."""
 
     def __init__(self, server, actor: nn.Module, version: int):
-        self.server, self.weights, self.version, self.asked = server, None, -1, 0.0
+        self.server, self.weights, self.version, self.pid, self.looked = server, None, -1, None, 0.0
         self.pending, self.pending_version = None, -1  # the status call in flight, and the version published before it
         self.publish(actor, version)
 
@@ -547,25 +546,28 @@ class Publisher:
             self.server.publish.remote(self.weights, version)
 
     def check(self) -> None:
-        """Non-blocking: read the last status call's answer, if any, then ask again (at most every second)."""
+        """Non-blocking: read the last status call's answer, if any, then ask again (at most every 0.2 s: a look costs
+        a Ray call, a pass of the driver loop about one update)."""
         import ray
         from ray.exceptions import RayActorError
 
-        if time.monotonic() - self.asked < 1.0:
+        if time.monotonic() - self.looked < 0.2:
             return
-        self.asked = time.monotonic()
+        self.looked = time.monotonic()
         if self.pending is not None and ray.wait([self.pending], timeout=0)[0]:
             try:
-                held = ray.get(self.pending)
-            except RayActorError:  # it died during the call: publish to the restarted one
-                held = -1
-            if held < self.pending_version:
-                print(f"the parameter server is back (restarted by Ray, empty): weights of version {self.version} "
+                pid, held = ray.get(self.pending)
+            except RayActorError:  # it died during the call: publish now; the next answer names the restarted one
+                pid, held = self.pid, -1
+            restarted = self.pid not in (None, pid)
+            if restarted:
+                print(f"the parameter server is back (restarted by Ray, pid {pid}): weights of version {self.version} "
                       "published to it again", file=sys.stderr)  # fmt: skip
+            if restarted or held < self.pending_version:
                 self.server.publish.remote(self.weights, self.version)
-            self.pending = None
+            self.pid, self.pending = pid, None
         if self.pending is None:
-            self.pending, self.pending_version = self.server.held_version.remote(), self.version
+            self.pending, self.pending_version = self.server.status.remote(), self.version
 
 
 def shard_sample_counts(sizes: list, n: int) -> list:

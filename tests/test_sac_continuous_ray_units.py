@@ -123,14 +123,14 @@ def test_a_worker_without_weights_waits_for_a_late_publisher():
 
     server = sr.ParameterServer()
     worker = sr.RolloutWorker(0, "Pendulum-v1", 1, 1, server)
-    assert server.held_version() == -1  # nothing published: the server says so
+    assert server.status()[1] == -1  # nothing published: the status says so
     late = threading.Timer(0.5, server.publish, (sr.actor_weights(sr.Actor(3, 1)), 3))
     start = time.monotonic()
     late.start()
     batch, stats = worker.collect(3, 0, True)
     late.join()
     assert time.monotonic() - start >= 0.45 and stats["version"] == 3 and batch["actions"].shape == (3, 1)
-    assert server.held_version() == 3
+    assert server.status() == (server.status()[0], 3)
 
 
 def test_dispatch_goes_round_robin_and_pulls_count_global_steps():
