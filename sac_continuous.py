@@ -259,8 +259,7 @@ class Learner:
 def sample_action(learner: Learner, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """a ~ pi(.|s) (reparameterized: differentiable in the actor's weights) and log pi(a|s)."""
     mean, log_std = learner.actor(obs)
-    noise = torch.randn_like(mean)
-    return squashed_gaussian(mean, log_std, noise, learner.policy.scale, learner.policy.bias)
+    return squashed_gaussian(mean, log_std, torch.randn_like(mean), learner.policy.scale, learner.policy.bias)
 
 
 def critic_update(learner: Learner, batch: dict, gamma: float) -> torch.Tensor:
@@ -376,8 +375,8 @@ def main() -> None:
     args, ckpt, device = parse_command_line(Args, FLAG_RULES, validate_args)
     flush_denormals()  # speed (below the banner): before torch's first parallel op
     args.num_iterations = args.total_timesteps // args.num_envs
-    obs_shape, act_space = probe_env(args.env_id)
-    run = Run(args, SCRIPT_NAME, ckpt, {"obs_shape": list(obs_shape), "act_shape": list(act_space.shape)}, args.log_interval)
+    shapes, act_space = probe_env(args.env_id)
+    run = Run(args, SCRIPT_NAME, ckpt, shapes, args.log_interval)
     seed_everything(args.seed, args.torch_deterministic)
 
     # SAME_STEP autoreset: step() returns the next episode's first obs, the finished one's last is in infos["final_obs"]
@@ -385,7 +384,7 @@ def main() -> None:
     envs = gym.vector.SyncVectorEnv([make_env(args.env_id, i, args.capture_video, str(run.dir / "videos"))
                                      for i in range(args.num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "the loop assumes same-step autoreset"
-    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_space.shape))
+    obs_dim, act_dim = int(np.prod(shapes["obs_shape"])), int(np.prod(act_space.shape))
     learner = Learner(obs_dim, act_dim, act_space.low, act_space.high, args, device)
     buffer = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
     print(f"replay buffer: {args.buffer_size:,} transitions, {buffer.nbytes / 1e6:.1f} MB of arrays")
@@ -449,7 +448,7 @@ def main() -> None:
 
 
 # === Plumbing: runs, checkpoints, errors, speed set-up; not needed to follow the algorithm ===
-# Flag checks, resume, checkpoints, logging, the env probe, the networks' check, speed; `shared:` blocks: see sync_shared
+# Checkpoints, resume, logging, flag checks, the env probe, the networks' check, speed (`shared:`: tools/sync_shared.py)
 
 # --- shared: sac-run ---
 class BufferPart:
@@ -484,16 +483,15 @@ def refill_before_updating(global_step: int, learning_starts: int) -> int:
 
 def policy_from_checkpoint(ckpt: dict) -> Policy:
     """The checkpoint's actor as its Policy, on the CPU (tools/agent.py evaluates and exports it)."""
-    obs_shape, act_space = probe_env(ckpt["args"]["env_id"])  # the env exists, and the checkpoint's actor fits it
-    shapes = {"obs_shape": list(obs_shape), "act_shape": list(act_space.shape)}
+    shapes, act_space = probe_env(ckpt["args"]["env_id"])  # the env exists, and the checkpoint's actor fits it
     check_checkpoint_matches(ckpt, ckpt.get("path", ""), SCRIPT_NAME, shapes)
-    actor = Actor(int(np.prod(obs_shape)), int(np.prod(act_space.shape)))
+    actor = Actor(int(np.prod(shapes["obs_shape"])), int(np.prod(act_space.shape)))
     actor.load_state_dict(ckpt["learner"]["actor"])
     return Policy(actor, act_space.low, act_space.high)
 
 
-def probe_env(env_id: str) -> tuple[tuple, gym.spaces.Box]:
-    """Make the env once to check it exists and has a bounded continuous (Box) action space: (obs shape, that space)."""
+def probe_env(env_id: str) -> tuple[dict, gym.spaces.Box]:
+    """Make the env once: it exists, with a bounded continuous (Box) action space. Returns (its shapes, that space)."""
     check_env_id(env_id)
     try:
         env = gym.wrappers.FlattenObservation(gym.make(env_id))
@@ -506,7 +504,7 @@ def probe_env(env_id: str) -> tuple[tuple, gym.spaces.Box]:
                         "Box action space (e.g. Pendulum-v1, HalfCheetah-v4).")  # fmt: skip
     if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
         raise UserError(f"{env_id}'s action space {act_space} is unbounded; SAC squashes actions into its bounds.")
-    return obs_space.shape, act_space
+    return {"obs_shape": list(obs_space.shape), "act_shape": list(act_space.shape)}, act_space
 
 
 def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_dim: int) -> None:
@@ -531,10 +529,9 @@ def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_d
                             f"{', '.join(map(str, expected))}. {sizes}")  # fmt: skip
 
 
-# ---- speed set-up: leaves the algorithm's math alone (measured: benchmarks/README.md) ----
 def flush_denormals() -> None:
-    """Treat float32 denormals (|x| < 1.2e-38) as zero, in this thread and the OpenMP threads torch starts later (so:
-    before torch's first parallel op). Why: Adam's decaying moments of dead ReLU units crawl through that slow range."""
+    """Speed (benchmarks/README.md): float32 denormals (|x| < 1.2e-38) become 0 in this thread and in the OpenMP threads
+    torch starts later (so: call it first). Why: Adam's moments of dead ReLU units decay through that slow range."""
     torch.set_flush_denormal(True)
 
 

@@ -297,8 +297,7 @@ class Learner:
 def sample_action(learner: Learner, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """a ~ pi(.|s) (reparameterized: differentiable in the actor's weights) and log pi(a|s)."""
     mean, log_std = learner.actor(obs)
-    noise = torch.randn_like(mean)
-    return squashed_gaussian(mean, log_std, noise, learner.policy.scale, learner.policy.bias)
+    return squashed_gaussian(mean, log_std, torch.randn_like(mean), learner.policy.scale, learner.policy.bias)
 
 
 def critic_update(learner: Learner, batch: dict, gamma: float) -> torch.Tensor:
@@ -441,9 +440,9 @@ WEIGHTS_WAIT_S = 600.0  # how long a worker without weights waits for the first 
 
 
 class RolloutWorker:
-    """Steps its own vector env with its own Actor module, on the newest weights it pulled (when the driver asks:
+    """Steps its own vector env with its own Policy (an Actor), on the newest weights it pulled (when the driver asks:
     pull_due), and returns batches of true transitions: same-step autoreset, the final observation at a reset,
-    `terminated` as the done flag (the shared sac-rollout and episode-boundaries blocks, as in sac_continuous.py)."""
+    `terminated` as the done flag (env_step and true_next_obs, the shared blocks, as in sac_continuous.py)."""
 
     def __init__(self, index: int, env_id: str, num_envs: int, seed: int, param_server):
         """`param_server`: the parameter server's actor name (looked up in Ray), or the object itself in-process."""
@@ -799,8 +798,7 @@ def main() -> None:
     flush_denormals()  # speed (below the banner): before torch's first parallel op
     args.num_iterations = sys.maxsize  # the driver loop has no fixed number of passes: it ends by setting run.last
     total = args.total_timesteps - args.total_timesteps % args.envs_per_worker  # whole vector steps of every worker
-    obs_shape, act_space = probe_env(args.env_id)
-    shapes = {"obs_shape": list(obs_shape), "act_shape": list(act_space.shape)}
+    shapes, act_space = probe_env(args.env_id)
     if ckpt is not None:
         check_resumable(ckpt, args.resume, shapes, total)
     ray = connect_ray(args.ray_address, args.num_rollout_workers)  # first: an unreachable cluster writes nothing
@@ -808,7 +806,7 @@ def main() -> None:
     seed_everything(args.seed, args.torch_deterministic)
 
     # ---- the learner (in this process) and the replay buffer shards (Ray actors) ----
-    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_space.shape))
+    obs_dim, act_dim = int(np.prod(shapes["obs_shape"])), int(np.prod(act_space.shape))
     learner = Learner(obs_dim, act_dim, act_space.low, act_space.high, args, device)
     # Shards and the parameter server on this node, hard (the learner talks to them most); the workers SPREAD over the
     # cluster (Ray packs actors onto one node until it is full). Shards hold the only copy of their data: never
@@ -927,8 +925,8 @@ def main() -> None:
 
 
 # === Plumbing: runs, checkpoints, errors, speed set-up; not needed to follow the algorithm ===
-# Flag checks, the Ray connection, faults, resume, checkpoints, logging, the env probe, speed; `shared:` blocks: see
-# sync_shared. The cluster layout (workers, envs per worker, weight sync, address) may change on --resume.
+# The Ray connection, faults, checkpoints, resume (the cluster layout may change on --resume), logging, flag checks,
+# the env probe, speed (`shared:` blocks: tools/sync_shared.py).
 
 
 def check_resumable(ckpt: dict, path: str, shapes: dict, total: int) -> None:
@@ -1091,16 +1089,15 @@ def refill_before_updating(global_step: int, learning_starts: int) -> int:
 
 def policy_from_checkpoint(ckpt: dict) -> Policy:
     """The checkpoint's actor as its Policy, on the CPU (tools/agent.py evaluates and exports it)."""
-    obs_shape, act_space = probe_env(ckpt["args"]["env_id"])  # the env exists, and the checkpoint's actor fits it
-    shapes = {"obs_shape": list(obs_shape), "act_shape": list(act_space.shape)}
+    shapes, act_space = probe_env(ckpt["args"]["env_id"])  # the env exists, and the checkpoint's actor fits it
     check_checkpoint_matches(ckpt, ckpt.get("path", ""), SCRIPT_NAME, shapes)
-    actor = Actor(int(np.prod(obs_shape)), int(np.prod(act_space.shape)))
+    actor = Actor(int(np.prod(shapes["obs_shape"])), int(np.prod(act_space.shape)))
     actor.load_state_dict(ckpt["learner"]["actor"])
     return Policy(actor, act_space.low, act_space.high)
 
 
-def probe_env(env_id: str) -> tuple[tuple, gym.spaces.Box]:
-    """Make the env once to check it exists and has a bounded continuous (Box) action space: (obs shape, that space)."""
+def probe_env(env_id: str) -> tuple[dict, gym.spaces.Box]:
+    """Make the env once: it exists, with a bounded continuous (Box) action space. Returns (its shapes, that space)."""
     check_env_id(env_id)
     try:
         env = gym.wrappers.FlattenObservation(gym.make(env_id))
@@ -1113,7 +1110,7 @@ def probe_env(env_id: str) -> tuple[tuple, gym.spaces.Box]:
                         "Box action space (e.g. Pendulum-v1, HalfCheetah-v4).")  # fmt: skip
     if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
         raise UserError(f"{env_id}'s action space {act_space} is unbounded; SAC squashes actions into its bounds.")
-    return obs_space.shape, act_space
+    return {"obs_shape": list(obs_space.shape), "act_shape": list(act_space.shape)}, act_space
 
 
 def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_dim: int) -> None:
@@ -1138,10 +1135,9 @@ def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_d
                             f"{', '.join(map(str, expected))}. {sizes}")  # fmt: skip
 
 
-# ---- speed set-up: leaves the algorithm's math alone (measured: benchmarks/README.md) ----
 def flush_denormals() -> None:
-    """Treat float32 denormals (|x| < 1.2e-38) as zero, in this thread and the OpenMP threads torch starts later (so:
-    before torch's first parallel op). Why: Adam's decaying moments of dead ReLU units crawl through that slow range."""
+    """Speed (benchmarks/README.md): float32 denormals (|x| < 1.2e-38) become 0 in this thread and in the OpenMP threads
+    torch starts later (so: call it first). Why: Adam's moments of dead ReLU units decay through that slow range."""
     torch.set_flush_denormal(True)
 
 
