@@ -473,8 +473,7 @@ class BufferPart:
 
 
 def refill_before_updating(global_step: int, learning_starts: int) -> int:
-    """Resumed without a replay buffer: the step from which updates go on (after learning_starts new transitions, at
-    least one), said in a warning."""
+    """Resumed without a replay buffer: the step from which updates go on (learning_starts, >= 1, steps on), in a warning."""
     start = global_step + max(learning_starts, 1)
     print(f"warning: no replay buffer in the checkpoint (saved without --save-buffer): the buffer starts empty, and updates "
           f"pause until it holds {learning_starts} new transitions (step {start}); acting goes on.", file=sys.stderr)
