@@ -1,21 +1,16 @@
 """Soft Actor-Critic (SAC) for continuous actions (MuJoCo, classic control), in one file.
 
 Map of this file, top to bottom:
-  Args, FLAG_RULES  algorithm flags, then run flags (`python sac_continuous.py --help` lists them); their ranges
-  sac-algorithm     make_env; Actor (the tanh-squashed Gaussian policy), q_network (a soft Q-network; the learner has
-                    two); squashed_gaussian, the soft-Q target; Policy; ReplayBuffer; Learner, its updates and their
-                    schedule (gradient_step); the rollout step (true_next_obs: the final observation at an auto-reset)
+  Args, FLAG_RULES  algorithm flags, then run flags (`--help` lists them); their ranges
+  sac-algorithm     make_env, Actor, q_network (two critics), squashed_gaussian, soft_q_target, Policy, ReplayBuffer,
+                    Learner and its updates (gradient_step), the rollout step (env_step)
   main()            set-up, then the loop: act -> store -> sample a batch -> update -> log, then finish
   # === Plumbing    runs, checkpoints, errors, progress, evaluation, the env probe, the speed set-up
-sac_continuous_ray.py distributes the `sac-algorithm` block and carries it verbatim. Only a termination (never a
-time-limit truncation) stops bootstrapping. Docs: docs/sac_continuous.md; the algorithm: arxiv.org/abs/1812.05905
+Docs: docs/sac_continuous.md; the algorithm: arxiv.org/abs/1812.05905
 """
 
-import atexit
 import copy
-import ctypes
 import dataclasses
-import gc
 import json
 import math
 import os
@@ -58,7 +53,6 @@ class Args:
     target_network_frequency: int = 1  # gradient steps between Polyak updates of the target Q-networks
     alpha: float = 0.2  # entropy coefficient, >= 0 (with --autotune: ignored, the tuned one starts at 1.0)
     autotune: bool = True  # tune the entropy coefficient automatically (target entropy -|A|)
-    squash_eps: float = 0.0  # floor on tanh's slope in log pi: log(1 - tanh(u)^2 + eps); 0 = exact, 1e-6 = the reference's
 
     # --- run ---
     exp_name: str = os.path.basename(__file__)[: -len(".py")]  # name of the experiment, part of the run folder's name
@@ -90,7 +84,7 @@ class Args:
 FLAG_RULES = {
     "total_timesteps": ">= 1", "num_envs": ">= 1", "buffer_size": ">= 1", "gamma": "in [0, 1]", "tau": "in (0, 1]",
     "batch_size": ">= 1", "learning_starts": ">= 0", "policy_lr": "> 0", "q_lr": "> 0", "policy_frequency": ">= 1",
-    "target_network_frequency": ">= 1", "alpha": ">= 0", "squash_eps": "in [0, 1)", "log_interval": ">= 1",
+    "target_network_frequency": ">= 1", "alpha": ">= 0", "log_interval": ">= 1",
 }  # fmt: skip
 
 
@@ -108,15 +102,13 @@ def validate_args(args: Args) -> None:
 
 # --- shared: sac-algorithm ---
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Callable[[], gym.Env]:
-    """One environment. Episode statistics are kept on the whole batch in the rollout (vectorized, checkpointable),
-    not by per-env wrappers. No action clipping: the tanh-squashed actions are always within the bounds."""
+    """One environment, flattened: episode statistics are kept by the rollout (checkpointable), and tanh keeps actions
+    in the bounds (no clipping)."""
 
     def thunk() -> gym.Env:
+        env = gym.make(env_id, render_mode="rgb_array") if capture_video and idx == 0 else gym.make(env_id)
         if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array")
             env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
-        else:
-            env = gym.make(env_id)
         return gym.wrappers.FlattenObservation(env)
 
     return thunk
@@ -155,24 +147,21 @@ def q_network(obs_dim: int, act_dim: int) -> nn.Sequential:
 
 
 def q_values(critics: nn.ModuleList, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-    """Q1(s, a) and Q2(s, a) as a (2, batch) tensor, each critic called on its own (torch.func.vmap over their stacked
-    weights was slower on CPU)."""
+    """Q1(s, a) and Q2(s, a) as a (2, batch) tensor: each critic called on its own (vmap was slower on CPU)."""
     x = torch.cat([obs, action], -1)
     return torch.stack([critic(x).squeeze(-1) for critic in critics])
 
 
 def squashed_gaussian(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor, action_scale: torch.Tensor,
-                      action_bias: torch.Tensor, squash_eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                      action_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Reparameterized sample a = tanh(u) * scale + bias, u = mean + std * noise, and its log-density summed over
-    action dimensions (change of variables, SAC paper appendix C; tanh's slope floored at eps, 0 = exact: docs page):
-        log pi(a|s) = log N(u; mean, std) - sum_i [log scale_i + log(1 - tanh(u_i)^2 + eps)]
+    action dimensions (change of variables, SAC paper appendix C; exact, without the reference's 1e-6: docs page):
+        log pi(a|s) = log N(u; mean, std) - sum_i [log scale_i + log(1 - tanh(u_i)^2)]
         log N(u; mean, std) = sum_i (-noise_i^2 / 2 - log std_i - log sqrt(2 pi))      ((u - mean) / std = noise)
-        log(1 - tanh(u)^2) = 2 log 2 - 2 (u + softplus(-2u)),   log(x + eps) = log x + softplus(log eps - log x)
+        log(1 - tanh(u)^2) = 2 log 2 - 2 (u + softplus(-2u))
     Finite even where tanh(u) rounds to +-1. Terms without gradient are summed apart (each op costs a backward one)."""
     u = torch.addcmul(mean, log_std.exp(), noise)
     minus_log_slope = 2.0 * (u + nn.functional.softplus(-2.0 * u))  # 2 log 2 - log(1 - tanh(u)^2); 2 log 2 is constant
-    if squash_eps > 0.0:  # log(x + eps) = log x + softplus(log eps - log x), with log x = 2 log 2 - minus_log_slope
-        minus_log_slope = minus_log_slope - nn.functional.softplus(math.log(squash_eps / 4.0) + minus_log_slope)
     # the terms without gradient: sum_i (noise_i^2 / 2 + log scale_i + log sqrt(2 pi) + 2 log 2)
     constant = 0.5 * noise.pow(2).sum(-1) + torch.log(action_scale * (4.0 * math.sqrt(2.0 * math.pi))).sum()
     return torch.addcmul(action_bias, torch.tanh(u), action_scale), (minus_log_slope - log_std).sum(-1) - constant
@@ -187,8 +176,8 @@ def soft_q_target(rewards: torch.Tensor, terminated: torch.Tensor, next_q: torch
 
 
 class Policy(nn.Module):
-    """The trained agent as it acts in evaluation and in an export: observations as make_env's env returns them ->
-    actions; deterministic: tanh(mean) scaled to the bounds, by the Actor's forward and squashed_gaussian (noise 0)."""
+    """The agent as it acts: observations as make_env's env returns them -> a = tanh(mean + std * noise) scaled to the
+    bounds, by the Actor's forward and squashed_gaussian; deterministic (noise 0) in evaluation and in an export."""
 
     def __init__(self, actor: Actor, low, high):
         super().__init__()
@@ -196,9 +185,14 @@ class Policy(nn.Module):
         self.register_buffer("scale", torch.as_tensor((high - low) / 2.0, dtype=torch.float32))
         self.register_buffer("bias", torch.as_tensor((high + low) / 2.0, dtype=torch.float32))
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+    def forward(self, obs: torch.Tensor, noise: Optional[torch.Tensor] = None) -> torch.Tensor:
         mean, log_std = self.actor(obs.to(torch.float32))
-        return squashed_gaussian(mean, log_std, torch.zeros_like(mean), self.scale, self.bias)[0]
+        noise = torch.zeros_like(mean) if noise is None else noise.to(mean)
+        return squashed_gaussian(mean, log_std, noise, self.scale, self.bias)[0]
+
+    def act(self, obs: np.ndarray, noise) -> np.ndarray:  # a rollout step's actions, with the given noise
+        with torch.inference_mode():  # no_grad, and no version counters either: a quarter less time on one observation
+            return self(torch.as_tensor(obs, device=self.scale.device), torch.as_tensor(noise)).cpu().numpy()
 
 
 class ReplayBuffer:
@@ -212,8 +206,7 @@ class ReplayBuffer:
         self.nbytes = sum(array.nbytes for array in self.arrays.values())
 
     def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, terminated: np.ndarray):
-        """Store n transitions (one per env), wrapping around and overwriting the oldest."""
-        idx = (self.pos + np.arange(len(rewards))) % self.capacity
+        idx = (self.pos + np.arange(len(rewards))) % self.capacity  # one row per env; wraps, overwriting the oldest
         for array, value in zip(self.arrays.values(), (obs, next_obs, actions, rewards, terminated)):
             array[idx] = value
         self.pos, self.size = (self.pos + len(rewards)) % self.capacity, min(self.size + len(rewards), self.capacity)
@@ -222,19 +215,10 @@ class ReplayBuffer:
         idx = torch.randint(0, self.size, (batch_size,))  # uniform, with replacement
         return {name: torch.from_numpy(array).index_select(0, idx).to(device) for name, array in self.arrays.items()}
 
-    def state_dict(self) -> dict:  # the stored part (copies) and the write position: loads with weights_only=True
-        return {"capacity": self.capacity, "pos": self.pos, "size": self.size,
-                **{k: torch.from_numpy(v[: self.size].copy()) for k, v in self.arrays.items()}}  # fmt: skip
-
-    def load_state_dict(self, state: dict) -> None:
-        for k, array in self.arrays.items():
-            array[: state["size"]] = state[k].numpy()
-        self.pos, self.size = state["pos"], state["size"]
-
 
 class Learner:
-    """Everything the update changes: the actor, the two critics (two q_network instances, initialized independently)
-    and their targets, an Adam optimizer for the actor and one for the critics, and the entropy temperature."""
+    """Everything the update changes: the actor, two critics (q_network instances drawn independently) and their
+    targets, Adam optimizers, the entropy temperature; and the actor as a Policy (the action bounds)."""
 
     def __init__(self, obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, args, device: torch.device):
         self.actor = Actor(obs_dim, act_dim).to(device)
@@ -248,9 +232,8 @@ class Learner:
         self.log_alpha = torch.zeros(1, device=device, requires_grad=args.autotune)
         self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=args.q_lr, fused=fused) if args.autotune else None
         self.fixed_alpha = None if args.autotune else torch.full((1,), args.alpha, device=device)  # log(0) = -inf: kept apart
-        self.target_entropy, self.squash_eps = -float(act_dim), args.squash_eps
-        self.action_scale = torch.tensor((high - low) / 2.0, dtype=torch.float32, device=device)
-        self.action_bias = torch.tensor((high + low) / 2.0, dtype=torch.float32, device=device)
+        self.target_entropy = -float(act_dim)
+        self.policy = Policy(self.actor, low, high).to(device)  # acts in the rollout and in evaluation
 
     def alpha(self) -> torch.Tensor:
         return self.log_alpha.detach().exp() if self.fixed_alpha is None else self.fixed_alpha
@@ -268,9 +251,8 @@ class Learner:
             try:
                 part.load_state_dict(state[name])
             except (RuntimeError, ValueError, KeyError) as e:  # an edited network, or a checkpoint of an older build
-                why = " ".join(str(e).split())[:160]
-                raise UserError(f"the checkpoint's {name} does not fit this script's ({why}...). Resume it with the "
-                                "script that wrote it, or undo the edit to Actor / q_network.") from None
+                raise UserError(f"the checkpoint's {name} does not fit this script's ({' '.join(str(e).split())[:160]}...). "
+                                "Resume it with the script that wrote it, or undo the edit to Actor / q_network.") from None
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
 
@@ -278,8 +260,7 @@ class Learner:
 def sample_action(learner: Learner, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """a ~ pi(.|s) (reparameterized: differentiable in the actor's weights) and log pi(a|s)."""
     mean, log_std = learner.actor(obs)
-    noise = torch.randn_like(mean)
-    return squashed_gaussian(mean, log_std, noise, learner.action_scale, learner.action_bias, learner.squash_eps)
+    return squashed_gaussian(mean, log_std, torch.randn_like(mean), learner.policy.scale, learner.policy.bias)
 
 
 def critic_update(learner: Learner, batch: dict, gamma: float) -> torch.Tensor:
@@ -330,23 +311,14 @@ def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
 
 
 def gradient_step(learner: Learner, batch: dict, step: int, args) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Gradient step number `step` (from 1) on one batch: the critics; every policy_frequency steps, policy_frequency
-    actor updates (delayed, as TD3, compensated); every target_network_frequency steps, the targets' Polyak step.
-    Returns critic_update's metrics and actor_update's summed over this step's actor updates (None: none ran)."""
+    """Gradient step `step` (from 1): the critics; every policy_frequency steps, policy_frequency actor updates (delayed,
+    as TD3, compensated); the targets' Polyak step. Returns both updates' metrics (actor's summed; None: none ran)."""
     critic_metrics, actor_metrics = critic_update(learner, batch, args.gamma), None
     if step % args.policy_frequency == 0:
         actor_metrics = sum(actor_update(learner, batch["obs"], args.autotune) for _ in range(args.policy_frequency))
     if step % args.target_network_frequency == 0:
         soft_update(learner.qf_target, learner.qf, args.tau)
     return critic_metrics, actor_metrics
-
-
-def policy_actions(actor: nn.Module, obs: np.ndarray, noise, scale: torch.Tensor, bias: torch.Tensor) -> np.ndarray:
-    """a = tanh(mean + std * noise) * scale + bias for one step's observations, by the Actor and squashed_gaussian."""
-    with torch.inference_mode():  # no_grad, and no version counters either: a quarter less time on one observation
-        mean, log_std = actor(torch.as_tensor(obs, dtype=torch.float32, device=scale.device))
-        noise = torch.as_tensor(noise, dtype=torch.float32, device=scale.device)
-        return squashed_gaussian(mean, log_std, noise, scale, bias)[0].cpu().numpy()
 
 
 def env_step(envs: gym.vector.VectorEnv, actions: np.ndarray, episode_return: np.ndarray, episode_length: np.ndarray):
@@ -402,37 +374,30 @@ class LoopState:
 
 def main() -> None:
     args, ckpt, device = parse_command_line(Args, FLAG_RULES, validate_args)
-    speed_setup()  # speed (below the banner): before torch's first parallel op
+    flush_denormals()  # speed (below the banner): before torch's first parallel op
     args.num_iterations = args.total_timesteps // args.num_envs
-    obs_shape, act_shape = probe_env(args.env_id)
-    run = Run(args, SCRIPT_NAME, ckpt, {"obs_shape": list(obs_shape), "act_shape": list(act_shape)}, args.log_interval)
+    shapes, act_space = probe_env(args.env_id)
+    run = Run(args, SCRIPT_NAME, ckpt, shapes, args.log_interval)
     seed_everything(args.seed, args.torch_deterministic)
 
     # SAME_STEP autoreset: step() returns the next episode's first obs, the finished one's last is in infos["final_obs"]
     # and is stored as next obs. (NEXT_STEP, gymnasium 1.x's default, adds a step per episode whose action is ignored.)
-    envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id, i, args.capture_video, str(run.dir / "videos")) for i in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
+    envs = gym.vector.SyncVectorEnv([make_env(args.env_id, i, args.capture_video, str(run.dir / "videos"))
+                                     for i in range(args.num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "the loop assumes same-step autoreset"
-    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_shape))
-    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
-    learner = Learner(obs_dim, act_dim, action_low, action_high, args, device)
+    obs_dim, act_dim = int(np.prod(shapes["obs_shape"])), int(np.prod(act_space.shape))
+    learner = Learner(obs_dim, act_dim, act_space.low, act_space.high, args, device)
     buffer = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
-    print(f"replay buffer: {args.buffer_size:,} transitions, {buffer.nbytes / 1e6:.1f} MB of arrays "
-          f"({buffer.nbytes // args.buffer_size} bytes per transition)")  # fmt: skip
+    print(f"replay buffer: {args.buffer_size:,} transitions, {buffer.nbytes / 1e6:.1f} MB of arrays")
 
     state = LoopState(raw_obs=envs.reset(seed=args.seed)[0], episode_return=np.zeros(args.num_envs),
                       episode_length=np.zeros(args.num_envs, np.int64), updates_start=args.learning_starts,
                       loss_sums=torch.zeros(4, device=device), actor_sums=torch.zeros(3, device=device))  # fmt: skip
-    stored = BufferPart(buffer, args.save_buffer)  # in checkpoints only with --save-buffer (it is large)
-    run.attach(state, envs, learner=learner, env_states=EnvStates(envs), replay_buffer=stored)
-    if ckpt is not None and not stored.loaded:  # resumed without a buffer: updates pause until it refills
+    run.attach(state, envs, learner=learner, env_states=EnvStates(envs), replay_buffer=BufferPart(buffer, args.save_buffer))
+    if ckpt is not None and ckpt["replay_buffer"] is None:  # resumed without a buffer: updates pause until it refills
         state.updates_start = refill_before_updating(state.global_step, args.learning_starts)
-    policy = Policy(learner.actor, action_low, action_high).to(device)  # the current actor, deterministic
-    run.play = lambda episodes, video_dir=None: evaluate(policy, eval_env(args.env_id, video_dir), episodes,
+    run.play = lambda episodes, video_dir=None: evaluate(learner.policy, eval_env(args.env_id, video_dir), episodes,
                                                          args.seed + 10_000)  # fmt: skip
-    freeze_startup_objects()  # speed (below the banner): everything set up so far lives to the end of the run
 
     for iteration in run.iterations(state, args.num_iterations):  # between steps: checkpoints, Ctrl-C, progress
         # ---- rollout: act (uniform random before learning_starts), step the envs, store the transitions ----
@@ -440,10 +405,9 @@ def main() -> None:
             if state.global_step < args.learning_starts:
                 # torch's RNG rather than action_space.sample(): one checkpointed generator for everything
                 uniform = torch.rand((args.num_envs, act_dim)).numpy()
-                actions = (uniform * (action_high - action_low) + action_low).astype(np.float32)
+                actions = (uniform * (act_space.high - act_space.low) + act_space.low).astype(np.float32)
             else:
-                noise = torch.randn((args.num_envs, act_dim))
-                actions = policy_actions(learner.actor, state.raw_obs, noise, learner.action_scale, learner.action_bias)
+                actions = learner.policy.act(state.raw_obs, torch.randn((args.num_envs, act_dim)))
             obs = state.raw_obs
             (state.raw_obs, real_next_obs, rewards, terminations, state.episode_return, state.episode_length,
              finished) = env_step(envs, actions, state.episode_return, state.episode_length)
@@ -458,7 +422,6 @@ def main() -> None:
             if state.global_step >= max(state.updates_start, 1):
                 state.grad_steps += 1
                 batch = buffer.sample(args.batch_size, device)
-                # the critics; every policy_frequency steps policy_frequency actor updates; the targets' Polyak step
                 critic_metrics, actor_metrics = gradient_step(learner, batch, state.grad_steps, args)
                 state.loss_sums += critic_metrics
                 state.window_grad_steps += 1
@@ -486,52 +449,49 @@ def main() -> None:
 
 
 # === Plumbing: runs, checkpoints, errors, speed set-up; not needed to follow the algorithm ===
-# What follows makes the script a dependable research tool: flag checks, resume, evaluation, env state capture,
-# checkpoints, TensorBoard / wandb, progress, Ctrl-C, the env probe, the networks' check, speed. The `shared:` blocks
-# are the same text in every script that carries them (tests/test_shared_blocks.py).
+# Checkpoints, resume, logging, flag checks, the env probe, the networks' check, speed (`shared:`: tools/sync_shared.py)
 
-def refill_before_updating(global_step: int, learning_starts: int) -> int:
-    """A run resumed from a checkpoint without a replay buffer: the step from which updates go on (the buffer starts
-    empty and must hold learning_starts new transitions first), said in a warning."""
-    start = global_step + learning_starts
-    print(f"warning: the checkpoint holds no replay buffer (saved without --save-buffer): the buffer starts empty, and "
-          f"updates pause until {learning_starts} new transitions are in it (step {start}). Acting continues with the "
-          "trained policy.", file=sys.stderr)  # fmt: skip
-    return start
-
-
+# --- shared: sac-run ---
 class BufferPart:
-    """The replay buffer as a checkpoint part: saved only with --save-buffer (up to buffer_size transitions, large),
-    else as None. `loaded` says whether a resumed run found one; without it the buffer starts empty."""
+    """A replay buffer as a checkpoint part: its stored rows (copies) and write position, as tensors that load with
+    weights_only=True; with save False (no --save-buffer: up to buffer_size transitions, large) None instead."""
 
     holds_replay_buffer = True  # never in best.pt (Run.checkpoint)
 
-    def __init__(self, buffer: ReplayBuffer, save: bool):
-        self.buffer, self.save, self.loaded = buffer, save, False
+    def __init__(self, buffer: ReplayBuffer, save: bool = True):
+        self.buffer, self.save = buffer, save
 
     def state_dict(self) -> Optional[dict]:
-        return self.buffer.state_dict() if self.save else None
+        b = self.buffer
+        return {"capacity": b.capacity, "pos": b.pos, "size": b.size,
+                **{k: torch.from_numpy(v[: b.size].copy()) for k, v in b.arrays.items()}} if self.save else None  # fmt: skip
 
-    def load_state_dict(self, state: Optional[dict]) -> None:
+    def load_state_dict(self, state: Optional[dict]) -> None:  # None: saved without the buffer, which stays empty
         if state is not None:
-            self.buffer.load_state_dict(state)
-        self.loaded = state is not None
+            for k, array in self.buffer.arrays.items():
+                array[: state["size"]] = state[k].numpy()
+            self.buffer.pos, self.buffer.size = state["pos"], state["size"]
 
 
-# --- shared: sac-run ---
+def refill_before_updating(global_step: int, learning_starts: int) -> int:
+    """Resumed without a replay buffer: the step from which updates go on (learning_starts, >= 1, steps on), in a warning."""
+    start = global_step + max(learning_starts, 1)
+    print(f"warning: no replay buffer in the checkpoint (saved without --save-buffer): the buffer starts empty, and updates "
+          f"pause until it holds {learning_starts} new transitions (step {start}); acting goes on.", file=sys.stderr)
+    return start
+
+
 def policy_from_checkpoint(ckpt: dict) -> Policy:
     """The checkpoint's actor as its Policy, on the CPU (tools/agent.py evaluates and exports it)."""
-    obs_shape, act_shape = probe_env(ckpt["args"]["env_id"])  # the env exists, and the checkpoint's actor fits it
-    shapes = {"obs_shape": list(obs_shape), "act_shape": list(act_shape)}
+    shapes, act_space = probe_env(ckpt["args"]["env_id"])  # the env exists, and the checkpoint's actor fits it
     check_checkpoint_matches(ckpt, ckpt.get("path", ""), SCRIPT_NAME, shapes)
-    actor = Actor(int(np.prod(obs_shape)), int(np.prod(act_shape)))
+    actor = Actor(int(np.prod(shapes["obs_shape"])), int(np.prod(act_space.shape)))
     actor.load_state_dict(ckpt["learner"]["actor"])
-    space = eval_env(ckpt["args"]["env_id"]).action_space
-    return Policy(actor, space.low, space.high)
+    return Policy(actor, act_space.low, act_space.high)
 
 
-def probe_env(env_id: str) -> tuple[tuple, tuple]:
-    """Make the env once to check it exists and has a bounded continuous (Box) action space; return the shapes."""
+def probe_env(env_id: str) -> tuple[dict, gym.spaces.Box]:
+    """Make the env once: it exists, with a bounded continuous (Box) action space. Returns (its shapes, that space)."""
     check_env_id(env_id)
     try:
         env = gym.wrappers.FlattenObservation(gym.make(env_id))
@@ -540,20 +500,17 @@ def probe_env(env_id: str) -> tuple[tuple, tuple]:
     obs_space, act_space = env.observation_space, env.action_space
     env.close()
     if not isinstance(act_space, gym.spaces.Box):
-        raise UserError(f"{env_id} has a {type(act_space).__name__} action space ({act_space}); this SAC needs a "
-                        f"continuous Box action space (e.g. Pendulum-v1, HalfCheetah-v4). This project's discrete-action "
-                        f"scripts, ppo_atari.py and a2c_atari.py, take Atari games only.")  # fmt: skip
+        raise UserError(f"{env_id} has a {type(act_space).__name__} action space ({act_space}); this SAC needs a continuous "
+                        "Box action space (e.g. Pendulum-v1, HalfCheetah-v4).")  # fmt: skip
     if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
         raise UserError(f"{env_id}'s action space {act_space} is unbounded; SAC squashes actions into its bounds.")
-    return obs_space.shape, act_space.shape
+    return {"obs_shape": list(obs_space.shape), "act_shape": list(act_space.shape)}, act_space
 
 
 def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_dim: int) -> None:
-    """Stop at once, naming what to change, where an edit broke the networks' sizes (else the first failure would come
-    after learning_starts steps): on 64 observations (and actions) the Actor must give a mean and a log-std of shape
-    (64, act_dim) each, the critics Q1 and Q2 of shape (2, 64)."""
-    device = next(actor.parameters()).device
-    obs, actions = torch.zeros(64, obs_dim, device=device), torch.zeros(64, act_dim, device=device)  # no RNG drawn
+    """Stop at once, naming what to change, where an edit broke the networks' sizes (else it fails after learning_starts
+    steps): on 64 observations the Actor gives a mean and a log-std (64, act_dim) each, the critics Q1, Q2 (2, 64)."""
+    obs, actions = (torch.zeros(64, n, device=next(actor.parameters()).device) for n in (obs_dim, act_dim))  # no RNG
     checks = {"Actor": (actor, (obs,), f"obs_dim = {obs_dim}", f"2 * act_dim = {2 * act_dim} (mean and log-std)",
                         [(64, act_dim)] * 2),
               "q_network": (q_values, (critics, obs, actions), f"obs_dim + act_dim = {obs_dim + act_dim}",
@@ -572,47 +529,10 @@ def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_d
                             f"{', '.join(map(str, expected))}. {sizes}")  # fmt: skip
 
 
-# ---- speed set-up: each wraps one step of the algorithm above without changing its math ----
-def speed_setup() -> None:
-    """The process-wide speed settings (flush_denormals, keep_freed_memory), made before torch's first parallel op:
-    its OpenMP threads copy the denormal flag when they start."""
-    flush_denormals()
-    keep_freed_memory()
-
-
-def flush_denormals() -> bool:
-    """Make float32 arithmetic treat and produce denormals (|x| < 1.2e-38) as zero, in this thread and in the OpenMP
-    threads torch starts later (call it before torch's first parallel op); returns whether it holds in every thread.
-    Why: Adam's decaying moments of dead ReLU units crawl through the slow denormal range (measured: docs page)."""
-    if not torch.set_flush_denormal(True):
-        return False  # a CPU without the flush-to-zero / denormals-are-zero modes
-    # The smallest denormal, 1.4e-45, written as its bit pattern: converting a Python float would already flush it
-    probe = torch.ones(1 << 16, dtype=torch.int32).view(torch.float32)  # 2 chunks of 32k: both threads (2 cores)
-    return bool(((probe * 1.0).view(torch.int32) == 0).all())  # bits: a comparison would read denormals as 0
-
-
-def keep_freed_memory() -> None:
-    """Let glibc's malloc reuse freed memory instead of handing it back to the OS (Linux with glibc; a no-op elsewhere).
-    Why: by default every block over 128 KiB is mapped fresh and unmapped when freed, so each large activation of
-    an update faults its pages in again (measured: docs page). The replay buffer's arrays are still mapped."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return  # another C library (e.g. musl): leave its allocator alone
-    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
-    libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)
-    libc.mallopt(m_trim_threshold, 512 * 1024 * 1024)
-
-
-def freeze_startup_objects() -> None:
-    """Move every object alive now (modules, envs, the networks) out of the garbage collector's full collections,
-    which walk them all every few hundred gradient steps (measured: docs page); later objects are collected as usual.
-    Handed back at exit: nanobind modules (triton, imported by torch) otherwise print "leaked" lines at shutdown."""
-    gc.collect()
-    gc.freeze()
-    atexit.register(gc.unfreeze)
+def flush_denormals() -> None:
+    """Speed (benchmarks/README.md): float32 denormals (|x| < 1.2e-38) become 0 in this thread and in the OpenMP threads
+    torch starts later (so: call it first). Why: Adam's moments of dead ReLU units decay through that slow range."""
+    torch.set_flush_denormal(True)
 
 
 # --- end shared: sac-run ---

@@ -1,37 +1,31 @@
 """Soft Actor-Critic distributed on Ray, in one file: rollout workers feed one learner.
 
-The algorithm is sac_continuous.py's: its networks, losses, update, replay buffer, rollout step and evaluation are
-copied here verbatim (the `sac-algorithm` block; a test keeps the copies identical). What this file adds is where
-each part runs:
+The algorithm is sac_continuous.py's, copied verbatim (the `sac-algorithm` block; a test keeps the copies identical).
+What this file adds is where each part runs:
 
     rollout workers (Ray actors, 1 CPU each) --batches of transitions--> driver --object refs--> replay buffer shard(s)
          ^  pull newer weights every --weight-sync-interval env steps (all workers')             |  sampled batches
          |                                                                                       v
     parameter server (Ray actor) <--weights + version-- learner (in the driver; a GPU if there is one) --> TensorBoard
-    evaluator (Ray actor): deterministic episodes with the newest weights every --eval-interval env steps
+    evaluation (in the driver, as in sac_continuous.py): deterministic episodes every --eval-interval env steps
 
-A batch counts once its buffer shard has stored it: a batch lost with its worker or node is never counted, and its
-steps are collected again. Batches go round-robin (pick_worker); a worker pulls newer weights every
---weight-sync-interval env steps of all workers (pull_due), so more workers do not make acting more off-policy. The
-learner holds --utd-ratio updates per collected env step (workers are held back when they run ahead): more workers
-make the run faster, not a different algorithm. --utd-ratio 0 lets both run freely.
+A batch counts once its buffer shard has stored it: a lost batch is never counted, and its steps are collected again.
+The learner holds --utd-ratio updates per collected env step (workers are held back when they run ahead): more
+workers make the run faster, not a different algorithm.
 
 Map of this file, top to bottom:
   Args            SAC flags (as sac_continuous.py), the distribution's, then run flags (`--help` lists them); ranges
   sac-algorithm   sac_continuous.py's env, networks, Policy, replay buffer, learner (gradient_step), rollout step
-  Ray actors      BufferShard, ParameterServer, RolloutWorker, Evaluator: plain classes, made remote in main()
+  Ray actors      BufferShard, ParameterServer, RolloutWorker: plain classes, made remote in main()
   data flow       Publisher (weights to the parameter server), Sampler (batches from the buffer shards)
   driver helpers  the utd schedule and back-pressure, batch plans, dispatch and weight pulls, the batches in flight
-  main()          set-up, then the driver loop: harvest -> dispatch -> learn -> evaluate -> log, then finish
+  main()          set-up, then the driver loop: harvest -> dispatch -> learn -> log, then finish
   # === Plumbing  flag checks, Ray connection, faults, checkpoints, resume, evaluation, export, errors, speed
 Docs: docs/sac_continuous_ray.md; the algorithm: https://arxiv.org/abs/1812.05905
 """
 
-import atexit
 import copy
-import ctypes
 import dataclasses
-import gc
 import json
 import logging
 import math
@@ -47,6 +41,7 @@ from collections import deque
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Optional
 
 import gymnasium as gym
@@ -76,18 +71,15 @@ class Args:
     target_network_frequency: int = 1  # gradient steps between Polyak updates of the target Q-networks
     alpha: float = 0.2  # entropy coefficient, >= 0 (with --autotune: ignored, the tuned one starts at 1.0)
     autotune: bool = True  # tune the entropy coefficient automatically (target entropy -|A|)
-    squash_eps: float = 0.0  # floor on tanh's slope in log pi: log(1 - tanh(u)^2 + eps); 0 = exact, 1e-6 = the reference's
 
     # --- distribution: where the parts run ---
     num_rollout_workers: int = 2  # rollout worker actors (one CPU each), each stepping --envs-per-worker envs
     envs_per_worker: int = 1  # envs each rollout worker steps, as one vector env
     weight_sync_interval: int = 1_000  # env steps (over all workers) between a worker's pulls of newer actor weights
     utd_ratio: float = 1.0  # gradient updates per collected env step that the learner holds to (0 = asynchronous)
-    num_buffer_shards: int = 1
-    """replay buffer actors; worker i writes to shard i % shards, the learner samples all in proportion to size"""
+    num_buffer_shards: int = 1  # replay buffer actors; worker i writes to shard i % shards, sampled in proportion to size
     worker_batch_steps: int = 100  # vector steps a worker takes per batch it sends (one object-store transfer per batch)
-    ray_address: Optional[str] = None
-    """cluster to join: None starts an embedded local Ray; `auto` or `host:port` joins a running one"""
+    ray_address: Optional[str] = None  # cluster to join: None starts a local Ray; `auto` or `host:port` joins a running one
     pause_learner: bool = False  # collect only, no gradient updates (to measure sampling throughput alone)
 
     # --- run ---
@@ -95,8 +87,7 @@ class Args:
     seed: int = 1  # random seed of the run
     torch_deterministic: bool = True  # make cuDNN pick deterministic algorithms (torch.backends.cudnn.deterministic)
     cuda: bool = True  # run the learner on the GPU when there is one
-    torch_threads: int = 0
-    """torch's CPU threads in the learner; 0 = one per usable core (set it when runs share a machine)"""
+    torch_threads: int = 0  # torch's CPU threads in the learner; 0 = one per usable core (set it when runs share a machine)
     track: bool = False  # log to Weights and Biases too (WANDB_MODE=offline works without network)
     wandb_project_name: str = "onefile-rl"  # wandb project
     wandb_entity: Optional[str] = None  # wandb entity, a team or user (None = your wandb default)
@@ -108,7 +99,7 @@ class Args:
     save_buffer: bool = False  # also checkpoint the replay buffer, all shards (large: up to buffer_size transitions)
     resume: Optional[str] = None  # continue the run of this checkpoint (appends to its run folder)
     eval_episodes: int = 10  # episodes per evaluation (every --eval-interval, and after --save-model)
-    eval_interval: int = 0  # every N env steps, the evaluator actor plays --eval-episodes deterministic episodes (0 = never)
+    eval_interval: int = 0  # every N env steps, play --eval-episodes deterministic episodes on a separate env (0 = never)
     keep_best: bool = False  # keep checkpoints/best.pt: the agent with the best evaluation (else training) return so far
     log_interval: int = 100  # log losses (averaged over the window's gradient steps) and speed every N env steps
     progress: bool = True  # show progress: a one-line display on a terminal, a plain line every 30 s otherwise
@@ -121,7 +112,7 @@ class Args:
 FLAG_RULES = {
     "total_timesteps": ">= 1", "buffer_size": ">= 1", "gamma": "in [0, 1]", "tau": "in (0, 1]", "batch_size": ">= 1",
     "learning_starts": ">= 0", "policy_lr": "> 0", "q_lr": "> 0", "policy_frequency": ">= 1",
-    "target_network_frequency": ">= 1", "alpha": ">= 0", "squash_eps": "in [0, 1)", "num_rollout_workers": ">= 1",
+    "target_network_frequency": ">= 1", "alpha": ">= 0", "num_rollout_workers": ">= 1",
     "envs_per_worker": ">= 1", "weight_sync_interval": ">= 1", "utd_ratio": ">= 0", "num_buffer_shards": ">= 1",
     "worker_batch_steps": ">= 1", "log_interval": ">= 1",
 }  # fmt: skip
@@ -146,19 +137,16 @@ def validate_args(args: Args) -> None:
         raise UserError(f"--utd-ratio must be finite, not {args.utd_ratio}.")
 
 
-# The SAC itself: sac_continuous.py's, verbatim (the `sac-*` and episode-boundaries blocks; a test keeps the copies
-# identical). Then where each part runs: the Ray actors, the data flow between them, the driver.
+# The SAC itself, sac_continuous.py's verbatim; then where each part runs: the Ray actors, the data flow, the driver.
 # --- shared: sac-algorithm ---
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Callable[[], gym.Env]:
-    """One environment. Episode statistics are kept on the whole batch in the rollout (vectorized, checkpointable),
-    not by per-env wrappers. No action clipping: the tanh-squashed actions are always within the bounds."""
+    """One environment, flattened: episode statistics are kept by the rollout (checkpointable), and tanh keeps actions
+    in the bounds (no clipping)."""
 
     def thunk() -> gym.Env:
+        env = gym.make(env_id, render_mode="rgb_array") if capture_video and idx == 0 else gym.make(env_id)
         if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array")
             env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
-        else:
-            env = gym.make(env_id)
         return gym.wrappers.FlattenObservation(env)
 
     return thunk
@@ -197,24 +185,21 @@ def q_network(obs_dim: int, act_dim: int) -> nn.Sequential:
 
 
 def q_values(critics: nn.ModuleList, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-    """Q1(s, a) and Q2(s, a) as a (2, batch) tensor, each critic called on its own (torch.func.vmap over their stacked
-    weights was slower on CPU)."""
+    """Q1(s, a) and Q2(s, a) as a (2, batch) tensor: each critic called on its own (vmap was slower on CPU)."""
     x = torch.cat([obs, action], -1)
     return torch.stack([critic(x).squeeze(-1) for critic in critics])
 
 
 def squashed_gaussian(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor, action_scale: torch.Tensor,
-                      action_bias: torch.Tensor, squash_eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+                      action_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Reparameterized sample a = tanh(u) * scale + bias, u = mean + std * noise, and its log-density summed over
-    action dimensions (change of variables, SAC paper appendix C; tanh's slope floored at eps, 0 = exact: docs page):
-        log pi(a|s) = log N(u; mean, std) - sum_i [log scale_i + log(1 - tanh(u_i)^2 + eps)]
+    action dimensions (change of variables, SAC paper appendix C; exact, without the reference's 1e-6: docs page):
+        log pi(a|s) = log N(u; mean, std) - sum_i [log scale_i + log(1 - tanh(u_i)^2)]
         log N(u; mean, std) = sum_i (-noise_i^2 / 2 - log std_i - log sqrt(2 pi))      ((u - mean) / std = noise)
-        log(1 - tanh(u)^2) = 2 log 2 - 2 (u + softplus(-2u)),   log(x + eps) = log x + softplus(log eps - log x)
+        log(1 - tanh(u)^2) = 2 log 2 - 2 (u + softplus(-2u))
     Finite even where tanh(u) rounds to +-1. Terms without gradient are summed apart (each op costs a backward one)."""
     u = torch.addcmul(mean, log_std.exp(), noise)
     minus_log_slope = 2.0 * (u + nn.functional.softplus(-2.0 * u))  # 2 log 2 - log(1 - tanh(u)^2); 2 log 2 is constant
-    if squash_eps > 0.0:  # log(x + eps) = log x + softplus(log eps - log x), with log x = 2 log 2 - minus_log_slope
-        minus_log_slope = minus_log_slope - nn.functional.softplus(math.log(squash_eps / 4.0) + minus_log_slope)
     # the terms without gradient: sum_i (noise_i^2 / 2 + log scale_i + log sqrt(2 pi) + 2 log 2)
     constant = 0.5 * noise.pow(2).sum(-1) + torch.log(action_scale * (4.0 * math.sqrt(2.0 * math.pi))).sum()
     return torch.addcmul(action_bias, torch.tanh(u), action_scale), (minus_log_slope - log_std).sum(-1) - constant
@@ -229,8 +214,8 @@ def soft_q_target(rewards: torch.Tensor, terminated: torch.Tensor, next_q: torch
 
 
 class Policy(nn.Module):
-    """The trained agent as it acts in evaluation and in an export: observations as make_env's env returns them ->
-    actions; deterministic: tanh(mean) scaled to the bounds, by the Actor's forward and squashed_gaussian (noise 0)."""
+    """The agent as it acts: observations as make_env's env returns them -> a = tanh(mean + std * noise) scaled to the
+    bounds, by the Actor's forward and squashed_gaussian; deterministic (noise 0) in evaluation and in an export."""
 
     def __init__(self, actor: Actor, low, high):
         super().__init__()
@@ -238,9 +223,14 @@ class Policy(nn.Module):
         self.register_buffer("scale", torch.as_tensor((high - low) / 2.0, dtype=torch.float32))
         self.register_buffer("bias", torch.as_tensor((high + low) / 2.0, dtype=torch.float32))
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+    def forward(self, obs: torch.Tensor, noise: Optional[torch.Tensor] = None) -> torch.Tensor:
         mean, log_std = self.actor(obs.to(torch.float32))
-        return squashed_gaussian(mean, log_std, torch.zeros_like(mean), self.scale, self.bias)[0]
+        noise = torch.zeros_like(mean) if noise is None else noise.to(mean)
+        return squashed_gaussian(mean, log_std, noise, self.scale, self.bias)[0]
+
+    def act(self, obs: np.ndarray, noise) -> np.ndarray:  # a rollout step's actions, with the given noise
+        with torch.inference_mode():  # no_grad, and no version counters either: a quarter less time on one observation
+            return self(torch.as_tensor(obs, device=self.scale.device), torch.as_tensor(noise)).cpu().numpy()
 
 
 class ReplayBuffer:
@@ -254,8 +244,7 @@ class ReplayBuffer:
         self.nbytes = sum(array.nbytes for array in self.arrays.values())
 
     def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, terminated: np.ndarray):
-        """Store n transitions (one per env), wrapping around and overwriting the oldest."""
-        idx = (self.pos + np.arange(len(rewards))) % self.capacity
+        idx = (self.pos + np.arange(len(rewards))) % self.capacity  # one row per env; wraps, overwriting the oldest
         for array, value in zip(self.arrays.values(), (obs, next_obs, actions, rewards, terminated)):
             array[idx] = value
         self.pos, self.size = (self.pos + len(rewards)) % self.capacity, min(self.size + len(rewards), self.capacity)
@@ -264,19 +253,10 @@ class ReplayBuffer:
         idx = torch.randint(0, self.size, (batch_size,))  # uniform, with replacement
         return {name: torch.from_numpy(array).index_select(0, idx).to(device) for name, array in self.arrays.items()}
 
-    def state_dict(self) -> dict:  # the stored part (copies) and the write position: loads with weights_only=True
-        return {"capacity": self.capacity, "pos": self.pos, "size": self.size,
-                **{k: torch.from_numpy(v[: self.size].copy()) for k, v in self.arrays.items()}}  # fmt: skip
-
-    def load_state_dict(self, state: dict) -> None:
-        for k, array in self.arrays.items():
-            array[: state["size"]] = state[k].numpy()
-        self.pos, self.size = state["pos"], state["size"]
-
 
 class Learner:
-    """Everything the update changes: the actor, the two critics (two q_network instances, initialized independently)
-    and their targets, an Adam optimizer for the actor and one for the critics, and the entropy temperature."""
+    """Everything the update changes: the actor, two critics (q_network instances drawn independently) and their
+    targets, Adam optimizers, the entropy temperature; and the actor as a Policy (the action bounds)."""
 
     def __init__(self, obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, args, device: torch.device):
         self.actor = Actor(obs_dim, act_dim).to(device)
@@ -290,9 +270,8 @@ class Learner:
         self.log_alpha = torch.zeros(1, device=device, requires_grad=args.autotune)
         self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=args.q_lr, fused=fused) if args.autotune else None
         self.fixed_alpha = None if args.autotune else torch.full((1,), args.alpha, device=device)  # log(0) = -inf: kept apart
-        self.target_entropy, self.squash_eps = -float(act_dim), args.squash_eps
-        self.action_scale = torch.tensor((high - low) / 2.0, dtype=torch.float32, device=device)
-        self.action_bias = torch.tensor((high + low) / 2.0, dtype=torch.float32, device=device)
+        self.target_entropy = -float(act_dim)
+        self.policy = Policy(self.actor, low, high).to(device)  # acts in the rollout and in evaluation
 
     def alpha(self) -> torch.Tensor:
         return self.log_alpha.detach().exp() if self.fixed_alpha is None else self.fixed_alpha
@@ -310,9 +289,8 @@ class Learner:
             try:
                 part.load_state_dict(state[name])
             except (RuntimeError, ValueError, KeyError) as e:  # an edited network, or a checkpoint of an older build
-                why = " ".join(str(e).split())[:160]
-                raise UserError(f"the checkpoint's {name} does not fit this script's ({why}...). Resume it with the "
-                                "script that wrote it, or undo the edit to Actor / q_network.") from None
+                raise UserError(f"the checkpoint's {name} does not fit this script's ({' '.join(str(e).split())[:160]}...). "
+                                "Resume it with the script that wrote it, or undo the edit to Actor / q_network.") from None
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
 
@@ -320,8 +298,7 @@ class Learner:
 def sample_action(learner: Learner, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """a ~ pi(.|s) (reparameterized: differentiable in the actor's weights) and log pi(a|s)."""
     mean, log_std = learner.actor(obs)
-    noise = torch.randn_like(mean)
-    return squashed_gaussian(mean, log_std, noise, learner.action_scale, learner.action_bias, learner.squash_eps)
+    return squashed_gaussian(mean, log_std, torch.randn_like(mean), learner.policy.scale, learner.policy.bias)
 
 
 def critic_update(learner: Learner, batch: dict, gamma: float) -> torch.Tensor:
@@ -372,23 +349,14 @@ def soft_update(target: nn.Module, source: nn.Module, tau: float) -> None:
 
 
 def gradient_step(learner: Learner, batch: dict, step: int, args) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Gradient step number `step` (from 1) on one batch: the critics; every policy_frequency steps, policy_frequency
-    actor updates (delayed, as TD3, compensated); every target_network_frequency steps, the targets' Polyak step.
-    Returns critic_update's metrics and actor_update's summed over this step's actor updates (None: none ran)."""
+    """Gradient step `step` (from 1): the critics; every policy_frequency steps, policy_frequency actor updates (delayed,
+    as TD3, compensated); the targets' Polyak step. Returns both updates' metrics (actor's summed; None: none ran)."""
     critic_metrics, actor_metrics = critic_update(learner, batch, args.gamma), None
     if step % args.policy_frequency == 0:
         actor_metrics = sum(actor_update(learner, batch["obs"], args.autotune) for _ in range(args.policy_frequency))
     if step % args.target_network_frequency == 0:
         soft_update(learner.qf_target, learner.qf, args.tau)
     return critic_metrics, actor_metrics
-
-
-def policy_actions(actor: nn.Module, obs: np.ndarray, noise, scale: torch.Tensor, bias: torch.Tensor) -> np.ndarray:
-    """a = tanh(mean + std * noise) * scale + bias for one step's observations, by the Actor and squashed_gaussian."""
-    with torch.inference_mode():  # no_grad, and no version counters either: a quarter less time on one observation
-        mean, log_std = actor(torch.as_tensor(obs, dtype=torch.float32, device=scale.device))
-        noise = torch.as_tensor(noise, dtype=torch.float32, device=scale.device)
-        return squashed_gaussian(mean, log_std, noise, scale, bias)[0].cpu().numpy()
 
 
 def env_step(envs: gym.vector.VectorEnv, actions: np.ndarray, episode_return: np.ndarray, episode_length: np.ndarray):
@@ -444,10 +412,10 @@ class BufferShard:
         return self.buffer.size
 
     def state_dict(self) -> dict:
-        return self.buffer.state_dict()
+        return BufferPart(self.buffer).state_dict()
 
     def load_state_dict(self, state: dict) -> int:
-        self.buffer.load_state_dict(state)
+        BufferPart(self.buffer).load_state_dict(state)
         return self.buffer.size
 
 
@@ -456,30 +424,26 @@ class ParameterServer:
     workers pull when it moved on. Ray restarts it if it dies, empty: the driver's Publisher then publishes again."""
 
     def __init__(self):
-        self.weights, self.version = None, -1
+        self.weights, self.version = None, -1  # -1: nothing published (a fresh or restarted server)
 
-    def publish(self, weights: list, version: int) -> int:
+    def publish(self, weights: dict, version: int) -> None:
         self.weights, self.version = weights, version
-        return os.getpid()  # a new pid tells the driver this is a restarted server
 
     def pull(self, have_version: int) -> Optional[tuple]:
         """(weights, version) when newer than `have_version`, else None: an up-to-date worker receives nothing."""
-        if self.weights is not None and self.version > have_version:
-            return self.weights, self.version
-        return None
+        return (self.weights, self.version) if self.version > have_version else None
 
-    def status(self) -> tuple[int, int]:
-        """(pid, version held; -1 = no weights: a fresh or restarted server)."""
-        return os.getpid(), self.version if self.weights is not None else -1
+    def status(self) -> tuple[int, int]:  # (pid, version held): a new pid is a restarted server
+        return os.getpid(), self.version
 
 
 WEIGHTS_WAIT_S = 600.0  # how long a worker without weights waits for the first publish before it gives up
 
 
 class RolloutWorker:
-    """Steps its own vector env with its own Actor module, on the newest weights it pulled (when the driver asks:
+    """Steps its own vector env with its own Policy (an Actor), on the newest weights it pulled (when the driver asks:
     pull_due), and returns batches of true transitions: same-step autoreset, the final observation at a reset,
-    `terminated` as the done flag (the shared sac-rollout and episode-boundaries blocks, as in sac_continuous.py)."""
+    `terminated` as the done flag (env_step and true_next_obs, the shared blocks, as in sac_continuous.py)."""
 
     def __init__(self, index: int, env_id: str, num_envs: int, seed: int, param_server):
         """`param_server`: the parameter server's actor name (looked up in Ray), or the object itself in-process."""
@@ -496,14 +460,11 @@ class RolloutWorker:
             # Ray restarted this worker after a crash: fresh seeds, or it would replay its first life's episodes
             seed = int.from_bytes(os.urandom(4), "little")
         self.index, self.param_server = index, param_server
-        self.envs = gym.vector.SyncVectorEnv(
-            [make_env(env_id, i, False, "") for i in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
-        )
+        self.envs = gym.vector.SyncVectorEnv([make_env(env_id, i, False, "") for i in range(num_envs)],
+                                             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         assert self.envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "assumes same-step autoreset"
         space = self.envs.single_action_space
         self.low, self.high = space.low, space.high
-        self.scale = torch.as_tensor((space.high - space.low) / 2.0, dtype=torch.float32)
-        self.bias = torch.as_tensor((space.high + space.low) / 2.0, dtype=torch.float32)
         self.num_envs, self.act_dim = num_envs, int(np.prod(space.shape))
         self.obs_dim = int(np.prod(self.envs.single_observation_space.shape))
         # [seed, 1]: not the env's own stream (gymnasium seeds each env's np_random from `seed + i` the same way)
@@ -511,8 +472,9 @@ class RolloutWorker:
         self.raw_obs, _ = self.envs.reset(seed=seed)
         self.episode_return = np.zeros(num_envs)
         self.episode_length = np.zeros(num_envs, np.int64)
-        self.actor = Actor(self.obs_dim, self.act_dim)  # the script's own class: acting runs the network that trains
-        self.version = -1  # the weights' version in self.actor; -1: none pulled yet
+        # the script's own classes: acting runs the network that trains, through squashed_gaussian
+        self.policy = Policy(Actor(self.obs_dim, self.act_dim), space.low, space.high)
+        self.version = -1  # the version of the weights in self.policy.actor; -1: none pulled yet
 
     def info(self) -> dict:
         return {"pid": os.getpid(), "host": socket.gethostname(), "node": node_id()}
@@ -529,7 +491,7 @@ class RolloutWorker:
                 pulled = None
             if pulled is not None:
                 weights, self.version = pulled
-                self.actor.load_state_dict(weights)
+                self.policy.actor.load_state_dict(weights)
             if self.version >= 0:
                 return
             if time.monotonic() > deadline:
@@ -540,100 +502,72 @@ class RolloutWorker:
         """`num_steps` vector steps, the first `num_random` with uniform random actions (before learning_starts), then
         with its weights, pulled first if `pull` (pull_due). Returns the transitions (num_steps * num_envs rows) and
         stats: the episodes that ended, the weight version acted with (-1: none), the row count, where it ran."""
-        n, e = num_steps, self.num_envs
-        batch = {
-            "obs": np.empty((n, e, self.obs_dim), np.float32),
-            "next_obs": np.empty((n, e, self.obs_dim), np.float32),
-            "actions": np.empty((n, e, self.act_dim), np.float32),
-            "rewards": np.empty((n, e), np.float32),
-            "terminated": np.empty((n, e), np.bool_),
-        }
-        finished, version = [], -1
-        for t in range(n):
+        e, steps, finished, version = self.num_envs, [], [], -1
+        for t in range(num_steps):
             if t < num_random:
                 actions = (self.rng.random((e, self.act_dim)) * (self.high - self.low) + self.low).astype(np.float32)
             else:
                 if t == num_random and (pull or self.version < 0):  # one pull per batch, before its first policy step
                     self.sync_weights()
                 version = self.version
-                noise = self.rng.standard_normal((e, self.act_dim))
-                actions = policy_actions(self.actor, self.raw_obs, noise, self.scale, self.bias)
+                actions = self.policy.act(self.raw_obs, self.rng.standard_normal((e, self.act_dim)))
             obs = self.raw_obs
             self.raw_obs, real_next_obs, rewards, terminations, self.episode_return, self.episode_length, ended = env_step(
                 self.envs, actions, self.episode_return, self.episode_length
             )
             # store terminations, not truncations: a time limit is not a terminal state (next obs = true final obs)
-            for name, value in zip(batch, (obs, real_next_obs, actions, rewards, terminations)):
-                batch[name][t] = value
+            steps.append((obs, real_next_obs, actions, rewards, terminations))
             finished += ended
-        flat = {k: v.reshape(n * e, *v.shape[2:]) for k, v in batch.items()}
-        stats = {"steps": n * e, "episodes": finished, "version": version, "pid": os.getpid(), "node": node_id()}
-        return flat, stats
-
-
-class Evaluator:
-    """Deterministic evaluation episodes (evaluate) of its own Policy, on the actor weights it is sent, in its own
-    process."""
-
-    def __init__(self, env_id: str, policy: Policy, episodes: int, seed: int):
-        quiet_mujoco_warnings()
-        torch.set_num_threads(1)
-        self.env_id, self.policy, self.episodes, self.seed = env_id, policy, episodes, seed
-
-    def run(self, weights: dict, step: int) -> tuple[int, list]:
-        self.policy.actor.load_state_dict(weights)
-        return step, evaluate(self.policy, eval_env(self.env_id), self.episodes, self.seed)
+        names = ("obs", "next_obs", "actions", "rewards", "terminated")  # float32 rows, as ReplayBuffer stores them
+        batch = {name: np.concatenate(column, dtype=np.float32) for name, column in zip(names, zip(*steps))}
+        stats = {"steps": num_steps * e, "episodes": finished, "version": version, "pid": os.getpid(), "node": node_id()}
+        return batch, stats
 
 
 # ---- the data flow: weights from the learner to the workers (Publisher), batches from the shards (Sampler) ----
 def actor_weights(actor: nn.Module) -> dict:
-    """The actor's weights as they travel to the workers and the evaluator: a CPU copy of its state_dict, which their
-    own Actor loads (load_state_dict checks the names and shapes)."""
+    """The actor's weights as they travel to the workers: a CPU copy of its state_dict, which their own Actor loads
+    (load_state_dict checks the names and shapes)."""
     return {name: value.detach().cpu().clone() for name, value in actor.state_dict().items()}
 
 
 class Publisher:
-    """The driver's end of the parameter server: publishes the actor's weights when their version moved on, and
-    again when the server comes back from a restart (Ray restarts it empty: its weights die with its process). It
-    tells a restart by the pid each publish returns, and, while nothing is published, asks every second."""
+    """The driver's end of the parameter server: publishes the actor's weights when their version moved on. Ray
+    restarts a dead server empty: check() asks for its pid and version, and publishes to a new or emptied one again."""
 
     def __init__(self, server, actor: nn.Module, version: int):
-        self.server, self.pid, self.weights, self.version = server, None, None, -1
-        self.pending, self.asked = None, time.monotonic()  # the last publish or status call, and when
-        self.looked = 0.0  # when check() last looked (at most every 0.2 s: a look costs a Ray call, a pass ~1 update)
+        self.server, self.weights, self.version, self.pid, self.looked = server, None, -1, None, 0.0
+        self.pending, self.pending_version = None, -1  # the status call in flight, and the version published before it
         self.publish(actor, version)
 
     def publish(self, actor: nn.Module, version: int) -> None:
         if version != self.version:
             self.weights, self.version = actor_weights(actor), version
-            self.pending = self.server.publish.remote(self.weights, version)
+            self.server.publish.remote(self.weights, version)
 
     def check(self) -> None:
-        """Non-blocking: look at the last call's answer; a new pid (or a failed call) publishes the weights again."""
+        """Non-blocking: read the last status call's answer, if any, then ask again (at most every 0.2 s: a look costs
+        a Ray call, a pass of the driver loop about one update)."""
         import ray
         from ray.exceptions import RayActorError
 
         if time.monotonic() - self.looked < 0.2:
             return
         self.looked = time.monotonic()
+        if self.pending is not None and ray.wait([self.pending], timeout=0)[0]:
+            try:
+                pid, held = ray.get(self.pending)
+            except RayActorError:  # it died during the call: publish now; the next answer names the restarted one
+                pid, held = self.pid, -1
+            restarted = self.pid not in (None, pid)
+            if restarted:
+                print(f"the parameter server is back (restarted by Ray, pid {pid}): weights of version {self.version} "
+                      "published to it again", file=sys.stderr)  # fmt: skip
+            if restarted or held < self.pending_version:
+                self.server.publish.remote(self.weights, self.version)
+            self.pid, self.pending = pid, None
         if self.pending is None:
-            if time.monotonic() - self.asked > 1.0:
-                self.pending, self.asked = self.server.status.remote(), time.monotonic()
-            return
-        if not ray.wait([self.pending], timeout=0)[0]:
-            return
-        try:
-            answer = ray.get(self.pending)
-            pid = answer[0] if isinstance(answer, tuple) else answer
-        except RayActorError:  # died during the call: ask the restarted one
-            pid = -1
-        self.pending = None
-        if pid == -1 or (self.pid is not None and pid != self.pid):
-            if pid != -1:
-                print(f"the parameter server is back (restarted by Ray, pid {pid}): weights of version "
-                      f"{self.version} published to it again", file=sys.stderr)  # fmt: skip
-            self.pending = self.server.publish.remote(self.weights, self.version)
-        self.pid = self.pid if pid == -1 else pid
+            self.pending, self.pending_version = self.server.status.remote(), self.version
 
 
 def shard_sample_counts(sizes: list, n: int) -> list:
@@ -794,8 +728,8 @@ class Batches:
             stats["restarted"] = stats["pid"] != self.pids[index]
             if stats["restarted"]:
                 self.pids[index], self.nodes[index] = stats["pid"], stats["node"]
-                print(f"rollout worker {index} is back (restarted by Ray, pid {stats['pid']}, node {short(stats['node'])})",
-                      file=sys.stderr)  # fmt: skip
+                print(f"rollout worker {index} is back (restarted by Ray, pid {stats['pid']}, node "
+                      f"{(stats['node'] or '-')[:8]})", file=sys.stderr)  # fmt: skip
             self.versions[index] = max(self.versions[index], stats["version"])
             # the ref, not the data: the shard fetches the batch from the object store
             adds.append((index, steps, stats, shards[index % len(shards)].add.remote(batch_ref)))
@@ -848,39 +782,24 @@ def updates_owed(state: LoopState, utd: float, total: int) -> int:
     return max(state.updates_base + updates_due(state.global_step, state.updates_start, utd) - state.grad_steps, 0)
 
 
-def new_window(state: LoopState) -> dict:
-    """A log window'state start: its time and counters (its rates are the differences), and its batches' staleness."""
+def new_window(state: LoopState, device: torch.device) -> dict:
+    """A log window's start: its time and counters (its rates are the differences), the sums of gradient_step's
+    metrics over its gradient steps and actor updates, and its batches' staleness."""
     return {"time": time.time(), "step": state.global_step, "grad_steps": state.grad_steps,
-            "actor_updates": state.actor_updates, "stale": []}  # fmt: skip
+            "actor_updates": state.actor_updates, "loss_sums": torch.zeros(4, device=device),
+            "actor_sums": torch.zeros(3, device=device), "stale": []}  # fmt: skip
 
 
-LOSS_NAMES = ("qf1_values", "qf2_values", "qf1_loss", "qf2_loss")
-ACTOR_NAMES = ("actor_loss", "alpha", "alpha_loss")
 SAMPLE_GROUP = 16  # batches per buffer request: one Ray round trip per 16 gradient steps
 MAX_IN_FLIGHT = 2  # batches queued per worker: one it collects, the next behind it
 
 
-def log_evaluation(run, eval_ref, snapshot: Optional[dict], timeout: Optional[float] = None) -> None:
-    """Log the evaluator's result against the step its weights are from; with --keep-best, `snapshot` (the checkpoint
-    taken when those weights were sent) becomes best.pt if they scored best. A dead evaluator only skips that
-    evaluation (Ray restarts it)."""
-    import ray
-    from ray.exceptions import RayActorError
-
-    try:
-        eval_step, returns = ray.get(eval_ref, timeout=timeout)
-        run.evaluated(returns, eval_step, snapshot)
-    except RayActorError as e:
-        print(f"warning: the evaluator died ({type(e).__name__}); training goes on and Ray restarts it.", file=sys.stderr)
-
-
 def main() -> None:
     args, ckpt, device = parse_command_line(Args, FLAG_RULES, validate_args)
-    speed_setup()  # speed (below the banner): before torch's first parallel op
+    flush_denormals()  # speed (below the banner): before torch's first parallel op
     args.num_iterations = sys.maxsize  # the driver loop has no fixed number of passes: it ends by setting run.last
     total = args.total_timesteps - args.total_timesteps % args.envs_per_worker  # whole vector steps of every worker
-    obs_shape, act_shape = probe_env(args.env_id)
-    shapes = {"obs_shape": list(obs_shape), "act_shape": list(act_shape)}
+    shapes, act_space = probe_env(args.env_id)
     if ckpt is not None:
         check_resumable(ckpt, args.resume, shapes, total)
     ray = connect_ray(args.ray_address, args.num_rollout_workers)  # first: an unreachable cluster writes nothing
@@ -888,67 +807,55 @@ def main() -> None:
     seed_everything(args.seed, args.torch_deterministic)
 
     # ---- the learner (in this process) and the replay buffer shards (Ray actors) ----
-    probe = make_env(args.env_id, 0, False, "")()
-    action_low, action_high = probe.action_space.low, probe.action_space.high
-    probe.close()
-    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_shape))
-    learner = Learner(obs_dim, act_dim, action_low, action_high, args, device)
+    obs_dim, act_dim = int(np.prod(shapes["obs_shape"])), int(np.prod(act_space.shape))
+    learner = Learner(obs_dim, act_dim, act_space.low, act_space.high, args, device)
+    # Shards and the parameter server on this node, hard (the learner talks to them most); the workers SPREAD over the
+    # cluster (Ray packs actors onto one node until it is full). Shards hold the only copy of their data: never
+    # restarted (a restarted one would be empty: the run stops instead).
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     shard_capacity = args.buffer_size // args.num_buffer_shards
-    # Buffer shards hold the only copy of the data: no restart (a restarted shard would be empty; the run stops).
-    # On the driver's node (they hold the only copy of the data and talk to the learner most); the workers spread out.
-    here, spread = placement(ray)  # (below the banner) node affinity to this node; SPREAD over the cluster
     shards = [ray.remote(BufferShard).options(num_cpus=0, scheduling_strategy=here).remote(shard_capacity, obs_dim,
               act_dim, args.seed + 7 + i) for i in range(args.num_buffer_shards)]  # fmt: skip
     state = LoopState(updates_start=args.learning_starts)  # the first gradient step once learning_starts steps are in
     shard_states = ShardStates(shards, args.save_buffer)
-    run.attach(state, RaySession(ray), learner=learner, replay_buffers=shard_states)
-    if ckpt is not None and ckpt["replay_buffers"] is None:
-        state.updates_start = state.global_step + max(args.learning_starts, 1)  # the first sample needs a stored transition
+    # what the run closes at its end: Ray, and with it every actor this run started
+    run.attach(state, SimpleNamespace(close=ray.shutdown), learner=learner, replay_buffers=shard_states)
+    if ckpt is not None and ckpt["replay_buffers"] is None:  # resumed without a buffer: a new schedule once it refills
+        state.updates_start = refill_before_updating(state.global_step, args.learning_starts)
         state.updates_base = state.grad_steps
-        print(f"warning: the checkpoint holds no replay buffer (saved without --save-buffer): the buffer starts empty, "
-              f"and updates pause until {args.learning_starts} new transitions are in it (step {state.updates_start}). "
-              "Acting continues with the trained policy.", file=sys.stderr)  # fmt: skip
 
-    # ---- the other Ray actors: parameter server, rollout workers, evaluator ----
+    # ---- the parameter server and the rollout workers (Ray actors) ----
     param_server_name = f"parameter-server-{run.name}-{os.getpid()}"  # unique on a shared cluster
     # restarted empty if it dies (its calls retried): the Publisher then publishes the newest weights to it again
     param_server = ray.remote(ParameterServer).options(name=param_server_name, num_cpus=0, max_restarts=-1,
                                                        max_task_retries=-1, scheduling_strategy=here).remote()  # fmt: skip
     publisher = Publisher(param_server, learner.actor, state.actor_updates)
-    # Workers: restarted by Ray when their process dies (max_restarts=-1); their in-flight batch then fails
-    # (max_task_retries=0) and the driver hands those steps to the next batch, so nothing is counted twice.
+    # Workers: restarted by Ray when their process dies; their in-flight batch then fails (max_task_retries=0) and the
+    # driver hands those steps to the next batch, so nothing is counted twice.
     worker_class = ray.remote(RolloutWorker).options(num_cpus=1, max_restarts=-1, max_task_retries=0,
-                                                     scheduling_strategy=spread)  # fmt: skip
+                                                     scheduling_strategy="SPREAD")  # fmt: skip
     workers = [worker_class.remote(i, args.env_id, args.envs_per_worker, args.seed + 1_000 * i + state.global_step,
                                    param_server_name) for i in range(args.num_rollout_workers)]  # fmt: skip
-    evaluator_class = ray.remote(Evaluator).options(num_cpus=0, max_restarts=-1, max_task_retries=0,
-                                                    scheduling_strategy=spread)  # rarely busy  # fmt: skip
-    policy = Policy(learner.actor, action_low, action_high).to(device)  # the current actor, deterministic
-    evaluator = (evaluator_class.remote(args.env_id, copy.deepcopy(policy).cpu(), args.eval_episodes, args.seed + 10_000)
-                 if args.eval_interval else None)  # fmt: skip
-    shard_sizes = ray.get([shard.size.remote() for shard in shards])
     batches = Batches(workers, state.global_step, args.envs_per_worker)
+    buffer_mb = args.buffer_size * ReplayBuffer(1, obs_dim, act_dim).nbytes / 1e6  # the shards' own layout
     print(f"ray: {args.num_rollout_workers} rollout workers x {args.envs_per_worker} envs (pids "
-          f"{' '.join(map(str, batches.pids))} on nodes {' '.join(short(n) for n in batches.nodes)}), "
-          f"{args.num_buffer_shards} buffer "
-          f"shard(s) and the parameter server on the learner's node {short(node_id())}, learner on {device}, utd "
-          f"ratio {args.utd_ratio:g}{' (asynchronous)' if args.utd_ratio == 0 else ''}"
+          f"{' '.join(map(str, batches.pids))} on nodes {' '.join((n or '-')[:8] for n in batches.nodes)}), "
+          f"{args.num_buffer_shards} buffer shard(s) ({args.buffer_size:,} transitions, {buffer_mb:.1f} MB of arrays) and "
+          f"the parameter server on the learner's node {(node_id() or '-')[:8]}, learner on {device}, utd ratio "
+          f"{args.utd_ratio:g}{' (asynchronous)' if args.utd_ratio == 0 else ''}"
           f"{', learner paused' if args.pause_learner else ''}")  # fmt: skip
-    bytes_per_transition = ReplayBuffer(1, obs_dim, act_dim).nbytes  # the shards' own layout, one transition
-    print(f"replay buffer: {args.buffer_size:,} transitions, {args.buffer_size * bytes_per_transition / 1e6:.1f} MB of "
-          f"arrays over {args.num_buffer_shards} shard(s) ({bytes_per_transition} bytes per transition)")  # fmt: skip
-
+    run.play = lambda episodes, video_dir=None: evaluate(learner.policy, eval_env(args.env_id, video_dir), episodes,
+                                                         args.seed + 10_000)  # fmt: skip
+    shard_sizes = ray.get([shard.size.remote() for shard in shards])
     sampler = Sampler(shards, args.batch_size, SAMPLE_GROUP, device)
-    eval_ref, eval_snapshot = None, None
-    next_eval = (state.global_step // args.eval_interval + 1) * args.eval_interval if evaluator else 0
-    loss_sums = torch.zeros(len(LOSS_NAMES), device=device)  # summed over the log window's gradient steps
-    actor_sums = torch.zeros(len(ACTOR_NAMES), device=device)  # summed over its actor updates
-    window = new_window(state)
-    freeze_startup_objects()  # speed (below the banner): everything set up so far lives to the end of the run
+    window = new_window(state, device)
     start_time, start_step = time.time(), state.global_step
 
     with stop_on_task_error(run, shard_states):  # (below the banner) a failed Ray task: checkpoint, one paragraph
-        for _ in run.iterations(state, args.num_iterations):  # one pass: harvest, dispatch, learn, evaluate, log
+        # one pass: harvest, dispatch, learn, log; then (Run) evaluation every --eval-interval steps, checkpoints
+        for _ in run.iterations(state, args.num_iterations):
             # ---- harvest: count each batch its shard stored, note its episodes and its staleness ----
             for index, steps, stats in batches.harvest(shards):
                 state.worker_restarts += stats["restarted"]
@@ -975,22 +882,12 @@ def main() -> None:
                 for _ in range(owed if state.global_step >= total else min(owed, 1)):
                     state.grad_steps += 1
                     critic_metrics, actor_metrics = gradient_step(learner, sampler.next(shard_sizes), state.grad_steps, args)
-                    loss_sums += critic_metrics
+                    window["loss_sums"] += critic_metrics
                     if actor_metrics is not None:  # delayed: policy_frequency actor updates every policy_frequency steps
-                        actor_sums += actor_metrics
+                        window["actor_sums"] += actor_metrics
                         state.actor_updates += args.policy_frequency
             if owed == 0 and state.global_step < total:
                 batches.wait(timeout=0.2)  # nothing to learn: wait for a worker
-
-            # ---- evaluation: log a finished one; start one every --eval-interval env steps ----
-            if eval_ref is not None and ray.wait([eval_ref], timeout=0)[0]:
-                log_evaluation(run, eval_ref, eval_snapshot)
-                eval_ref = None
-            if evaluator is not None and state.global_step >= next_eval:
-                if eval_ref is None:  # the previous evaluation still running: skip this one rather than queue up
-                    eval_ref = evaluator.run.remote(actor_weights(learner.actor), state.global_step)
-                    eval_snapshot = run.checkpoint(best=True) if args.keep_best else None  # best.pt if it scores best
-                next_eval = (state.global_step // args.eval_interval + 1) * args.eval_interval
 
             # ---- log: losses averaged over the window's updates, speeds over its wall time (one sync per window) ----
             run.last = state.global_step >= total  # every env step is in, and (above) every update owed is done
@@ -998,50 +895,39 @@ def main() -> None:
                 elapsed = max(time.time() - window["time"], 1e-9)
                 grad_steps = state.grad_steps - window["grad_steps"]
                 actor_updates = state.actor_updates - window["actor_updates"]
-                metrics = {}
+                metrics = {"charts/env_steps_per_second": (state.global_step - window["step"]) / elapsed,
+                           "charts/updates_per_second": grad_steps / elapsed, "charts/worker_restarts": state.worker_restarts,
+                           "charts/learner_busy": run.phase_time.get("update", 0.0) / elapsed}  # sampling + updating
                 if grad_steps > 0:
-                    q_means = (loss_sums / grad_steps).tolist()
-                    metrics.update({f"losses/{name}": value for name, value in zip(LOSS_NAMES, q_means)})
-                    metrics["losses/qf_loss"] = (q_means[2] + q_means[3]) / 2.0
+                    q1, q2, loss1, loss2 = (window["loss_sums"] / grad_steps).tolist()
+                    metrics.update({"losses/qf1_values": q1, "losses/qf2_values": q2, "losses/qf1_loss": loss1,
+                                    "losses/qf2_loss": loss2, "losses/qf_loss": (loss1 + loss2) / 2.0})  # fmt: skip
                 if actor_updates > 0:
-                    for name, value in zip(ACTOR_NAMES, (actor_sums / actor_updates).tolist()):
-                        if name != "alpha_loss" or args.autotune:
-                            metrics[f"losses/{name}"] = value
-                metrics["charts/env_steps_per_second"] = (state.global_step - window["step"]) / elapsed
-                metrics["charts/updates_per_second"] = grad_steps / elapsed
-                metrics["charts/learner_busy"] = run.phase_time.get("update", 0.0) / elapsed  # sampling + updating
+                    actor_loss, alpha, alpha_loss = (window["actor_sums"] / actor_updates).tolist()
+                    metrics.update({"losses/actor_loss": actor_loss, "losses/alpha": alpha,
+                                    **({"losses/alpha_loss": alpha_loss} if args.autotune else {})})  # fmt: skip
                 if window["stale"]:
-                    metrics["charts/weight_staleness"] = float(np.mean(window["stale"]))
-                    metrics["charts/weight_staleness_max"] = float(np.max(window["stale"]))
-                metrics["charts/worker_restarts"] = state.worker_restarts
+                    metrics.update({"charts/weight_staleness": float(np.mean(window["stale"])),
+                                    "charts/weight_staleness_max": float(np.max(window["stale"]))})  # fmt: skip
                 run.log(state.global_step, metrics)
-                loss_sums.zero_()
-                actor_sums.zero_()
-                window = new_window(state)
+                window = new_window(state, device)
 
     if run.stopped:
         print(f"stopping: {batches.dispatched - state.global_step} env steps in flight are dropped (never counted: a resumed "
               "run collects them again)", file=sys.stderr)  # fmt: skip
     else:
         wall = time.time() - start_time
-        if eval_ref is not None:  # the last periodic evaluation
-            log_evaluation(run, eval_ref, eval_snapshot, timeout=600)
         stored = sum(ray.get([shard.size.remote() for shard in shards]))
         print(f"done: {state.global_step} env steps ({state.worker_restarts} worker restarts), {stored} transitions in the "
               f"buffer, {state.grad_steps} gradient updates in {wall:.1f} s: "
               f"{(state.global_step - start_step) / wall:.1f} env steps/s")  # fmt: skip
-    # the final evaluation (--save-model), in this process: (episodes, video_dir) -> returns
-    run.play = lambda episodes, video_dir=None: evaluate(policy, eval_env(args.env_id, video_dir), episodes,
-                                                         args.seed + 10_000)  # fmt: skip
     run.finish()  # after Ctrl-C: saved, Ray shut down, exits; with --save-model: the final agent evaluated, then saved
     run.close()  # and Ray with it
 
 
 # === Plumbing: runs, checkpoints, errors, speed set-up; not needed to follow the algorithm ===
-# What follows makes the script a dependable research tool: flag checks, the Ray connection, resume, evaluation of a
-# checkpoint, checkpoints, TensorBoard / wandb, progress, Ctrl-C, the env probe and the speed set-up. The `shared:` blocks
-# are the same text in every script that has them (tests/test_shared_blocks.py). The cluster layout (workers, envs
-# per worker, weight sync, address) may change on --resume (RESUME_OVERRIDABLE): a resumed run may be bigger or smaller.
+# The Ray connection, faults, checkpoints, resume (the cluster layout may change on --resume), logging, flag checks,
+# the env probe, speed (`shared:` blocks: tools/sync_shared.py).
 
 
 def check_resumable(ckpt: dict, path: str, shapes: dict, total: int) -> None:
@@ -1055,15 +941,13 @@ def check_resumable(ckpt: dict, path: str, shapes: dict, total: int) -> None:
 def connect_ray(address: Optional[str], num_workers: int):
     """Start an embedded Ray (address None) or join a cluster; an unreachable address fails in seconds, clearly."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage-stats prompt or upload
-    if address is None:
+    if address is None:  # (each read when ray is first imported, so set before that)
         # Under `uv run`, Ray builds a second virtual environment for its workers (tens of seconds per start), pointless
-        # when they run on this machine, in this environment; a cluster keeps it, to bring the environment to other
-        # nodes. Read when ray is first imported, so set before that.
+        # on this machine, in this environment (a cluster keeps it, to bring the environment to other nodes).
         os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-        # An embedded Ray serves this process alone: its servers listen on 127.0.0.1, not on every interface of the
-        # machine. (Ray's switch for that is named for Windows and macOS, where it is the default; read at import.)
+        # An embedded Ray serves this process alone: its servers listen on 127.0.0.1 only (a switch named for Windows
+        # and macOS, where it is the default); so no token either (Ray warns at every start when the mode is unset).
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        # No token: nothing off this machine can reach those servers (Ray warns at every start when the mode is unset).
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     try:
         import ray
@@ -1071,8 +955,7 @@ def connect_ray(address: Optional[str], num_workers: int):
         raise UserError("sac_continuous_ray.py needs Ray: install the project's `ray` extra (the README's commands do: "
                         "`uv run --all-extras ...`), or `pip install 'ray>=2.40,<3'`.") from None  # fmt: skip
     if address is None:
-        # Logical CPUs: at least one per worker (+1 for the learner), so a 2-core machine can still start 4 workers;
-        # they then share the cores, which is what the scaling table measures.
+        # Logical CPUs: one per worker (+1 for the learner) at least, so 2 cores can still start 4 workers (sharing them).
         # "local": a Ray of this run's own. Why: with no address, ray.init() joins a `ray start` cluster already up on
         # this machine, the opposite of what leaving --ray-address out promises.
         ray.init(address="local", num_cpus=max(os.cpu_count() or 1, num_workers + 1), include_dashboard=False,
@@ -1103,16 +986,6 @@ def restarted_actor() -> bool:
     with warnings.catch_warnings():  # the property reads a deprecated attribute internally (Ray 2.5x)
         warnings.simplefilter("ignore")
         return bool(ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed)
-
-
-class RaySession:
-    """What the run closes at its end (Run.attach's `envs`): Ray, and with it every actor this run started."""
-
-    def __init__(self, ray):
-        self.ray = ray
-
-    def close(self) -> None:
-        self.ray.shutdown()
 
 
 class ShardStates:
@@ -1151,20 +1024,6 @@ def node_id() -> Optional[str]:
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
-def short(node: Optional[str]) -> str:
-    """A node id as the log prints it: its first 8 hex digits (Ray's ids are 56)."""
-    return node[:8] if node else "-"
-
-
-def placement(ray) -> tuple:
-    """(strategy for the buffer shards and the parameter server, strategy for the workers and the evaluator). The first
-    go on the driver's node, hard: they hold the only copy of the data and the weights, and the learner talks to them
-    most. The others spread over the cluster (by default Ray packs actors onto one node until it is full)."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    return NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False), "SPREAD"
-
-
 class ShardLost(Exception):
     """A replay buffer shard died (its `add` or `sample` failed with a dead actor): its transitions are gone."""
 
@@ -1199,19 +1058,46 @@ def stop_on_task_error(run, shard_states: ShardStates):
 
 
 # --- shared: sac-run ---
+class BufferPart:
+    """A replay buffer as a checkpoint part: its stored rows (copies) and write position, as tensors that load with
+    weights_only=True; with save False (no --save-buffer: up to buffer_size transitions, large) None instead."""
+
+    holds_replay_buffer = True  # never in best.pt (Run.checkpoint)
+
+    def __init__(self, buffer: ReplayBuffer, save: bool = True):
+        self.buffer, self.save = buffer, save
+
+    def state_dict(self) -> Optional[dict]:
+        b = self.buffer
+        return {"capacity": b.capacity, "pos": b.pos, "size": b.size,
+                **{k: torch.from_numpy(v[: b.size].copy()) for k, v in b.arrays.items()}} if self.save else None  # fmt: skip
+
+    def load_state_dict(self, state: Optional[dict]) -> None:  # None: saved without the buffer, which stays empty
+        if state is not None:
+            for k, array in self.buffer.arrays.items():
+                array[: state["size"]] = state[k].numpy()
+            self.buffer.pos, self.buffer.size = state["pos"], state["size"]
+
+
+def refill_before_updating(global_step: int, learning_starts: int) -> int:
+    """Resumed without a replay buffer: the step from which updates go on (learning_starts, >= 1, steps on), in a warning."""
+    start = global_step + max(learning_starts, 1)
+    print(f"warning: no replay buffer in the checkpoint (saved without --save-buffer): the buffer starts empty, and updates "
+          f"pause until it holds {learning_starts} new transitions (step {start}); acting goes on.", file=sys.stderr)
+    return start
+
+
 def policy_from_checkpoint(ckpt: dict) -> Policy:
     """The checkpoint's actor as its Policy, on the CPU (tools/agent.py evaluates and exports it)."""
-    obs_shape, act_shape = probe_env(ckpt["args"]["env_id"])  # the env exists, and the checkpoint's actor fits it
-    shapes = {"obs_shape": list(obs_shape), "act_shape": list(act_shape)}
+    shapes, act_space = probe_env(ckpt["args"]["env_id"])  # the env exists, and the checkpoint's actor fits it
     check_checkpoint_matches(ckpt, ckpt.get("path", ""), SCRIPT_NAME, shapes)
-    actor = Actor(int(np.prod(obs_shape)), int(np.prod(act_shape)))
+    actor = Actor(int(np.prod(shapes["obs_shape"])), int(np.prod(act_space.shape)))
     actor.load_state_dict(ckpt["learner"]["actor"])
-    space = eval_env(ckpt["args"]["env_id"]).action_space
-    return Policy(actor, space.low, space.high)
+    return Policy(actor, act_space.low, act_space.high)
 
 
-def probe_env(env_id: str) -> tuple[tuple, tuple]:
-    """Make the env once to check it exists and has a bounded continuous (Box) action space; return the shapes."""
+def probe_env(env_id: str) -> tuple[dict, gym.spaces.Box]:
+    """Make the env once: it exists, with a bounded continuous (Box) action space. Returns (its shapes, that space)."""
     check_env_id(env_id)
     try:
         env = gym.wrappers.FlattenObservation(gym.make(env_id))
@@ -1220,20 +1106,17 @@ def probe_env(env_id: str) -> tuple[tuple, tuple]:
     obs_space, act_space = env.observation_space, env.action_space
     env.close()
     if not isinstance(act_space, gym.spaces.Box):
-        raise UserError(f"{env_id} has a {type(act_space).__name__} action space ({act_space}); this SAC needs a "
-                        f"continuous Box action space (e.g. Pendulum-v1, HalfCheetah-v4). This project's discrete-action "
-                        f"scripts, ppo_atari.py and a2c_atari.py, take Atari games only.")  # fmt: skip
+        raise UserError(f"{env_id} has a {type(act_space).__name__} action space ({act_space}); this SAC needs a continuous "
+                        "Box action space (e.g. Pendulum-v1, HalfCheetah-v4).")  # fmt: skip
     if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
         raise UserError(f"{env_id}'s action space {act_space} is unbounded; SAC squashes actions into its bounds.")
-    return obs_space.shape, act_space.shape
+    return {"obs_shape": list(obs_space.shape), "act_shape": list(act_space.shape)}, act_space
 
 
 def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_dim: int) -> None:
-    """Stop at once, naming what to change, where an edit broke the networks' sizes (else the first failure would come
-    after learning_starts steps): on 64 observations (and actions) the Actor must give a mean and a log-std of shape
-    (64, act_dim) each, the critics Q1 and Q2 of shape (2, 64)."""
-    device = next(actor.parameters()).device
-    obs, actions = torch.zeros(64, obs_dim, device=device), torch.zeros(64, act_dim, device=device)  # no RNG drawn
+    """Stop at once, naming what to change, where an edit broke the networks' sizes (else it fails after learning_starts
+    steps): on 64 observations the Actor gives a mean and a log-std (64, act_dim) each, the critics Q1, Q2 (2, 64)."""
+    obs, actions = (torch.zeros(64, n, device=next(actor.parameters()).device) for n in (obs_dim, act_dim))  # no RNG
     checks = {"Actor": (actor, (obs,), f"obs_dim = {obs_dim}", f"2 * act_dim = {2 * act_dim} (mean and log-std)",
                         [(64, act_dim)] * 2),
               "q_network": (q_values, (critics, obs, actions), f"obs_dim + act_dim = {obs_dim + act_dim}",
@@ -1252,47 +1135,10 @@ def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_d
                             f"{', '.join(map(str, expected))}. {sizes}")  # fmt: skip
 
 
-# ---- speed set-up: each wraps one step of the algorithm above without changing its math ----
-def speed_setup() -> None:
-    """The process-wide speed settings (flush_denormals, keep_freed_memory), made before torch's first parallel op:
-    its OpenMP threads copy the denormal flag when they start."""
-    flush_denormals()
-    keep_freed_memory()
-
-
-def flush_denormals() -> bool:
-    """Make float32 arithmetic treat and produce denormals (|x| < 1.2e-38) as zero, in this thread and in the OpenMP
-    threads torch starts later (call it before torch's first parallel op); returns whether it holds in every thread.
-    Why: Adam's decaying moments of dead ReLU units crawl through the slow denormal range (measured: docs page)."""
-    if not torch.set_flush_denormal(True):
-        return False  # a CPU without the flush-to-zero / denormals-are-zero modes
-    # The smallest denormal, 1.4e-45, written as its bit pattern: converting a Python float would already flush it
-    probe = torch.ones(1 << 16, dtype=torch.int32).view(torch.float32)  # 2 chunks of 32k: both threads (2 cores)
-    return bool(((probe * 1.0).view(torch.int32) == 0).all())  # bits: a comparison would read denormals as 0
-
-
-def keep_freed_memory() -> None:
-    """Let glibc's malloc reuse freed memory instead of handing it back to the OS (Linux with glibc; a no-op elsewhere).
-    Why: by default every block over 128 KiB is mapped fresh and unmapped when freed, so each large activation of
-    an update faults its pages in again (measured: docs page). The replay buffer's arrays are still mapped."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return  # another C library (e.g. musl): leave its allocator alone
-    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
-    libc.mallopt(m_mmap_threshold, 32 * 1024 * 1024)
-    libc.mallopt(m_trim_threshold, 512 * 1024 * 1024)
-
-
-def freeze_startup_objects() -> None:
-    """Move every object alive now (modules, envs, the networks) out of the garbage collector's full collections,
-    which walk them all every few hundred gradient steps (measured: docs page); later objects are collected as usual.
-    Handed back at exit: nanobind modules (triton, imported by torch) otherwise print "leaked" lines at shutdown."""
-    gc.collect()
-    gc.freeze()
-    atexit.register(gc.unfreeze)
+def flush_denormals() -> None:
+    """Speed (benchmarks/README.md): float32 denormals (|x| < 1.2e-38) become 0 in this thread and in the OpenMP threads
+    torch starts later (so: call it first). Why: Adam's moments of dead ReLU units decay through that slow range."""
+    torch.set_flush_denormal(True)
 
 
 # --- end shared: sac-run ---

@@ -16,8 +16,8 @@ BUDGETS = {
     "ppo_continuous.py": (500, 150),
     "ppo_atari.py": (420, 150),
     "a2c_atari.py": (380, 150),
-    "sac_continuous.py": (550, 150),
-    "sac_continuous_ray.py": (1100, 180),
+    "sac_continuous.py": (460, 150),
+    "sac_continuous_ray.py": (950, 180),
 }
 # The ceilings the "Half the file" issue sets (whole file, above the banner), printed beside the actual counts: not
 # all met yet (see benchmarks/README.md, "Line budgets").

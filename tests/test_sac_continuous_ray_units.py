@@ -102,18 +102,18 @@ def test_worker_acts_randomly_first_then_with_the_weights_it_pulls_when_told():
 
 def test_worker_acts_through_its_own_actor_module_on_the_pulled_weights():
     """The worker loads the published weights into an Actor of the script's class and acts through it and
-    squashed_gaussian (sac-rollout's policy_actions): no second copy of the network's math."""
+    squashed_gaussian (Policy.act, as in sac_continuous.py): no second copy of the network's math."""
     torch.manual_seed(3)
     actor = sr.Actor(3, 1)
     server = sr.ParameterServer()
     server.publish(sr.actor_weights(actor), 5)
     worker = sr.RolloutWorker(0, "Pendulum-v1", 1, 1, server)
     batch, stats = worker.collect(3, 0, True)
-    assert stats["version"] == 5 and type(worker.actor) is sr.Actor
-    torch.testing.assert_close(list(worker.actor.parameters()), list(actor.parameters()), rtol=0, atol=0)
+    assert stats["version"] == 5 and type(worker.policy.actor) is sr.Actor
+    torch.testing.assert_close(list(worker.policy.actor.parameters()), list(actor.parameters()), rtol=0, atol=0)
     noise = np.random.default_rng([1, 1]).standard_normal((3, 1, 1))  # the worker's own generator, seeded [seed, 1]
     for t in range(3):
-        expected = sr.policy_actions(actor, batch["obs"][t : t + 1], noise[t], worker.scale, worker.bias)
+        expected = sr.Policy(actor, worker.low, worker.high).act(batch["obs"][t : t + 1], noise[t])
         np.testing.assert_allclose(batch["actions"][t : t + 1], expected, rtol=1e-6, atol=1e-6)
 
 

@@ -78,7 +78,7 @@ def expected_actions(module, actor, obs: np.ndarray, noise, scale: torch.Tensor,
 
 
 def check_acting(module, obs_dim: int, act_dim: int) -> None:
-    """Acting (the rollout's policy_actions, and the evaluated Policy) matches the edited Actor within 1e-5 on 64
+    """Acting (the rollout's Policy.act, and the evaluated Policy) matches the edited Actor within 1e-5 on 64
     fixed observations, with noise and without."""
     torch.manual_seed(0)
     actor = module.Actor(obs_dim, act_dim)
@@ -86,7 +86,7 @@ def check_acting(module, obs_dim: int, act_dim: int) -> None:
     obs = np.random.default_rng(1).normal(size=(64, obs_dim)) * 3  # float64, as MuJoCo returns them
     noise = torch.randn(64, act_dim, generator=torch.Generator().manual_seed(2))
     scale, bias = torch.full((act_dim,), 2.0), torch.linspace(-0.5, 0.5, act_dim)
-    acting = module.policy_actions(actor, obs, noise, scale, bias)
+    acting = module.Policy(actor, bias - scale, bias + scale).act(obs, noise)
     np.testing.assert_allclose(acting, expected_actions(module, actor, obs, noise, scale, bias), rtol=1e-5, atol=1e-5)
     with torch.no_grad():
         evaluated = module.Policy(actor, bias - scale, bias + scale)(torch.from_numpy(obs)).numpy()
@@ -154,7 +154,7 @@ def test_edit_keeps_the_ray_copy_acting_and_training_correct(edit, tmp_path):
     worker = script.RolloutWorker(0, "Pendulum-v1", 1, 7, server)
     batch, stats = worker.collect(16, 0, True)
     noise = torch.from_numpy(np.random.default_rng([7, 1]).standard_normal((16, 1)))  # the worker's generator
-    expected = expected_actions(script, learner.actor, batch["obs"], noise.float(), worker.scale, worker.bias)
+    expected = expected_actions(script, learner.actor, batch["obs"], noise.float(), worker.policy.scale, worker.policy.bias)
     np.testing.assert_allclose(batch["actions"], expected, rtol=1e-5, atol=1e-5)
 
     learner, initial = initial_learner(script, 3, 1, -2.0, 2.0), initial_learner(script, 3, 1, -2.0, 2.0)
