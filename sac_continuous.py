@@ -16,6 +16,7 @@ import math
 import os
 import random
 import re
+import shutil
 import signal
 import sys
 import time
@@ -377,6 +378,7 @@ def main() -> None:
     flush_denormals()  # speed (below the banner): before torch's first parallel op
     args.num_iterations = args.total_timesteps // args.num_envs
     shapes, act_space = probe_env(args.env_id)
+    check_buffer_fits(args, shapes["obs_shape"], act_space.shape)  # below the banner: memory and disk hold it
     run = Run(args, SCRIPT_NAME, ckpt, shapes, args.log_interval)
     seed_everything(args.seed, args.torch_deterministic)
 
@@ -452,6 +454,21 @@ def main() -> None:
 # Checkpoints, resume, logging, flag checks, the env probe, the networks' check, speed (`shared:`: tools/sync_shared.py)
 
 # --- shared: sac-run ---
+def check_buffer_fits(args, obs_shape: tuple, act_shape: tuple) -> None:
+    """Refuse a replay buffer this machine cannot hold, before anything starts: numpy allocates it lazily, so it would
+    start, then be killed hours later as it fills; --save-buffer writes it into every checkpoint (twice during a save)."""
+    nbytes = args.buffer_size * (2 * int(np.prod(obs_shape)) + int(np.prod(act_shape)) + 2) * 4  # float32 rows
+    meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").is_file() else ""  # Linux; elsewhere unchecked
+    available = next((int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:")), None)
+    disk = shutil.disk_usage(next(p for p in Path(args.runs_dir).absolute().parents if p.exists()) if not
+                             os.path.exists(args.runs_dir) else args.runs_dir).free  # fmt: skip
+    for needed, have, what in ((nbytes, available, "memory available"), (2 * nbytes if args.save_buffer else 0, disk,
+                                                                          "free disk under --runs-dir (--save-buffer)")):
+        if have is not None and needed > have:
+            raise UserError(f"--buffer-size {args.buffer_size:,} needs {needed / 2**30:.1f} GiB, but this machine has "
+                            f"{have / 2**30:.1f} GiB of {what}: lower --buffer-size.")  # fmt: skip
+
+
 class BufferPart:
     """A replay buffer as a checkpoint part: its stored rows (copies) and write position, as tensors that load with
     weights_only=True; with save False (no --save-buffer: up to buffer_size transitions, large) None instead."""

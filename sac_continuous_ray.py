@@ -32,6 +32,7 @@ import math
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import sys
@@ -1058,6 +1059,21 @@ def stop_on_task_error(run, shard_states: ShardStates):
 
 
 # --- shared: sac-run ---
+def check_buffer_fits(args, obs_shape: tuple, act_shape: tuple) -> None:
+    """Refuse a replay buffer this machine cannot hold, before anything starts: numpy allocates it lazily, so it would
+    start, then be killed hours later as it fills; --save-buffer writes it into every checkpoint (twice during a save)."""
+    nbytes = args.buffer_size * (2 * int(np.prod(obs_shape)) + int(np.prod(act_shape)) + 2) * 4  # float32 rows
+    meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").is_file() else ""  # Linux; elsewhere unchecked
+    available = next((int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:")), None)
+    disk = shutil.disk_usage(next(p for p in Path(args.runs_dir).absolute().parents if p.exists()) if not
+                             os.path.exists(args.runs_dir) else args.runs_dir).free  # fmt: skip
+    for needed, have, what in ((nbytes, available, "memory available"), (2 * nbytes if args.save_buffer else 0, disk,
+                                                                          "free disk under --runs-dir (--save-buffer)")):
+        if have is not None and needed > have:
+            raise UserError(f"--buffer-size {args.buffer_size:,} needs {needed / 2**30:.1f} GiB, but this machine has "
+                            f"{have / 2**30:.1f} GiB of {what}: lower --buffer-size.")  # fmt: skip
+
+
 class BufferPart:
     """A replay buffer as a checkpoint part: its stored rows (copies) and write position, as tensors that load with
     weights_only=True; with save False (no --save-buffer: up to buffer_size transitions, large) None instead."""
