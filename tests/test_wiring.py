@@ -1,15 +1,24 @@
-"""Wiring: what main() computes from a rollout, checked against values worked out from the definitions on a scripted
-env (tests.fake_envs:Wiring-v0: known rewards, a termination and a truncation at known steps). The helpers are unit
-tested elsewhere; these tests look at how main() feeds them: which flags, which values, which step's observation.
-The value function is fixed to a known formula (a subclass of the script's Agent), so the advantages and targets
-main() hands to the loss follow from the env's script alone. Each test runs main() in-process for one iteration:
-about a second."""
+"""Wiring: what main() computes from a rollout, checked against values worked out from the definitions on scripted
+envs whose every step is known in advance (tests/fake_envs.py: Wiring-v0, a termination and a truncation at known
+steps; WiringAle, Atari games with lives, a game over and a time limit). The helpers are unit tested elsewhere; these
+tests look at how main() feeds them: which flags, which values, which step's observation. The networks are fixed to
+known formulas (subclasses of the scripts' own), so the advantages, returns and targets main() hands to the losses
+follow from the env's script alone. Each test runs main() in-process for one or two iterations: a second or two.
 
+The scripts are reached only through the names main() calls (Agent, ppo_losses, a2c_losses, make_env, probe_env,
+ReplayBuffer, q_network, sample_action, soft_q_target, gradient_step, env_step, Run.episode): one monkeypatch each."""
+
+import itertools
+
+import gymnasium as gym
 import numpy as np
+import pytest
 import torch
+import torch.nn as nn
 
 import tests.fake_envs  # noqa: F401  (registers Wiring-v0)
 from tests.conftest import ROOT
+from tests.fake_envs import WiringAle
 from tests.student_copy import import_copy, main_in_process
 
 GAMMA, LAMBDA = 0.9, 0.8
@@ -56,7 +65,7 @@ def expected_advantages(r: dict) -> np.ndarray:
 
 def run_main(module, monkeypatch, tmp_path, argv: list) -> None:
     main_in_process(module, [*argv, "--runs-dir", tmp_path, "--torch-threads", "1", "--no-progress",
-                             "--checkpoint-interval", "0"], monkeypatch)  # fmt: skip
+                             "--checkpoint-interval", "0", "--no-cuda"], monkeypatch)  # fmt: skip
 
 
 def test_ppo_continuous_main_hands_the_loss_the_advantages_and_targets_of_the_rollout(tmp_path, monkeypatch):
@@ -90,3 +99,167 @@ def test_ppo_continuous_main_hands_the_loss_the_advantages_and_targets_of_the_ro
     np.testing.assert_allclose(old_values.numpy(), v.reshape(-1), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(advantages.numpy(), expected.reshape(-1), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(returns.numpy(), (expected + v).reshape(-1), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Atari: make_env's EpisodicLife and FireReset on WiringAle, under next-step autoreset
+# ---------------------------------------------------------------------------------------------------------------
+FLOATS = ("obs", "reward", "next_obs")
+
+
+def atari_rollout(num_envs: int, num_steps: int) -> tuple[dict, list]:
+    """What WiringAle under make_env's episode wrappers gives, agent step by agent step, worked out from the
+    documented semantics (docs/ppo_atari.md, "Episodes and reset steps"): the game starts after a FIRE (emulator step
+    1); a lost life ends the learning episode (terminated) and the game goes on; a game over is terminated, the time
+    limit truncated. The step after any episode end is a reset step: the env ignores its action, pays 0, and returns
+    the next episode's first obs (after a lost life: a NOOP and a FIRE later in the same game; else the next game's
+    FIRE); the obs recorded at the reset step is the ended episode's final obs. Returns the arrays (as wiring_rollout,
+    plus reset_step) and the games that ended: (agent step, env, whole-game score, emulator steps)."""
+    out = {k: np.zeros((num_steps, num_envs, 2) if "obs" in k else (num_steps, num_envs), float if k in FLOATS else bool)
+           for k in ("obs", "reward", "terminated", "truncated", "next_obs", "reset_step")}  # fmt: skip
+    games = []
+    for env in range(num_envs):
+        script = WiringAle(env).event
+        game, t, score, pending = 0, 1, 1.0, None  # after the reset's FIRE, worth t + game / 10 = 1
+        for step in range(num_steps):
+            out["obs"][step, env] = (t, game)
+            out["reset_step"][step, env] = pending is not None
+            if pending == "life":  # EpisodicLife's NOOP, FireReset's FIRE: their points count for the game only
+                score += (t + 1 + game / 10) + (t + 2 + game / 10)
+                t, pending = t + 2, None
+            elif pending is not None:  # a new game and its FIRE
+                game, t, pending = game + 1, 1, None
+                score = 1 + game / 10
+            else:
+                t += 1
+                out["reward"][step, env] = t + game / 10
+                score += t + game / 10
+                pending = script(game, t)
+                out["terminated"][step, env] = pending in ("life", "game over")  # a lost life ends the episode
+                out["truncated"][step, env] = pending == "time limit"
+                if pending in ("game over", "time limit"):
+                    games.append((step, env, score, t))
+            out["next_obs"][step, env] = (t, game)
+    return out, sorted(games)
+
+
+def window(r: dict, iteration: int, num_steps: int) -> dict:
+    """The steps of one iteration (from 0) of a rollout."""
+    return {k: v[iteration * num_steps : (iteration + 1) * num_steps] for k, v in r.items()}
+
+
+def expected_n_step_returns(r: dict) -> np.ndarray:
+    """n-step returns from their definition over one window of T steps (docs/a2c_atari.md): R_t = r_t at a
+    termination; r_t + gamma V(s'_t) at a truncation or at the window's last step; else r_t + gamma R_{t+1}."""
+    v_next = known_value(torch.from_numpy(r["next_obs"])).numpy()
+    returns = np.zeros_like(r["reward"])
+    for t in reversed(range(len(returns))):
+        later = GAMMA * (v_next[t] if t == len(returns) - 1 else returns[t + 1])
+        later = np.where(r["truncated"][t], GAMMA * v_next[t], later)
+        returns[t] = r["reward"][t] + np.where(r["terminated"][t], 0.0, later)
+    return returns
+
+
+def scripted_atari(module, idx: int) -> gym.Env:
+    """make_env's chain with WiringAle in place of the emulator and its preprocessing: the episode wrappers of the
+    script (RecordEpisodeStatistics for whole games, EpisodicLife, FireReset), in make_env's order. (ClipReward and
+    the frame stack are left out: they change no episode boundary, and main() stores what the env returns.)"""
+    return module.FireReset(module.EpisodicLife(gym.wrappers.RecordEpisodeStatistics(WiringAle(idx))))
+
+
+def atari_copy(script: str, monkeypatch):
+    """A fresh import of the script on WiringAle (make_env, probe_env), with V fixed to known_value (Agent) and the
+    games main() logs recorded (Run.episode). Returns (module, logged games)."""
+    module = import_copy(ROOT / script)
+
+    class KnownValueAgent(module.Agent):
+        """The script's Agent with V(s) = known_value(s); its policy's logits are a parameter of their own (whatever
+        the frames: WiringAle's actions change nothing), so the loss keeps a gradient."""
+
+        def __init__(self, num_actions: int):
+            super().__init__(num_actions)
+            self.logits = nn.Parameter(torch.zeros(num_actions))
+
+        def forward(self, obs: torch.Tensor) -> tuple:
+            return self.logits.expand(len(obs), -1), known_value(obs.float())
+
+    logged, real_episode = [], module.Run.episode
+
+    def recording_episode(run, episode_return, length, step):
+        logged.append((episode_return, length, step))
+        return real_episode(run, episode_return, length, step)
+
+    monkeypatch.setattr(module, "Agent", KnownValueAgent)
+    monkeypatch.setattr(module, "probe_env", lambda env_id: (WiringAle().observation_space.shape, 4))
+    monkeypatch.setattr(module, "make_env", lambda env_id, idx, capture_video, video_dir: lambda: scripted_atari(module, idx))
+    monkeypatch.setattr(module.Run, "episode", recording_episode)
+    return module, logged
+
+
+def expected_games(games: list, num_envs: int) -> list:
+    """(score, length, global step) main() must log for each game: the whole game (every life, the resets' FIRE and
+    NOOP steps), at the global step of the agent step that ended it."""
+    return [(pytest.approx(score), length, (step + 1) * num_envs) for step, env, score, length in games]
+
+
+ATARI_ITERATIONS, ATARI_ENVS, ATARI_STEPS = 2, 2, 6  # env 1 ends a game at the last step of the first iteration
+
+
+def test_ppo_atari_main_hands_the_loss_the_advantages_and_targets_of_the_games(tmp_path, monkeypatch):
+    """2 envs x 6 steps, two iterations, one minibatch, one epoch, batches in rollout order: ppo_losses receives,
+    for every real transition (no reset step) in rollout order, GAE from its definition (a lost life and a game over
+    not bootstrapped, the time limit bootstrapped from the final obs, each window bootstrapped from V of the obs
+    after it, the sums cut at every episode end), V of the observations seen, and their sum as value targets; each
+    game is logged whole, at the step that ended it."""
+    ppo, logged = atari_copy("ppo_atari.py", monkeypatch)
+    received, real_losses = [], ppo.ppo_losses
+
+    def recording_losses(new_logprob, old_logprob, advantages, new_values, old_values, returns, *rest):
+        received.append((advantages.detach().clone(), old_values.detach().clone(), returns.detach().clone()))
+        return real_losses(new_logprob, old_logprob, advantages, new_values, old_values, returns, *rest)
+
+    monkeypatch.setattr(ppo, "ppo_losses", recording_losses)
+    monkeypatch.setattr(torch, "randperm", lambda n, **kw: torch.arange(n, device=kw.get("device")))  # rollout order
+    run_main(ppo, monkeypatch, tmp_path, ["--num-envs", ATARI_ENVS, "--num-steps", ATARI_STEPS, "--total-timesteps",
+                                          ATARI_ITERATIONS * ATARI_ENVS * ATARI_STEPS, "--num-minibatches", 1,
+                                          "--update-epochs", 1, "--gamma", GAMMA, "--gae-lambda", LAMBDA,
+                                          "--no-norm-adv"])  # fmt: skip
+    rollout, games = atari_rollout(ATARI_ENVS, ATARI_ITERATIONS * ATARI_STEPS)
+    assert len(received) == ATARI_ITERATIONS
+    for iteration, (advantages, old_values, returns) in enumerate(received):
+        w = window(rollout, iteration, ATARI_STEPS)
+        expected, v = expected_advantages(w)
+        real = ~w["reset_step"]  # boolean indexing flattens in rollout order, step by step
+        np.testing.assert_allclose(old_values.numpy(), v[real], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(advantages.numpy(), expected[real], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(returns.numpy(), (expected + v)[real], rtol=1e-5, atol=1e-5)
+    assert logged == expected_games(games, ATARI_ENVS)
+
+
+def test_a2c_atari_main_hands_the_loss_the_n_step_returns_of_the_games(tmp_path, monkeypatch):
+    """2 envs x 6 steps, two iterations: a2c_losses receives, for every real transition (no reset step) in rollout
+    order, the n-step returns from their definition (cut at every episode end: a lost life and a game over with no
+    value beyond, the time limit bootstrapped from V of its final obs, the window's last step from V of the obs
+    after it), V of the observations seen, and their difference as advantages; each game is logged whole."""
+    a2c, logged = atari_copy("a2c_atari.py", monkeypatch)
+    received, real_losses = [], a2c.a2c_losses
+
+    def recording_losses(logprob, advantages, values, returns, *rest):
+        received.append((advantages.detach().clone(), values.detach().clone(), returns.detach().clone()))
+        return real_losses(logprob, advantages, values, returns, *rest)
+
+    monkeypatch.setattr(a2c, "a2c_losses", recording_losses)
+    run_main(a2c, monkeypatch, tmp_path, ["--num-envs", ATARI_ENVS, "--num-steps", ATARI_STEPS, "--total-timesteps",
+                                          ATARI_ITERATIONS * ATARI_ENVS * ATARI_STEPS, "--gamma", GAMMA, "--no-norm-adv",
+                                          "--log-interval", 1])  # fmt: skip
+    rollout, games = atari_rollout(ATARI_ENVS, ATARI_ITERATIONS * ATARI_STEPS)
+    assert len(received) == ATARI_ITERATIONS
+    for iteration, (advantages, values, returns) in enumerate(received):
+        w = window(rollout, iteration, ATARI_STEPS)
+        expected = expected_n_step_returns(w)
+        v = known_value(torch.from_numpy(w["obs"])).numpy()
+        real = ~w["reset_step"]
+        np.testing.assert_allclose(returns.numpy(), expected[real], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(values.numpy(), v[real], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(advantages.numpy(), (expected - v)[real], rtol=1e-5, atol=1e-5)
+    assert logged == expected_games(games, ATARI_ENVS)
