@@ -263,3 +263,134 @@ def test_a2c_atari_main_hands_the_loss_the_n_step_returns_of_the_games(tmp_path,
         np.testing.assert_allclose(values.numpy(), v[real], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(advantages.numpy(), (expected - v)[real], rtol=1e-5, atol=1e-5)
     assert logged == expected_games(games, ATARI_ENVS)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SAC: the transitions stored (same-step autoreset) and the soft Q targets, with known critics
+# ---------------------------------------------------------------------------------------------------------------
+ALPHA, TARGET_SHIFT = 0.2, 2.0
+
+
+def known_q(x: torch.Tensor, critic: int, target: bool) -> torch.Tensor:
+    """Q_i(s, a) for x = [t, episode, a]: one formula per critic (their minimum is either, depending on the row), and
+    the target critics' TARGET_SHIFT above the online ones."""
+    t, episode, a = x[..., 0], x[..., 1], x[..., 2]
+    q = 1.0 + t / 2 - episode / 5 + a if critic == 0 else 1.5 + t / 4 + episode / 3 - a / 2
+    return q + (TARGET_SHIFT if target else 0.0)
+
+
+class KnownQ(nn.Module):
+    """A critic that computes known_q; its one weight enters times 0 (the loss keeps a gradient, Adam leaves it 0)."""
+
+    def __init__(self, critic: int):
+        super().__init__()
+        self.critic, self.target, self.weight = critic, False, nn.Parameter(torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return known_q(x, self.critic, self.target).unsqueeze(-1) + 0.0 * self.weight
+
+
+def transitions_by_obs(r: dict) -> dict:
+    """{obs: (reward, true next obs, terminated)} from a Wiring-v0 rollout: its transitions depend on the obs alone."""
+    flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in r.items()}
+    return {tuple(o): (rew, nxt, term) for o, rew, nxt, term in zip(flat["obs"], flat["reward"], flat["next_obs"],
+                                                                    flat["terminated"])}  # fmt: skip
+
+
+def recording_env_step(module, monkeypatch) -> list:
+    """Record the actions main() (or a rollout worker) sends to the envs, through the script's env_step."""
+    sent, real_env_step = [], module.env_step
+
+    def env_step(envs, actions, *rest):
+        sent.append(np.array(actions, np.float32))
+        return real_env_step(envs, actions, *rest)
+
+    monkeypatch.setattr(module, "env_step", env_step)
+    return sent
+
+
+def assert_stored_transitions(stored: dict, sent: list, r: dict) -> None:
+    """The stored rows, one per env and vector step in rollout order: (obs seen, action sent, reward, the true next
+    obs (an episode's final obs at its end, not the next episode's first), terminated: never a truncation)."""
+    flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in r.items()}
+    np.testing.assert_array_equal(stored["obs"], flat["obs"])
+    np.testing.assert_array_equal(stored["actions"], np.concatenate(sent))
+    np.testing.assert_allclose(stored["rewards"], flat["reward"], rtol=1e-6)
+    np.testing.assert_array_equal(stored["next_obs"], flat["next_obs"])
+    np.testing.assert_array_equal(stored["terminated"], flat["terminated"])
+
+
+def test_sac_continuous_main_stores_the_true_transitions_and_regresses_on_the_soft_q_targets(tmp_path, monkeypatch):
+    """2 envs x 8 vector steps on Wiring-v0 (3 of random actions, then the policy's; a gradient step at each of the
+    last 6), critics fixed to known formulas: the buffer holds the rollout's transitions (true final obs at an
+    episode end, terminated but not truncated as done), and at each gradient step the soft Q target of every sampled
+    row is y = r + gamma (1 - terminated) (min_i Q'_i(s', a') - alpha log pi(a'|s')), with r, s', terminated those of
+    the env's script for that row's obs and a' ~ pi(.|s') drawn for s'; the critics' losses are mean (Q_i(s, a) - y)^2."""
+    sac = import_copy(ROOT / "sac_continuous.py")
+    made, batches, samples, targets, metrics = [], [], [], [], []
+
+    class RecordingBuffer(sac.ReplayBuffer):
+        def __init__(self, *args):
+            super().__init__(*args)
+            made.append(self)
+
+        def sample(self, *args):
+            batches.append(super().sample(*args))
+            return batches[-1]
+
+    class KnownTargetsLearner(sac.Learner):
+        def __init__(self, *args):
+            super().__init__(*args)
+            for critic in self.qf_target:
+                critic.target = True
+
+    real_sample_action, real_target, real_gradient_step = sac.sample_action, sac.soft_q_target, sac.gradient_step
+
+    def sample_action(learner, obs):
+        actions, log_prob = real_sample_action(learner, obs)
+        samples.append((obs.clone(), actions.detach().clone(), log_prob.detach().clone()))
+        return actions, log_prob
+
+    def soft_q_target(*args):
+        targets.append((samples[-1], real_target(*args).clone()))  # a' and log pi(a'|s') drawn just before
+        return targets[-1][1]
+
+    def gradient_step(*args):
+        critic_metrics, actor_metrics = real_gradient_step(*args)
+        metrics.append(critic_metrics.clone())
+        return critic_metrics, actor_metrics
+
+    critics = itertools.cycle([0, 1])
+    monkeypatch.setattr(sac, "speed_setup", lambda: None)  # process-wide speed settings: not for the test's process
+    monkeypatch.setattr(sac, "freeze_startup_objects", lambda: None)  # (idem: gc.freeze)
+    monkeypatch.setattr(sac, "q_network", lambda obs_dim, act_dim: KnownQ(next(critics)))
+    monkeypatch.setattr(sac, "Learner", KnownTargetsLearner)
+    monkeypatch.setattr(sac, "ReplayBuffer", RecordingBuffer)
+    monkeypatch.setattr(sac, "sample_action", sample_action)
+    monkeypatch.setattr(sac, "soft_q_target", soft_q_target)
+    monkeypatch.setattr(sac, "gradient_step", gradient_step)
+    sent = recording_env_step(sac, monkeypatch)
+    num_envs, num_steps = 2, 8
+    run_main(sac, monkeypatch, tmp_path, ["--env-id", "tests.fake_envs:Wiring-v0", "--num-envs", num_envs,
+                                          "--total-timesteps", num_envs * num_steps, "--learning-starts", 6,
+                                          "--batch-size", 8, "--buffer-size", 64, "--gamma", GAMMA, "--no-autotune",
+                                          "--alpha", ALPHA])  # fmt: skip
+    r = wiring_rollout(num_envs, num_steps)
+    (buffer,) = made
+    assert len(sent) == num_steps and buffer.size == num_envs * num_steps
+    assert_stored_transitions({k: v[: buffer.size] for k, v in buffer.arrays.items()}, sent, r)
+
+    by_obs = transitions_by_obs(r)
+    assert len(batches) == len(targets) == len(metrics) == num_steps - 2  # once global_step reaches learning_starts (6)
+    for batch, ((next_obs_in, next_actions, next_log_prob), y), critic_metrics in zip(batches, targets, metrics):
+        rows = [by_obs[tuple(o)] for o in batch["obs"].numpy()]
+        rewards, next_obs, terminated = (torch.tensor(np.array(x), dtype=torch.float32) for x in zip(*rows))
+        torch.testing.assert_close(next_obs_in, next_obs)  # a' drawn for s', the true next obs of each row
+        x_next = torch.cat([next_obs, next_actions], -1)
+        min_q_next = torch.minimum(known_q(x_next, 0, target=True), known_q(x_next, 1, target=True))
+        expected_y = rewards + GAMMA * (1.0 - terminated) * (min_q_next - ALPHA * next_log_prob)
+        torch.testing.assert_close(y, expected_y, rtol=1e-5, atol=1e-5)
+        x = torch.cat([batch["obs"], batch["actions"]], -1)
+        q = torch.stack([known_q(x, 0, target=False), known_q(x, 1, target=False)])
+        expected_metrics = torch.cat([q.mean(1), (q - expected_y).pow(2).mean(1)])  # [mean Q1, mean Q2, L1, L2]
+        torch.testing.assert_close(critic_metrics, expected_metrics, rtol=1e-5, atol=1e-5)
