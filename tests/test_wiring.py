@@ -394,3 +394,21 @@ def test_sac_continuous_main_stores_the_true_transitions_and_regresses_on_the_so
         q = torch.stack([known_q(x, 0, target=False), known_q(x, 1, target=False)])
         expected_metrics = torch.cat([q.mean(1), (q - expected_y).pow(2).mean(1)])  # [mean Q1, mean Q2, L1, L2]
         torch.testing.assert_close(critic_metrics, expected_metrics, rtol=1e-5, atol=1e-5)
+
+
+def test_sac_continuous_ray_workers_store_the_true_transitions(monkeypatch):
+    """sac_continuous_ray.py's rollout side, in-process (its main() starts Ray: tens of seconds): a RolloutWorker's
+    batches on Wiring-v0 (2 envs; 5 vector steps, 3 of them random, then 3 more in a second batch), stored by a
+    BufferShard, are the rollout's transitions as in sac_continuous.py. Its learner runs the same gradient_step (the
+    shared sac-algorithm block, checked identical by tests/test_shared_blocks.py)."""
+    sr = import_copy(ROOT / "sac_continuous_ray.py")
+    sent = recording_env_step(sr, monkeypatch)
+    server = sr.ParameterServer()
+    server.publish(sr.actor_weights(sr.Actor(2, 1)), 0)
+    worker = sr.RolloutWorker(0, "tests.fake_envs:Wiring-v0", 2, 1, server)
+    shard = sr.BufferShard(64, 2, 1, 0)
+    for steps, random_steps in ((5, 3), (3, 0)):  # the second batch goes on with the episodes of the first
+        shard.add(worker.collect(steps, random_steps)[0])
+    buffer = shard.buffer
+    assert len(sent) == 8 and buffer.size == 16
+    assert_stored_transitions({k: v[: buffer.size] for k, v in buffer.arrays.items()}, sent, wiring_rollout(2, 8))
