@@ -82,7 +82,7 @@ def test_ppo_continuous_main_hands_the_loss_the_advantages_and_targets_of_the_ro
     real_losses = ppo.ppo_losses
 
     def recording_losses(new_logprob, old_logprob, advantages, new_values, old_values, returns, *rest):
-        received.append((advantages.detach().clone(), old_values.detach().clone(), returns.detach().clone()))
+        received.append([x.detach().clone() for x in (advantages, old_values, new_values, returns)])
         return real_losses(new_logprob, old_logprob, advantages, new_values, old_values, returns, *rest)
 
     monkeypatch.setattr(ppo, "Agent", KnownValueAgent)
@@ -94,9 +94,10 @@ def test_ppo_continuous_main_hands_the_loss_the_advantages_and_targets_of_the_ro
                                           "1", "--total-timesteps", str(num_envs * num_steps), "--gamma", str(GAMMA),
                                           "--gae-lambda", str(LAMBDA), "--no-norm-adv", "--no-norm-obs",
                                           "--no-norm-reward"])  # fmt: skip
-    (advantages, old_values, returns), = received
+    (advantages, old_values, new_values, returns), = received
     expected, v = expected_advantages(wiring_rollout(num_envs, num_steps))
     np.testing.assert_allclose(old_values.numpy(), v.reshape(-1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(new_values.numpy(), v.reshape(-1), rtol=1e-5, atol=1e-5)  # V fixed: of the same obs
     np.testing.assert_allclose(advantages.numpy(), expected.reshape(-1), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(returns.numpy(), (expected + v).reshape(-1), rtol=1e-5, atol=1e-5)
 
@@ -215,7 +216,7 @@ def test_ppo_atari_main_hands_the_loss_the_advantages_and_targets_of_the_games(t
     received, real_losses = [], ppo.ppo_losses
 
     def recording_losses(new_logprob, old_logprob, advantages, new_values, old_values, returns, *rest):
-        received.append((advantages.detach().clone(), old_values.detach().clone(), returns.detach().clone()))
+        received.append([x.detach().clone() for x in (advantages, old_values, new_values, returns)])
         return real_losses(new_logprob, old_logprob, advantages, new_values, old_values, returns, *rest)
 
     monkeypatch.setattr(ppo, "ppo_losses", recording_losses)
@@ -226,11 +227,12 @@ def test_ppo_atari_main_hands_the_loss_the_advantages_and_targets_of_the_games(t
                                           "--no-norm-adv"])  # fmt: skip
     rollout, games = atari_rollout(ATARI_ENVS, ATARI_ITERATIONS * ATARI_STEPS)
     assert len(received) == ATARI_ITERATIONS
-    for iteration, (advantages, old_values, returns) in enumerate(received):
+    for iteration, (advantages, old_values, new_values, returns) in enumerate(received):
         w = window(rollout, iteration, ATARI_STEPS)
         expected, v = expected_advantages(w)
         real = ~w["reset_step"]  # boolean indexing flattens in rollout order, step by step
         np.testing.assert_allclose(old_values.numpy(), v[real], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(new_values.numpy(), v[real], rtol=1e-5, atol=1e-5)  # V fixed: of the same obs
         np.testing.assert_allclose(advantages.numpy(), expected[real], rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(returns.numpy(), (expected + v)[real], rtol=1e-5, atol=1e-5)
     assert logged == expected_games(games, ATARI_ENVS)
