@@ -48,10 +48,10 @@ def wiring_rollout(num_envs: int, num_steps: int) -> dict:
     return out
 
 
-def expected_advantages(r: dict) -> np.ndarray:
+def expected_advantages(r: dict) -> tuple[np.ndarray, np.ndarray]:
     """GAE from its definition: delta_t = r_t + gamma V(s'_t) [not after a termination] - V(s_t), with s'_t the true
     next state (a truncated episode is bootstrapped from its last state); A_t = delta_t + gamma lambda A_{t+1}, the
-    sum stopping at any episode end."""
+    sum stopping at any episode end. Returns (A, V(s))."""
     v = known_value(torch.from_numpy(r["obs"])).numpy()
     v_next = known_value(torch.from_numpy(r["next_obs"])).numpy()
     advantages, running = np.zeros_like(r["reward"]), np.zeros(r["reward"].shape[1])
@@ -61,6 +61,20 @@ def expected_advantages(r: dict) -> np.ndarray:
             r["terminated"][t] | r["truncated"][t], 0.0, GAMMA * LAMBDA * running)  # fmt: skip
         advantages[t] = running
     return advantages, v
+
+
+def recording_ppo_losses(module, monkeypatch) -> list:
+    """Record what main() hands ppo_losses, [advantages, old values, new values, returns] per minibatch, with the
+    minibatches drawn in rollout order (torch.randperm: the identity)."""
+    received, real_losses = [], module.ppo_losses
+
+    def recording_losses(new_logprob, old_logprob, advantages, new_values, old_values, returns, *rest):
+        received.append([x.detach().clone() for x in (advantages, old_values, new_values, returns)])
+        return real_losses(new_logprob, old_logprob, advantages, new_values, old_values, returns, *rest)
+
+    monkeypatch.setattr(module, "ppo_losses", recording_losses)
+    monkeypatch.setattr(torch, "randperm", lambda n, **kw: torch.arange(n, device=kw.get("device")))
+    return received
 
 
 def run_main(module, monkeypatch, tmp_path, argv: list) -> None:
@@ -78,16 +92,8 @@ def test_ppo_continuous_main_hands_the_loss_the_advantages_and_targets_of_the_ro
         def get_value(self, x):
             return known_value(x)
 
-    received = []
-    real_losses = ppo.ppo_losses
-
-    def recording_losses(new_logprob, old_logprob, advantages, new_values, old_values, returns, *rest):
-        received.append([x.detach().clone() for x in (advantages, old_values, new_values, returns)])
-        return real_losses(new_logprob, old_logprob, advantages, new_values, old_values, returns, *rest)
-
     monkeypatch.setattr(ppo, "Agent", KnownValueAgent)
-    monkeypatch.setattr(ppo, "ppo_losses", recording_losses)
-    monkeypatch.setattr(torch, "randperm", lambda n, **kw: torch.arange(n, device=kw.get("device")))  # rollout order
+    received = recording_ppo_losses(ppo, monkeypatch)
     num_envs, num_steps = 3, 10
     run_main(ppo, monkeypatch, tmp_path, ["--env-id", "tests.fake_envs:Wiring-v0", "--num-envs", str(num_envs),
                                           "--num-steps", str(num_steps), "--num-minibatches", "1", "--update-epochs",
@@ -213,14 +219,7 @@ def test_ppo_atari_main_hands_the_loss_the_advantages_and_targets_of_the_games(t
     after it, the sums cut at every episode end), V of the observations seen, and their sum as value targets; each
     game is logged whole, at the step that ended it."""
     ppo, logged = atari_copy("ppo_atari.py", monkeypatch)
-    received, real_losses = [], ppo.ppo_losses
-
-    def recording_losses(new_logprob, old_logprob, advantages, new_values, old_values, returns, *rest):
-        received.append([x.detach().clone() for x in (advantages, old_values, new_values, returns)])
-        return real_losses(new_logprob, old_logprob, advantages, new_values, old_values, returns, *rest)
-
-    monkeypatch.setattr(ppo, "ppo_losses", recording_losses)
-    monkeypatch.setattr(torch, "randperm", lambda n, **kw: torch.arange(n, device=kw.get("device")))  # rollout order
+    received = recording_ppo_losses(ppo, monkeypatch)
     run_main(ppo, monkeypatch, tmp_path, ["--num-envs", ATARI_ENVS, "--num-steps", ATARI_STEPS, "--total-timesteps",
                                           ATARI_ITERATIONS * ATARI_ENVS * ATARI_STEPS, "--num-minibatches", 1,
                                           "--update-epochs", 1, "--gamma", GAMMA, "--gae-lambda", LAMBDA,
