@@ -126,3 +126,43 @@ class WiringEnv(CountingEnv):
 
 
 gym.register("Wiring-v0", entry_point=WiringEnv, max_episode_steps=4)
+
+
+class WiringAle(gym.Env):
+    """A stand-in for ale-py's AtariEnv under make_env's EpisodicLife and FireReset (tests/test_wiring.py): games
+    whose every step is known in advance, different in each env (`idx`, the env's index in the vector env).
+    obs = [t, game] (uint8), t the emulator step within the game (the FIRE and NOOP steps of the resets count);
+    reward t + game / 10. Even games: 2 lives, a life lost at t = 3 + idx, the game over at t = 7 + idx. Odd games:
+    cut by the time limit at t = 5 + idx (truncated, lives left), as ALE's max_num_frames_per_episode cuts a game."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, idx: int = 0):
+        self.observation_space = gym.spaces.Box(0, 255, (2,), np.uint8)
+        self.action_space = gym.spaces.Discrete(4)
+        self.idx, self.ale = idx, self  # the wrappers read lives() from env.unwrapped.ale
+        self.t, self.game, self.life_count = 0, -1, 2
+
+    def event(self, game: int, t: int) -> Optional[str]:
+        """What emulator step t of game `game` brings: 'life' (one lost, lives left), 'game over', 'time limit'."""
+        if game % 2 == 0:
+            return {3 + self.idx: "life", 7 + self.idx: "game over"}.get(t)
+        return "time limit" if t == 5 + self.idx else None
+
+    def get_action_meanings(self) -> list:
+        return ["NOOP", "FIRE", "RIGHT", "LEFT"]
+
+    def lives(self) -> int:
+        return self.life_count
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
+        super().reset(seed=seed)
+        self.t, self.game, self.life_count = 0, self.game + 1, 2
+        return np.array([self.t, self.game], np.uint8), {}
+
+    def step(self, action):
+        self.t += 1
+        event = self.event(self.game, self.t)
+        self.life_count -= {"life": 1, "game over": self.life_count}.get(event, 0)
+        obs = np.array([self.t, self.game], np.uint8)
+        return obs, self.t + self.game / 10, event == "game over", event == "time limit", {}
