@@ -76,7 +76,7 @@ class Args:
     runs_dir: str = "runs"  # folder with one sub-folder per run (TensorBoard events, checkpoints, videos)
     checkpoint_interval: int = 100_000  # write a checkpoint every N env steps (0 = never; Ctrl-C and --save-model still save)
     keep_checkpoints: int = 3  # how many of the newest periodic checkpoints to keep (the final one is always kept)
-    resume: Optional[str] = None  # continue the run of this checkpoint (appends to its run folder; the games restart)
+    resume: Optional[str] = None  # continue the run of this checkpoint (in its folder if nothing came after; games restart)
     eval_episodes: int = 10  # full games per evaluation (every --eval-interval, and after --save-model)
     eval_interval: int = 0  # every N env steps, play --eval-episodes games (greedy actions) on a separate env (0 = never)
     keep_best: bool = False  # keep checkpoints/best.pt: the agent with the best evaluation (else training) return so far

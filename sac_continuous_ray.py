@@ -98,7 +98,7 @@ class Args:
     checkpoint_interval: int = 100_000  # write a checkpoint every N env steps (0 = never; Ctrl-C and --save-model still save)
     keep_checkpoints: int = 3  # how many of the newest periodic checkpoints to keep (the final one is always kept)
     save_buffer: bool = False  # also checkpoint the replay buffer, all shards (large: up to buffer_size transitions)
-    resume: Optional[str] = None  # continue the run of this checkpoint (appends to its run folder)
+    resume: Optional[str] = None  # continue the run of this checkpoint (in its folder if nothing came after, else a new one)
     eval_episodes: int = 10  # episodes per evaluation (every --eval-interval, and after --save-model)
     eval_interval: int = 0  # every N env steps, play --eval-episodes deterministic episodes on a separate env (0 = never)
     keep_best: bool = False  # keep checkpoints/best.pt: the agent with the best evaluation (else training) return so far
