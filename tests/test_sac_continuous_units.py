@@ -3,6 +3,7 @@ script itself (no copies)."""
 
 import copy
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch
 
 import sac_continuous as sac
 import tests.fake_envs  # noqa: F401  (registers Counting-v0 and friends)
+from tests.conftest import run_script
 
 
 def make_learner(obs_dim=3, act_dim=2, low=-2.0, high=2.0, **overrides) -> sac.Learner:
@@ -438,3 +440,18 @@ def test_flush_denormals_reaches_every_torch_thread_and_adam():
     ok, nonzero_x, _, threads = run("late")
     if int(threads) >= 2:
         assert ok == "False" and 0 < int(nonzero_x) < 1 << 20  # the main thread's chunk flushed, the other's not
+
+
+def test_a_replay_buffer_the_machine_cannot_hold_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    """numpy allocates the buffer lazily: without the check, --buffer-size 10^11 (3.6 TB on Pendulum) would start and
+    be killed hours later as it fills. --save-buffer also needs the disk for it (two copies while a save runs)."""
+    proc = run_script("sac_continuous.py", "--env-id", "Pendulum-v1", "--buffer-size", 10**11, "--runs-dir",
+                      tmp_path / "runs", timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and "--buffer-size 100,000,000,000 needs" in proc.stderr and "memory" in proc.stderr
+    assert not (tmp_path / "runs").exists()  # refused before the run folder is made
+    args = sac.Args(buffer_size=1_000_000, save_buffer=True, runs_dir=str(tmp_path))  # 36 MB of rows on Pendulum
+    sac.check_buffer_fits(args, (3,), (1,))  # fits
+    monkeypatch.setattr(sac.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 10**12 - 50e6, 50e6))
+    with pytest.raises(sac.UserError, match=r"needs 0\.1 GiB.*free disk under --runs-dir \(--save-buffer\)"):
+        sac.check_buffer_fits(args, (3,), (1,))  # 72 MB for two copies, 50 MB free
+    sac.check_buffer_fits(sac.Args(buffer_size=1_000_000, save_buffer=False, runs_dir=str(tmp_path)), (3,), (1,))
