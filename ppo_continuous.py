@@ -1,17 +1,15 @@
 """Proximal Policy Optimization (PPO) for continuous actions (MuJoCo, classic control), in one file.
 
 Map of this file, top to bottom:
-  Args            algorithm flags, then run flags (`python ppo_continuous.py --help` lists them), and their rules
+  Args            algorithm flags, then run flags (`python ppo_continuous.py --help` lists them)
   make_env        one gymnasium env; observation / reward normalization are done in the loop, visibly
   Agent           Gaussian policy and value function: separate Tanh MLPs; `distribution` is the policy
-  Policy          the trained agent as it acts in evaluation and export; `evaluate` plays it
   helpers         running statistics, reward scaling, GAE, the PPO losses (one line of math above each)
   main()          set-up, then the loop: rollout -> advantages -> update -> log, then finish
-  # === Plumbing  runs, checkpoints, resume, errors, progress: not needed to follow the algorithm
+  # === Plumbing  flag rules, evaluation (Policy), start-up checks, runs, checkpoints, resume, env state, errors
 
-Runs on gymnasium 1.x: episode boundaries are handled explicitly, and a time-limit truncation is bootstrapped.
-Evaluate or export a saved agent with `python tools/agent.py eval|export CHECKPOINT`.
-Docs: docs/ppo_continuous.md; the algorithm: https://arxiv.org/abs/1707.06347
+Runs on gymnasium 1.x; a time-limit truncation is bootstrapped. Docs: docs/ppo_continuous.md; the algorithm:
+https://arxiv.org/abs/1707.06347
 """
 
 import copy
@@ -93,33 +91,6 @@ class Args:
     num_iterations: tyro.conf.Suppress[int] = 0  # the number of iterations: total_timesteps // batch_size
 
 
-# Every numeric flag and the range it must lie in, checked before anything starts (check_flags, below the banner)
-FLAG_RULES = {
-    "total_timesteps": ">= 1", "learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gamma": "in [0, 1]",
-    "gae_lambda": "in [0, 1]", "num_minibatches": ">= 1", "update_epochs": ">= 1", "clip_coef": "> 0",
-    "ent_coef": ">= 0", "vf_coef": ">= 0", "max_grad_norm": "> 0", "target_kl": "> 0", "obs_clip": "> 0",
-    "reward_clip": "> 0", "seed": ">= 0", "torch_threads": ">= 0", "checkpoint_interval": ">= 0",
-    "keep_checkpoints": ">= 1", "eval_episodes": ">= 1", "eval_interval": ">= 0",
-}  # fmt: skip
-
-
-def validate_args(args: Args) -> None:
-    """What single-flag rules cannot say: sizes that must fit together. Then the derived sizes."""
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches != 0:
-        raise UserError(f"num_minibatches ({args.num_minibatches}) must divide the batch size num_envs * num_steps = "
-                        f"{args.num_envs} * {args.num_steps} = {batch_size}.")  # fmt: skip
-    if args.total_timesteps < batch_size:
-        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one batch (num_envs * num_steps = "
-                        f"{batch_size}): no update would run. Raise --total-timesteps or lower --num-steps.")  # fmt: skip
-    if args.norm_adv and batch_size // args.num_minibatches < 2:
-        raise UserError(f"--norm-adv divides by the advantages' standard deviation over a minibatch, undefined for a "
-                        f"minibatch of {batch_size // args.num_minibatches}: lower --num-minibatches (e.g. "
-                        f"{max(batch_size // 2, 1)}) or give --no-norm-adv.")  # fmt: skip
-    args.batch_size, args.minibatch_size = batch_size, batch_size // args.num_minibatches
-    args.num_iterations = args.total_timesteps // batch_size
-
-
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Callable[[], gym.Env]:
     """One environment. Episode statistics, action clipping and normalization are done on the whole batch in the
     training loop (vectorized, checkpointable, and visible), not by per-env wrappers."""
@@ -133,11 +104,6 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Call
         return gym.wrappers.FlattenObservation(env)
 
     return thunk
-
-
-def eval_env(env_id: str, video_dir: Optional[str] = None) -> gym.Env:
-    """The env evaluation plays on (env 0's, recording a video into video_dir if given)."""
-    return make_env(env_id, 0, video_dir is not None, video_dir or "")()
 
 
 # --- shared: layer-init ---
@@ -190,36 +156,6 @@ class Agent(nn.Module):
         except NotImplementedError:  # no closed form (e.g. tanh-squashed): the one-sample estimate -log pi(a|x)
             entropy = -dist.log_prob(dist.sample())
         return action, dist.log_prob(action), entropy, self.get_value(x)
-
-
-def deterministic_action(dist: torch.distributions.Distribution) -> torch.Tensor:
-    """The mean; for a transformed distribution (e.g. tanh-squashed, where torch has none) the base mean transformed."""
-    if not isinstance(dist, torch.distributions.TransformedDistribution):
-        return dist.mean
-    action = deterministic_action(dist.base_dist)
-    for transform in dist.transforms:
-        action = transform(action)
-    return action
-
-
-class Policy(nn.Module):
-    """The trained agent as it acts in evaluation and in an export: observations as the env returns them, normalized
-    with the frozen running statistics (float64, as normalize_obs), the distribution's mean, clipped to the bounds."""
-
-    def __init__(self, agent: Agent, obs_rms: Optional["RunningMeanStd"], obs_clip: float, low, high):
-        super().__init__()
-        self.agent, self.norm_obs, self.obs_clip = agent, obs_rms is not None, obs_clip
-        if obs_rms is not None:
-            self.register_buffer("obs_mean", torch.as_tensor(obs_rms.mean, dtype=torch.float64))
-            self.register_buffer("obs_std", torch.sqrt(torch.as_tensor(obs_rms.var, dtype=torch.float64) + 1e-8))
-        self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32))
-        self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32))
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.to(torch.float64)
-        if self.norm_obs:
-            x = torch.clamp((x - self.obs_mean) / self.obs_std, -self.obs_clip, self.obs_clip)
-        return torch.clamp(deterministic_action(self.agent.distribution(x.float())), self.low, self.high)
 
 
 # ---- algorithm helpers: no globals, tensors / arrays in and out (the tests import them) ----
@@ -356,8 +292,8 @@ class LoopState:
 
 def main() -> None:
     args, ckpt, device = parse_command_line(Args, FLAG_RULES, validate_args)
-    obs_shape, act_shape = probe_env(args.env_id)  # below the banner: the env exists and has continuous actions
-    run = Run(args, SCRIPT_NAME, ckpt, {"obs_shape": list(obs_shape), "act_shape": list(act_shape)}, args.batch_size)
+    obs_shape, act_space = probe_env(args.env_id)  # below the banner: the env exists, its actions are a bounded Box
+    run = Run(args, SCRIPT_NAME, ckpt, {"obs_shape": list(obs_shape), "act_shape": list(act_space.shape)}, args.batch_size)
     seed_everything(args.seed, args.torch_deterministic)
 
     # SAME_STEP autoreset: step() returns the next episode's first obs, the finished one's last is in infos["final_obs"].
@@ -367,8 +303,7 @@ def main() -> None:
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
     assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "the loop assumes same-step autoreset"
-    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_shape))
-    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_space.shape))
 
     agent = Agent(obs_dim, act_dim).to(device)
     check_agent(agent, obs_dim, act_dim, device)  # below the banner: an edited Agent that cannot act stops here
@@ -377,19 +312,19 @@ def main() -> None:
     norm = obs_rms if args.norm_obs else None  # normalize_obs(x, None, ...) only casts to float32
 
     # ---- storage: everything indexed "at step t" of the rollout ----
-    obs_buf = np.zeros((args.num_steps, args.num_envs, obs_dim), np.float32)  # normalized obs the policy saw
-    next_obs_buf = np.zeros_like(obs_buf)  # normalized true next obs of transition t (final obs at an episode end)
+    # normalized: the obs the policy saw, and transition t's true next obs (the final obs where an episode ended)
+    obs_buf, next_obs_buf = np.zeros((2, args.num_steps, args.num_envs, obs_dim), np.float32)
     actions_buf = np.zeros((args.num_steps, args.num_envs, act_dim), np.float32)  # unclipped Gaussian samples
     rewards_buf = np.zeros((args.num_steps, args.num_envs), np.float32)  # scaled rewards
-    terminations_buf = np.zeros((args.num_steps, args.num_envs), bool)  # episode ended at t by a terminal state
-    truncations_buf = np.zeros((args.num_steps, args.num_envs), bool)  # episode ended at t by the time limit
+    # the episode ended at t by a terminal state / by the time limit
+    terminations_buf, truncations_buf = np.zeros((2, args.num_steps, args.num_envs), bool)
 
     s = LoopState(raw_obs=envs.reset(seed=args.seed)[0], episode_return=np.zeros(args.num_envs),
                   episode_length=np.zeros(args.num_envs, np.int64), discounted_return=np.zeros(args.num_envs))  # fmt: skip
     run.attach(s, envs, model=agent, optimizer=optimizer, obs_rms=obs_rms, return_rms=return_rms, env_states=EnvStates(envs))
     # evaluation: deterministic episodes, statistics frozen as they are now; run.play every --eval-interval env steps
-    run.play = lambda episodes, video_dir=None: evaluate(Policy(agent, norm, args.obs_clip, action_low, action_high).to(
-        device), eval_env(args.env_id, video_dir), episodes, args.seed + 10_000)  # fmt: skip
+    run.play = lambda episodes, video_dir=None: evaluate(Policy(agent, norm, args.obs_clip, act_space.low,
+        act_space.high).to(device), eval_env(args.env_id, video_dir), episodes, args.seed + 10_000)  # fmt: skip
     if args.norm_obs and ckpt is None:
         obs_rms.update(s.raw_obs)
     next_obs = normalize_obs(s.raw_obs, norm, args.obs_clip)
@@ -407,7 +342,7 @@ def main() -> None:
                     action = agent.distribution(torch.from_numpy(next_obs).to(device)).sample().cpu().numpy()
                 actions_buf[step] = action
                 # The env gets the action clipped to its bounds; training keeps the sampled one, whose log-prob we know.
-                s.raw_obs, reward, terminations, truncations, infos = envs.step(np.clip(action, action_low, action_high))
+                s.raw_obs, reward, terminations, truncations, infos = envs.step(np.clip(action, act_space.low, act_space.high))
                 episode_ended = terminations | truncations
                 s.episode_return += reward
                 s.episode_length += 1
@@ -427,30 +362,25 @@ def main() -> None:
 
         with run.timer("update"):
             # ---- advantages: values and log-probs of the whole rollout in one batched pass ----
-            b_obs_t, actions_t = torch.from_numpy(obs_buf).to(device), torch.from_numpy(actions_buf).to(device)
+            obs_t, actions_t = torch.from_numpy(obs_buf).to(device), torch.from_numpy(actions_buf).to(device)
             with torch.no_grad():
-                logprobs, values = agent.distribution(b_obs_t).log_prob(actions_t), agent.get_value(b_obs_t)
-                next_values = agent.get_value(torch.from_numpy(next_obs_buf).to(device))
-            advantages = compute_gae(rewards_buf, values.cpu().numpy(), next_values.cpu().numpy(), terminations_buf,
-                                     truncations_buf, args.gamma, args.gae_lambda)  # fmt: skip
-            returns = advantages + values.cpu().numpy()
-
+                logprobs, values = agent.distribution(obs_t).log_prob(actions_t), agent.get_value(obs_t).cpu().numpy()
+                next_values = agent.get_value(torch.from_numpy(next_obs_buf).to(device)).cpu().numpy()
+            advantages = compute_gae(rewards_buf, values, next_values, terminations_buf, truncations_buf, args.gamma,
+                                     args.gae_lambda)  # fmt: skip
+            returns = advantages + values
             # flatten (num_steps, num_envs) -> batch
-            b_obs, b_actions, b_logprobs = b_obs_t.reshape(-1, obs_dim), actions_t.reshape(-1, act_dim), logprobs.reshape(-1)
-            b_advantages = torch.from_numpy(advantages).to(device).reshape(-1)
-            b_returns = torch.from_numpy(returns).to(device).reshape(-1)
-            b_values = values.reshape(-1)
+            batch = [torch.as_tensor(x, device=device).flatten(0, 1)
+                     for x in (obs_t, actions_t, logprobs, values, advantages, returns)]  # fmt: skip
 
             # ---- update: update_epochs passes over the batch in shuffled minibatches ----
-            # Metrics are summed over every minibatch (no .item() per minibatch: one sync per update) and averaged.
-            loss_sums = torch.zeros(4, device=device)  # policy_loss, value_loss, entropy, grad_norm
-            kl_sums, num_epochs = torch.zeros(3, device=device), 0  # old_approx_kl, approx_kl, clipfrac
+            # every minibatch's metrics stay on the device (one sync per update), averaged for the log
+            losses, kls = [], []  # per minibatch: policy_loss, value_loss, entropy, grad_norm; per epoch: the KLs
             log_ratios = torch.zeros((args.num_minibatches, args.minibatch_size), device=device)
             for epoch in range(args.update_epochs):
                 perm = torch.randperm(args.batch_size, device=device).view(args.num_minibatches, args.minibatch_size)
                 # one gather per epoch instead of one per minibatch
-                e_obs, e_actions, e_logprobs = b_obs[perm], b_actions[perm], b_logprobs[perm]
-                e_advantages, e_returns, e_values = b_advantages[perm], b_returns[perm], b_values[perm]
+                e_obs, e_actions, e_logprobs, e_values, e_advantages, e_returns = (x[perm] for x in batch)
                 for mb in range(args.num_minibatches):
                     _, new_logprob, entropy, new_values = agent.get_action_and_value(e_obs[mb], e_actions[mb])
                     entropy = entropy.mean()
@@ -466,19 +396,16 @@ def main() -> None:
                     loss.backward()
                     grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)  # norm before clipping
                     optimizer.step()
-                    loss_sums += torch.stack([pg_loss.detach(), v_loss.detach(), entropy.detach(), grad_norm])
-                epoch_kl = kl_diagnostics(log_ratios, args.clip_coef)  # the epoch's mean over its minibatches
-                kl_sums += epoch_kl
-                num_epochs += 1
-                # KL early stop, on the epoch's mean approx_kl (one sync per epoch)
-                if args.target_kl is not None and epoch_kl[1].item() > args.target_kl:
+                    losses.append(torch.stack([pg_loss.detach(), v_loss.detach(), entropy.detach(), grad_norm]))
+                kls.append(kl_diagnostics(log_ratios, args.clip_coef))  # old_approx_kl, approx_kl, clipfrac over the epoch
+                if args.target_kl is not None and kls[-1][1].item() > args.target_kl:  # KL early stop
                     break
 
         # ---- log: every metric is a mean over all minibatches of the update (not the last minibatch's value) ----
-        metrics = dict(zip(("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/grad_norm"),
-                           (loss_sums / (num_epochs * args.num_minibatches)).tolist()))  # fmt: skip
-        metrics.update(zip(("losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac"), (kl_sums / num_epochs).tolist()))
-        metrics["losses/explained_variance"] = explained_variance(values.cpu().numpy(), returns)
+        names = ("policy_loss", "value_loss", "entropy", "grad_norm", "old_approx_kl", "approx_kl", "clipfrac")
+        means = torch.cat([torch.stack(losses).mean(0), torch.stack(kls).mean(0)]).tolist()
+        metrics = {f"losses/{name}": mean for name, mean in zip(names, means)}
+        metrics["losses/explained_variance"] = explained_variance(values, returns)
         metrics["charts/learning_rate"] = lr
         run.log(s.global_step, metrics)
 
@@ -487,65 +414,113 @@ def main() -> None:
 
 
 # === Plumbing: runs, checkpoints, errors; not needed to follow the algorithm ===
-# What follows makes the script a dependable research tool: flag checks, resume, env state capture, checkpoints,
-# TensorBoard / wandb, progress and Ctrl-C. The `shared:` blocks are the same text in every script
-# (tests/test_shared_blocks.py).
+# What follows makes the script a dependable research tool: the flags' rules, evaluation (Policy), the start-up checks,
+# resume, env state capture, checkpoints, TensorBoard / wandb, progress, Ctrl-C. The `shared:` blocks are the same text
+# in every script that has them (tests/test_shared_blocks.py).
 
 
-def probe_env(env_id: str) -> tuple[tuple, tuple]:
-    """Make the env once to check it exists and has a continuous (Box) action space; return (obs, action) shapes."""
+# Every numeric flag and the range it must lie in (checked before anything starts; the run flags' are in RUN_RULES)
+FLAG_RULES = {
+    "total_timesteps": ">= 1", "learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gamma": "in [0, 1]",
+    "gae_lambda": "in [0, 1]", "num_minibatches": ">= 1", "update_epochs": ">= 1", "clip_coef": "> 0", "target_kl": "> 0",
+    "ent_coef": ">= 0", "vf_coef": ">= 0", "max_grad_norm": "> 0", "obs_clip": "> 0", "reward_clip": "> 0",
+}  # fmt: skip
+
+
+def validate_args(args: Args) -> None:
+    """What single-flag rules cannot say: sizes that must fit together; then the derived sizes."""
+    batch = args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size, args.num_iterations = batch // args.num_minibatches, args.total_timesteps // batch
+    if batch % args.num_minibatches != 0:
+        raise UserError(f"num_minibatches ({args.num_minibatches}) must divide the batch size num_envs * num_steps = "
+                        f"{args.num_envs} * {args.num_steps} = {batch}.")  # fmt: skip
+    if args.num_iterations == 0:
+        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one batch (num_envs * num_steps = {batch}): "
+                        "no update would run. Raise --total-timesteps or lower --num-steps.")  # fmt: skip
+    if args.norm_adv and args.minibatch_size < 2:
+        raise UserError(f"--norm-adv divides by the advantages' standard deviation over a minibatch, undefined for a "
+                        f"minibatch of {args.minibatch_size}: lower --num-minibatches or give --no-norm-adv.")  # fmt: skip
+
+
+def probe_env(env_id: str) -> tuple[tuple, gym.spaces.Box]:
+    """Make the env once: it must exist and have a bounded continuous (Box) action space. (Obs shape, action space)."""
     check_env_id(env_id)
     try:
         env = make_env(env_id, 0, False, "")()
     except gym.error.Error as e:
         raise UserError(f"environment '{env_id}' could not be created: {e}") from None
-    obs_space, act_space = env.observation_space, env.action_space
     env.close()
-    if not isinstance(act_space, gym.spaces.Box):
-        raise UserError(f"{env_id} has a {type(act_space).__name__} action space ({act_space}); this PPO needs a "
-                        f"continuous Box action space (e.g. Pendulum-v1, HalfCheetah-v4). This project's discrete-action "
-                        f"scripts, ppo_atari.py and a2c_atari.py, take Atari games only.")  # fmt: skip
-    if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
-        raise UserError(f"{env_id}'s action space {act_space} is unbounded; actions are clipped to its bounds.")
-    return obs_space.shape, act_space.shape
+    space = env.action_space
+    if not isinstance(space, gym.spaces.Box) or not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+        raise UserError(f"{env_id}'s action space {space} is not a bounded Box: this PPO needs continuous actions within "
+                        "bounds (e.g. Pendulum-v1, HalfCheetah-v4). This project's discrete-action scripts, ppo_atari.py "
+                        "and a2c_atari.py, take Atari games only.")  # fmt: skip
+    return env.observation_space.shape, space
 
 
 def check_agent(agent: Agent, obs_dim: int, act_dim: int, device: torch.device) -> None:
-    """Before any step: an Agent (perhaps edited) must give, for a batch of observations, actions of size act_dim,
-    one log-prob, entropy and value per observation. Else stop at once, naming what to change."""
-    x = torch.randn(8, obs_dim, device=device)
+    """Before any step: an (edited) Agent must give, for each of a batch of observations, an action of act_dim
+    numbers, one log-prob, entropy and value. Else stop at once, naming what to change."""
+    x, want = torch.randn(8, obs_dim, device=device), [(8, act_dim), (8,), (8,), (8,)]
     try:
         with torch.no_grad():
-            action, log_prob, entropy, value = agent.get_action_and_value(x)
+            got = [tuple(out.shape) for out in agent.get_action_and_value(x)]
             deterministic_action(agent.distribution(x))
     except (RuntimeError, NotImplementedError) as e:  # torch's size mismatch: say which sizes must agree
         raise UserError(f"the Agent cannot act on a batch of observations of size obs_dim = {obs_dim} "
                         f"({str(e).splitlines()[0]}). Each layer's input size must be the previous layer's output "
                         f"size, the first layer's input size obs_dim, the actor's output size act_dim = {act_dim}."
                         ) from None  # fmt: skip
-    got = {"action": tuple(action.shape), "log-prob": tuple(log_prob.shape), "entropy": tuple(entropy.shape),
-           "value": tuple(value.shape)}  # fmt: skip
-    want = {"action": (8, act_dim), "log-prob": (8,), "entropy": (8,), "value": (8,)}
     if got != want:
-        raise UserError(f"for 8 observations the Agent gives shapes {got}, not {want}: the actor's last layer must "
-                        "output act_dim numbers, the critic's one, and distribution() one event of act_dim actions "
-                        "per observation (torch.distributions.Independent(..., 1)).")  # fmt: skip
+        raise UserError(f"for 8 observations the Agent gives (action, log-prob, entropy, value) of shapes {got}, not "
+                        f"{want}: the actor's last layer must output act_dim numbers, the critic's one, and "
+                        "distribution() one event of act_dim actions per observation (Independent(..., 1)).")  # fmt: skip
+
+
+def deterministic_action(dist: torch.distributions.Distribution) -> torch.Tensor:
+    """The mean; for a transformed distribution (e.g. tanh-squashed, where torch has none) the base mean transformed."""
+    if not isinstance(dist, torch.distributions.TransformedDistribution):
+        return dist.mean
+    action = deterministic_action(dist.base_dist)
+    for transform in dist.transforms:
+        action = transform(action)
+    return action
+
+
+class Policy(nn.Module):
+    """The trained agent as it acts in evaluation and in an export: observations as the env returns them, normalized
+    with the frozen running statistics (float64, as normalize_obs), the distribution's mean, clipped to the bounds."""
+
+    def __init__(self, agent: Agent, obs_rms: Optional["RunningMeanStd"], obs_clip: float, low, high):
+        super().__init__()
+        self.agent, self.norm_obs, self.obs_clip = agent, obs_rms is not None, obs_clip
+        if obs_rms is not None:
+            self.register_buffer("obs_mean", torch.as_tensor(obs_rms.mean, dtype=torch.float64))
+            self.register_buffer("obs_std", torch.sqrt(torch.as_tensor(obs_rms.var, dtype=torch.float64) + 1e-8))
+        self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.to(torch.float64)
+        if self.norm_obs:
+            x = torch.clamp((x - self.obs_mean) / self.obs_std, -self.obs_clip, self.obs_clip)
+        return torch.clamp(deterministic_action(self.agent.distribution(x.float())), self.low, self.high)
+
+
+def eval_env(env_id: str, video_dir: Optional[str] = None) -> gym.Env:
+    """The env evaluation plays on (env 0's, recording a video into video_dir if given)."""
+    return make_env(env_id, 0, video_dir is not None, video_dir or "")()
 
 
 def policy_from_checkpoint(ckpt: dict) -> Policy:
     """The checkpoint's agent and statistics as its Policy, on the CPU (tools/agent.py evaluates and exports it)."""
-    args, obs_dim, act_dim = ckpt["args"], int(np.prod(ckpt["obs_shape"])), int(np.prod(ckpt["act_shape"]))
-    obs_shape, act_shape = probe_env(args["env_id"])  # the env exists, and the checkpoint's agent fits it
-    shapes = {"obs_shape": list(obs_shape), "act_shape": list(act_shape)}
-    check_checkpoint_matches(ckpt, ckpt.get("path", ""), SCRIPT_NAME, shapes)
-    agent = Agent(obs_dim, act_dim)
+    args, (obs_shape, act_space) = ckpt["args"], probe_env(ckpt["args"]["env_id"])
+    shapes = {"obs_shape": list(obs_shape), "act_shape": list(act_space.shape)}
+    check_checkpoint_matches(ckpt, ckpt.get("path", ""), SCRIPT_NAME, shapes)  # the env exists, and the agent fits it
+    agent, obs_rms = Agent(int(np.prod(obs_shape)), int(np.prod(act_space.shape))), RunningMeanStd(shape=obs_shape)
     agent.load_state_dict(ckpt["model"])
-    obs_rms = None
-    if args["norm_obs"]:
-        obs_rms = RunningMeanStd(shape=(obs_dim,))
-        load_plain(obs_rms, ckpt["obs_rms"])
-    space = eval_env(args["env_id"]).action_space
-    return Policy(agent, obs_rms, args["obs_clip"], space.low, space.high)
+    load_plain(obs_rms, ckpt["obs_rms"])
+    return Policy(agent, obs_rms if args["norm_obs"] else None, args["obs_clip"], act_space.low, act_space.high)
 
 
 # --- shared: evaluate ---
