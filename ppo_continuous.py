@@ -1,15 +1,10 @@
-"""Proximal Policy Optimization (PPO) for continuous actions (MuJoCo, classic control), in one file.
-
-Map of this file, top to bottom:
-  Args            algorithm flags, then run flags (`python ppo_continuous.py --help` lists them)
-  make_env        one gymnasium env; observation / reward normalization are done in the loop, visibly
+"""Proximal Policy Optimization (PPO) for continuous actions (MuJoCo, classic control) on gymnasium 1.x, in one file.
+Docs: docs/ppo_continuous.md; the algorithm: https://arxiv.org/abs/1707.06347. The map of this file, top to bottom:
+  Args, make_env  the flags (`--help` lists them); one gymnasium env (normalization is done in the loop, visibly)
   Agent           Gaussian policy and value function: separate Tanh MLPs; `distribution` is the policy
   helpers         running statistics, reward scaling, GAE, the PPO losses (one line of math above each)
   main()          set-up, then the loop: rollout -> advantages -> update -> log, then finish
   # === Plumbing  flag rules, evaluation (Policy), start-up checks, runs, checkpoints, resume, env state, errors
-
-Runs on gymnasium 1.x; a time-limit truncation is bootstrapped. Docs: docs/ppo_continuous.md; the algorithm:
-https://arxiv.org/abs/1707.06347
 """
 
 import copy
@@ -92,15 +87,12 @@ class Args:
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Callable[[], gym.Env]:
-    """One environment. Episode statistics, action clipping and normalization are done on the whole batch in the
-    training loop (vectorized, checkpointable, and visible), not by per-env wrappers."""
+    """One env. Episode statistics, action clipping and normalization are done on the whole batch in the loop, visibly."""
 
     def thunk() -> gym.Env:
+        env = gym.make(env_id, render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
-            env = gym.make(env_id, render_mode="rgb_array")
             env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
-        else:
-            env = gym.make(env_id)
         return gym.wrappers.FlattenObservation(env)
 
     return thunk
@@ -163,17 +155,14 @@ class RunningMeanStd:
     """Running mean and variance of a stream of batches (Chan et al. parallel algorithm), in float64."""
 
     def __init__(self, shape: tuple = (), epsilon: float = 1e-4):
-        self.mean = np.zeros(shape, np.float64)
-        self.var = np.ones(shape, np.float64)
-        self.count = epsilon
+        self.mean, self.var, self.count = np.zeros(shape, np.float64), np.ones(shape, np.float64), epsilon
 
     def update(self, batch: np.ndarray) -> None:
-        n = batch.shape[0]
         # ndarray.sum / n rather than np.mean / np.var: same numbers, a third of the overhead on a (1, 17) batch
+        n = batch.shape[0]
         batch_mean = batch.sum(axis=0) / n
         batch_var = np.square(batch - batch_mean).sum(axis=0) / n
-        delta = batch_mean - self.mean
-        total = self.count + n
+        delta, total = batch_mean - self.mean, self.count + n
         self.mean = self.mean + delta * (n / total)
         self.var = (self.var * self.count + batch_var * n + np.square(delta) * (self.count * n / total)) / total
         self.count = total
@@ -188,9 +177,8 @@ def normalize_obs(obs: np.ndarray, rms: Optional[RunningMeanStd], clip: float, e
 
 def scale_rewards(rewards: np.ndarray, discounted_returns: np.ndarray, episode_ended: np.ndarray, rms: RunningMeanStd,
                   gamma: float, clip: float, epsilon: float = 1e-8) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Reward scaling: divide by the running std of the discounted return G <- gamma*G + r (not its mean: the
-    reward's sign must survive). Returns (scaled rewards, new G). G restarts at any episode end, termination or
-    truncation alike: the next reward belongs to a new episode."""
+    """Divide rewards by the running std of the discounted return G <- gamma*G + r (not its mean: the sign must survive).
+    Returns (scaled rewards, new G); G restarts at any episode end, termination or truncation: a new episode begins."""
     discounted_returns = discounted_returns * gamma + rewards
     rms.update(discounted_returns)
     scaled = np.clip(rewards / np.sqrt(rms.var + epsilon), -clip, clip)
@@ -298,10 +286,8 @@ def main() -> None:
 
     # SAME_STEP autoreset: step() returns the next episode's first obs, the finished one's last is in infos["final_obs"].
     # (NEXT_STEP, gymnasium 1.x's default, adds a step per episode whose action is ignored: not a real transition.)
-    envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id, i, args.capture_video, str(run.dir / "videos")) for i in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
+    thunks = [make_env(args.env_id, i, args.capture_video, str(run.dir / "videos")) for i in range(args.num_envs)]
+    envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "the loop assumes same-step autoreset"
     obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_space.shape))
 
@@ -362,16 +348,16 @@ def main() -> None:
 
         with run.timer("update"):
             # ---- advantages: values and log-probs of the whole rollout in one batched pass ----
-            obs_t, actions_t = torch.from_numpy(obs_buf).to(device), torch.from_numpy(actions_buf).to(device)
+            obs, actions = torch.from_numpy(obs_buf).to(device), torch.from_numpy(actions_buf).to(device)
             with torch.no_grad():
-                logprobs, values = agent.distribution(obs_t).log_prob(actions_t), agent.get_value(obs_t).cpu().numpy()
+                logprobs, values = agent.distribution(obs).log_prob(actions), agent.get_value(obs).cpu().numpy()
                 next_values = agent.get_value(torch.from_numpy(next_obs_buf).to(device)).cpu().numpy()
             advantages = compute_gae(rewards_buf, values, next_values, terminations_buf, truncations_buf, args.gamma,
                                      args.gae_lambda)  # fmt: skip
             returns = advantages + values
             # flatten (num_steps, num_envs) -> batch
             batch = [torch.as_tensor(x, device=device).flatten(0, 1)
-                     for x in (obs_t, actions_t, logprobs, values, advantages, returns)]  # fmt: skip
+                     for x in (obs, actions, logprobs, values, advantages, returns)]  # fmt: skip
 
             # ---- update: update_epochs passes over the batch in shuffled minibatches ----
             # every minibatch's metrics stay on the device (one sync per update), averaged for the log
@@ -388,8 +374,7 @@ def main() -> None:
                     if args.norm_adv:
                         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
                     pg_loss, v_loss, log_ratios[mb] = ppo_losses(new_logprob, e_logprobs[mb], mb_advantages, new_values,
-                                                                 e_values[mb], e_returns[mb], args.clip_coef,
-                                                                 args.clip_vloss)  # fmt: skip
+                                                                 e_values[mb], e_returns[mb], args.clip_coef, args.clip_vloss)
                     # L = L^CLIP - c_ent * H + c_v * L^V
                     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
                     optimizer.zero_grad()
@@ -414,9 +399,8 @@ def main() -> None:
 
 
 # === Plumbing: runs, checkpoints, errors; not needed to follow the algorithm ===
-# What follows makes the script a dependable research tool: the flags' rules, evaluation (Policy), the start-up checks,
-# resume, env state capture, checkpoints, TensorBoard / wandb, progress, Ctrl-C. The `shared:` blocks are the same text
-# in every script that has them (tests/test_shared_blocks.py).
+# The flags' rules, evaluation (Policy), start-up checks, resume, env state, checkpoints, logging, progress, Ctrl-C.
+# The `shared:` blocks are the same text in every script that has them (tests/test_shared_blocks.py).
 
 
 # Every numeric flag and the range it must lie in (checked before anything starts; the run flags' are in RUN_RULES)
@@ -459,8 +443,7 @@ def probe_env(env_id: str) -> tuple[tuple, gym.spaces.Box]:
 
 
 def check_agent(agent: Agent, obs_dim: int, act_dim: int, device: torch.device) -> None:
-    """Before any step: an (edited) Agent must give, for each of a batch of observations, an action of act_dim
-    numbers, one log-prob, entropy and value. Else stop at once, naming what to change."""
+    """Before any step, an (edited) Agent must act on 8 observations, or the run stops here naming what to change."""
     x, want = torch.randn(8, obs_dim, device=device), [(8, act_dim), (8,), (8,), (8,)]
     try:
         with torch.no_grad():
@@ -468,9 +451,8 @@ def check_agent(agent: Agent, obs_dim: int, act_dim: int, device: torch.device) 
             deterministic_action(agent.distribution(x))
     except (RuntimeError, NotImplementedError) as e:  # torch's size mismatch: say which sizes must agree
         raise UserError(f"the Agent cannot act on a batch of observations of size obs_dim = {obs_dim} "
-                        f"({str(e).splitlines()[0]}). Each layer's input size must be the previous layer's output "
-                        f"size, the first layer's input size obs_dim, the actor's output size act_dim = {act_dim}."
-                        ) from None  # fmt: skip
+                        f"({str(e).splitlines()[0]}). Each layer's input size must be the previous layer's output size, "
+                        f"the first layer's obs_dim, the actor's output size act_dim = {act_dim}.") from None  # fmt: skip
     if got != want:
         raise UserError(f"for 8 observations the Agent gives (action, log-prob, entropy, value) of shapes {got}, not "
                         f"{want}: the actor's last layer must output act_dim numbers, the critic's one, and "
@@ -491,19 +473,17 @@ class Policy(nn.Module):
     """The trained agent as it acts in evaluation and in an export: observations as the env returns them, normalized
     with the frozen running statistics (float64, as normalize_obs), the distribution's mean, clipped to the bounds."""
 
-    def __init__(self, agent: Agent, obs_rms: Optional["RunningMeanStd"], obs_clip: float, low, high):
+    def __init__(self, agent: Agent, obs_rms: Optional[RunningMeanStd], obs_clip: float, low, high):
         super().__init__()
-        self.agent, self.norm_obs, self.obs_clip = agent, obs_rms is not None, obs_clip
-        if obs_rms is not None:
-            self.register_buffer("obs_mean", torch.as_tensor(obs_rms.mean, dtype=torch.float64))
-            self.register_buffer("obs_std", torch.sqrt(torch.as_tensor(obs_rms.var, dtype=torch.float64) + 1e-8))
+        self.agent, self.obs_clip = agent, obs_clip if obs_rms is not None else math.inf  # None: mean 0, std 1, no clip
+        mean, std = (obs_rms.mean, np.sqrt(obs_rms.var + 1e-8)) if obs_rms is not None else (0.0, 1.0)
+        self.register_buffer("obs_mean", torch.as_tensor(mean, dtype=torch.float64))
+        self.register_buffer("obs_std", torch.as_tensor(std, dtype=torch.float64))
         self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32))
         self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.to(torch.float64)
-        if self.norm_obs:
-            x = torch.clamp((x - self.obs_mean) / self.obs_std, -self.obs_clip, self.obs_clip)
+        x = torch.clamp((obs.to(torch.float64) - self.obs_mean) / self.obs_std, -self.obs_clip, self.obs_clip)
         return torch.clamp(deterministic_action(self.agent.distribution(x.float())), self.low, self.high)
 
 
@@ -1030,9 +1010,8 @@ def seed_everything(seed: int, torch_deterministic: bool) -> None:
 
 # --- shared: env-state ---
 def capture_env_state(env: gym.Env) -> dict:
-    """Everything needed to continue one env exactly where it is, as plain data: its RNG, the time-limit counter and
-    the simulator's state (MuJoCo's integration state, or a classic-control env's `state` array, in its own dtype).
-    "exact" is False for any other env: it restarts from a reset."""
+    """What continues one env exactly where it is, as plain data: its RNG, time-limit counter and simulator state
+    (MuJoCo's integration state, or a classic-control env's `state` array); "exact" False for other envs (they reset)."""
     base = env.unwrapped
     state = {"np_random": base.np_random.bit_generator.state, "exact": True}
     with suppress(AttributeError):  # no TimeLimit among the wrappers, no counter
@@ -1064,8 +1043,7 @@ def restore_env_state(env: gym.Env, state: dict) -> None:
 
 
 class EnvStates:
-    """The states of a SyncVectorEnv's envs as one checkpoint part (state_dict / load_state_dict); `exact` says
-    whether the last load restored every env exactly (else they run on from a reset)."""
+    """A SyncVectorEnv's env states as one checkpoint part; `exact`: whether the last load restored every env exactly."""
 
     def __init__(self, envs: gym.vector.SyncVectorEnv):
         self.envs, self.exact = envs.envs, True

@@ -1126,9 +1126,8 @@ def seed_everything(seed: int, torch_deterministic: bool) -> None:
 
 # --- shared: env-state ---
 def capture_env_state(env: gym.Env) -> dict:
-    """Everything needed to continue one env exactly where it is, as plain data: its RNG, the time-limit counter and
-    the simulator's state (MuJoCo's integration state, or a classic-control env's `state` array, in its own dtype).
-    "exact" is False for any other env: it restarts from a reset."""
+    """What continues one env exactly where it is, as plain data: its RNG, time-limit counter and simulator state
+    (MuJoCo's integration state, or a classic-control env's `state` array); "exact" False for other envs (they reset)."""
     base = env.unwrapped
     state = {"np_random": base.np_random.bit_generator.state, "exact": True}
     with suppress(AttributeError):  # no TimeLimit among the wrappers, no counter
@@ -1160,8 +1159,7 @@ def restore_env_state(env: gym.Env, state: dict) -> None:
 
 
 class EnvStates:
-    """The states of a SyncVectorEnv's envs as one checkpoint part (state_dict / load_state_dict); `exact` says
-    whether the last load restored every env exactly (else they run on from a reset)."""
+    """A SyncVectorEnv's env states as one checkpoint part; `exact`: whether the last load restored every env exactly."""
 
     def __init__(self, envs: gym.vector.SyncVectorEnv):
         self.envs, self.exact = envs.envs, True
