@@ -90,9 +90,11 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Call
     """One env. Episode statistics, action clipping and normalization are done on the whole batch in the loop, visibly."""
 
     def thunk() -> gym.Env:
-        env = gym.make(env_id, render_mode="rgb_array" if capture_video and idx == 0 else None)
         if capture_video and idx == 0:
+            env = gym.make(env_id, render_mode="rgb_array")
             env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
+        else:
+            env = gym.make(env_id)
         return gym.wrappers.FlattenObservation(env)
 
     return thunk
