@@ -1,17 +1,10 @@
-"""Proximal Policy Optimization (PPO) for continuous actions (MuJoCo, classic control), in one file.
-
-Map of this file, top to bottom:
-  Args            algorithm flags, then run flags (`python ppo_continuous.py --help` lists them), and their rules
-  make_env        one gymnasium env; observation / reward normalization are done in the loop, visibly
+"""Proximal Policy Optimization (PPO) for continuous actions (MuJoCo, classic control) on gymnasium 1.x, in one file.
+Docs: docs/ppo_continuous.md; the algorithm: https://arxiv.org/abs/1707.06347. The map of this file, top to bottom:
+  Args, make_env  the flags (`--help` lists them); one gymnasium env (normalization is done in the loop, visibly)
   Agent           Gaussian policy and value function: separate Tanh MLPs; `distribution` is the policy
-  Policy          the trained agent as it acts in evaluation and export; `evaluate` plays it
   helpers         running statistics, reward scaling, GAE, the PPO losses (one line of math above each)
   main()          set-up, then the loop: rollout -> advantages -> update -> log, then finish
-  # === Plumbing  runs, checkpoints, resume, errors, progress: not needed to follow the algorithm
-
-Runs on gymnasium 1.x: episode boundaries are handled explicitly, and a time-limit truncation is bootstrapped.
-Evaluate or export a saved agent with `python tools/agent.py eval|export CHECKPOINT`.
-Docs: docs/ppo_continuous.md; the algorithm: https://arxiv.org/abs/1707.06347
+  # === Plumbing  flag rules, evaluation (Policy), start-up checks, runs, checkpoints, resume, env state, errors
 """
 
 import copy
@@ -93,36 +86,8 @@ class Args:
     num_iterations: tyro.conf.Suppress[int] = 0  # the number of iterations: total_timesteps // batch_size
 
 
-# Every numeric flag and the range it must lie in, checked before anything starts (check_flags, below the banner)
-FLAG_RULES = {
-    "total_timesteps": ">= 1", "learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gamma": "in [0, 1]",
-    "gae_lambda": "in [0, 1]", "num_minibatches": ">= 1", "update_epochs": ">= 1", "clip_coef": "> 0",
-    "ent_coef": ">= 0", "vf_coef": ">= 0", "max_grad_norm": "> 0", "target_kl": "> 0", "obs_clip": "> 0",
-    "reward_clip": "> 0", "seed": ">= 0", "torch_threads": ">= 0", "checkpoint_interval": ">= 0",
-    "keep_checkpoints": ">= 1", "eval_episodes": ">= 1", "eval_interval": ">= 0",
-}  # fmt: skip
-
-
-def validate_args(args: Args) -> None:
-    """What single-flag rules cannot say: sizes that must fit together. Then the derived sizes."""
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches != 0:
-        raise UserError(f"num_minibatches ({args.num_minibatches}) must divide the batch size num_envs * num_steps = "
-                        f"{args.num_envs} * {args.num_steps} = {batch_size}.")  # fmt: skip
-    if args.total_timesteps < batch_size:
-        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one batch (num_envs * num_steps = "
-                        f"{batch_size}): no update would run. Raise --total-timesteps or lower --num-steps.")  # fmt: skip
-    if args.norm_adv and batch_size // args.num_minibatches < 2:
-        raise UserError(f"--norm-adv divides by the advantages' standard deviation over a minibatch, undefined for a "
-                        f"minibatch of {batch_size // args.num_minibatches}: lower --num-minibatches (e.g. "
-                        f"{max(batch_size // 2, 1)}) or give --no-norm-adv.")  # fmt: skip
-    args.batch_size, args.minibatch_size = batch_size, batch_size // args.num_minibatches
-    args.num_iterations = args.total_timesteps // batch_size
-
-
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Callable[[], gym.Env]:
-    """One environment. Episode statistics, action clipping and normalization are done on the whole batch in the
-    training loop (vectorized, checkpointable, and visible), not by per-env wrappers."""
+    """One env. Episode statistics, action clipping and normalization are done on the whole batch in the loop, visibly."""
 
     def thunk() -> gym.Env:
         if capture_video and idx == 0:
@@ -133,11 +98,6 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Call
         return gym.wrappers.FlattenObservation(env)
 
     return thunk
-
-
-def eval_env(env_id: str, video_dir: Optional[str] = None) -> gym.Env:
-    """The env evaluation plays on (env 0's, recording a video into video_dir if given)."""
-    return make_env(env_id, 0, video_dir is not None, video_dir or "")()
 
 
 # --- shared: layer-init ---
@@ -192,52 +152,19 @@ class Agent(nn.Module):
         return action, dist.log_prob(action), entropy, self.get_value(x)
 
 
-def deterministic_action(dist: torch.distributions.Distribution) -> torch.Tensor:
-    """The mean; for a transformed distribution (e.g. tanh-squashed, where torch has none) the base mean transformed."""
-    if not isinstance(dist, torch.distributions.TransformedDistribution):
-        return dist.mean
-    action = deterministic_action(dist.base_dist)
-    for transform in dist.transforms:
-        action = transform(action)
-    return action
-
-
-class Policy(nn.Module):
-    """The trained agent as it acts in evaluation and in an export: observations as the env returns them, normalized
-    with the frozen running statistics (float64, as normalize_obs), the distribution's mean, clipped to the bounds."""
-
-    def __init__(self, agent: Agent, obs_rms: Optional["RunningMeanStd"], obs_clip: float, low, high):
-        super().__init__()
-        self.agent, self.norm_obs, self.obs_clip = agent, obs_rms is not None, obs_clip
-        if obs_rms is not None:
-            self.register_buffer("obs_mean", torch.as_tensor(obs_rms.mean, dtype=torch.float64))
-            self.register_buffer("obs_std", torch.sqrt(torch.as_tensor(obs_rms.var, dtype=torch.float64) + 1e-8))
-        self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32))
-        self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32))
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.to(torch.float64)
-        if self.norm_obs:
-            x = torch.clamp((x - self.obs_mean) / self.obs_std, -self.obs_clip, self.obs_clip)
-        return torch.clamp(deterministic_action(self.agent.distribution(x.float())), self.low, self.high)
-
-
 # ---- algorithm helpers: no globals, tensors / arrays in and out (the tests import them) ----
 class RunningMeanStd:
     """Running mean and variance of a stream of batches (Chan et al. parallel algorithm), in float64."""
 
     def __init__(self, shape: tuple = (), epsilon: float = 1e-4):
-        self.mean = np.zeros(shape, np.float64)
-        self.var = np.ones(shape, np.float64)
-        self.count = epsilon
+        self.mean, self.var, self.count = np.zeros(shape, np.float64), np.ones(shape, np.float64), epsilon
 
     def update(self, batch: np.ndarray) -> None:
-        n = batch.shape[0]
         # ndarray.sum / n rather than np.mean / np.var: same numbers, a third of the overhead on a (1, 17) batch
+        n = batch.shape[0]
         batch_mean = batch.sum(axis=0) / n
         batch_var = np.square(batch - batch_mean).sum(axis=0) / n
-        delta = batch_mean - self.mean
-        total = self.count + n
+        delta, total = batch_mean - self.mean, self.count + n
         self.mean = self.mean + delta * (n / total)
         self.var = (self.var * self.count + batch_var * n + np.square(delta) * (self.count * n / total)) / total
         self.count = total
@@ -252,9 +179,8 @@ def normalize_obs(obs: np.ndarray, rms: Optional[RunningMeanStd], clip: float, e
 
 def scale_rewards(rewards: np.ndarray, discounted_returns: np.ndarray, episode_ended: np.ndarray, rms: RunningMeanStd,
                   gamma: float, clip: float, epsilon: float = 1e-8) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Reward scaling: divide by the running std of the discounted return G <- gamma*G + r (not its mean: the
-    reward's sign must survive). Returns (scaled rewards, new G). G restarts at any episode end, termination or
-    truncation alike: the next reward belongs to a new episode."""
+    """Divide rewards by the running std of the discounted return G <- gamma*G + r (not its mean: the sign must survive).
+    Returns (scaled rewards, new G); G restarts at any episode end, termination or truncation: a new episode begins."""
     discounted_returns = discounted_returns * gamma + rewards
     rms.update(discounted_returns)
     scaled = np.clip(rewards / np.sqrt(rms.var + epsilon), -clip, clip)
@@ -356,19 +282,16 @@ class LoopState:
 
 def main() -> None:
     args, ckpt, device = parse_command_line(Args, FLAG_RULES, validate_args)
-    obs_shape, act_shape = probe_env(args.env_id)  # below the banner: the env exists and has continuous actions
-    run = Run(args, SCRIPT_NAME, ckpt, {"obs_shape": list(obs_shape), "act_shape": list(act_shape)}, args.batch_size)
+    obs_shape, act_space = probe_env(args.env_id)  # below the banner: the env exists, its actions are a bounded Box
+    run = Run(args, SCRIPT_NAME, ckpt, {"obs_shape": list(obs_shape), "act_shape": list(act_space.shape)}, args.batch_size)
     seed_everything(args.seed, args.torch_deterministic)
 
     # SAME_STEP autoreset: step() returns the next episode's first obs, the finished one's last is in infos["final_obs"].
     # (NEXT_STEP, gymnasium 1.x's default, adds a step per episode whose action is ignored: not a real transition.)
-    envs = gym.vector.SyncVectorEnv(
-        [make_env(args.env_id, i, args.capture_video, str(run.dir / "videos")) for i in range(args.num_envs)],
-        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
-    )
+    thunks = [make_env(args.env_id, i, args.capture_video, str(run.dir / "videos")) for i in range(args.num_envs)]
+    envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "the loop assumes same-step autoreset"
-    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_shape))
-    action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_space.shape))
 
     agent = Agent(obs_dim, act_dim).to(device)
     check_agent(agent, obs_dim, act_dim, device)  # below the banner: an edited Agent that cannot act stops here
@@ -377,19 +300,19 @@ def main() -> None:
     norm = obs_rms if args.norm_obs else None  # normalize_obs(x, None, ...) only casts to float32
 
     # ---- storage: everything indexed "at step t" of the rollout ----
-    obs_buf = np.zeros((args.num_steps, args.num_envs, obs_dim), np.float32)  # normalized obs the policy saw
-    next_obs_buf = np.zeros_like(obs_buf)  # normalized true next obs of transition t (final obs at an episode end)
+    # normalized: the obs the policy saw, and transition t's true next obs (the final obs where an episode ended)
+    obs_buf, next_obs_buf = np.zeros((2, args.num_steps, args.num_envs, obs_dim), np.float32)
     actions_buf = np.zeros((args.num_steps, args.num_envs, act_dim), np.float32)  # unclipped Gaussian samples
     rewards_buf = np.zeros((args.num_steps, args.num_envs), np.float32)  # scaled rewards
-    terminations_buf = np.zeros((args.num_steps, args.num_envs), bool)  # episode ended at t by a terminal state
-    truncations_buf = np.zeros((args.num_steps, args.num_envs), bool)  # episode ended at t by the time limit
+    # the episode ended at t by a terminal state / by the time limit
+    terminations_buf, truncations_buf = np.zeros((2, args.num_steps, args.num_envs), bool)
 
     s = LoopState(raw_obs=envs.reset(seed=args.seed)[0], episode_return=np.zeros(args.num_envs),
                   episode_length=np.zeros(args.num_envs, np.int64), discounted_return=np.zeros(args.num_envs))  # fmt: skip
     run.attach(s, envs, model=agent, optimizer=optimizer, obs_rms=obs_rms, return_rms=return_rms, env_states=EnvStates(envs))
     # evaluation: deterministic episodes, statistics frozen as they are now; run.play every --eval-interval env steps
-    run.play = lambda episodes, video_dir=None: evaluate(Policy(agent, norm, args.obs_clip, action_low, action_high).to(
-        device), eval_env(args.env_id, video_dir), episodes, args.seed + 10_000)  # fmt: skip
+    run.play = lambda episodes, video_dir=None: evaluate(Policy(agent, norm, args.obs_clip, act_space.low,
+        act_space.high).to(device), eval_env(args.env_id, video_dir), episodes, args.seed + 10_000)  # fmt: skip
     if args.norm_obs and ckpt is None:
         obs_rms.update(s.raw_obs)
     next_obs = normalize_obs(s.raw_obs, norm, args.obs_clip)
@@ -407,7 +330,7 @@ def main() -> None:
                     action = agent.distribution(torch.from_numpy(next_obs).to(device)).sample().cpu().numpy()
                 actions_buf[step] = action
                 # The env gets the action clipped to its bounds; training keeps the sampled one, whose log-prob we know.
-                s.raw_obs, reward, terminations, truncations, infos = envs.step(np.clip(action, action_low, action_high))
+                s.raw_obs, reward, terminations, truncations, infos = envs.step(np.clip(action, act_space.low, act_space.high))
                 episode_ended = terminations | truncations
                 s.episode_return += reward
                 s.episode_length += 1
@@ -427,30 +350,25 @@ def main() -> None:
 
         with run.timer("update"):
             # ---- advantages: values and log-probs of the whole rollout in one batched pass ----
-            b_obs_t, actions_t = torch.from_numpy(obs_buf).to(device), torch.from_numpy(actions_buf).to(device)
+            obs, actions = torch.from_numpy(obs_buf).to(device), torch.from_numpy(actions_buf).to(device)
             with torch.no_grad():
-                logprobs, values = agent.distribution(b_obs_t).log_prob(actions_t), agent.get_value(b_obs_t)
-                next_values = agent.get_value(torch.from_numpy(next_obs_buf).to(device))
-            advantages = compute_gae(rewards_buf, values.cpu().numpy(), next_values.cpu().numpy(), terminations_buf,
-                                     truncations_buf, args.gamma, args.gae_lambda)  # fmt: skip
-            returns = advantages + values.cpu().numpy()
-
+                logprobs, values = agent.distribution(obs).log_prob(actions), agent.get_value(obs).cpu().numpy()
+                next_values = agent.get_value(torch.from_numpy(next_obs_buf).to(device)).cpu().numpy()
+            advantages = compute_gae(rewards_buf, values, next_values, terminations_buf, truncations_buf, args.gamma,
+                                     args.gae_lambda)  # fmt: skip
+            returns = advantages + values
             # flatten (num_steps, num_envs) -> batch
-            b_obs, b_actions, b_logprobs = b_obs_t.reshape(-1, obs_dim), actions_t.reshape(-1, act_dim), logprobs.reshape(-1)
-            b_advantages = torch.from_numpy(advantages).to(device).reshape(-1)
-            b_returns = torch.from_numpy(returns).to(device).reshape(-1)
-            b_values = values.reshape(-1)
+            batch = [torch.as_tensor(x, device=device).flatten(0, 1)
+                     for x in (obs, actions, logprobs, values, advantages, returns)]  # fmt: skip
 
             # ---- update: update_epochs passes over the batch in shuffled minibatches ----
-            # Metrics are summed over every minibatch (no .item() per minibatch: one sync per update) and averaged.
-            loss_sums = torch.zeros(4, device=device)  # policy_loss, value_loss, entropy, grad_norm
-            kl_sums, num_epochs = torch.zeros(3, device=device), 0  # old_approx_kl, approx_kl, clipfrac
+            # every minibatch's metrics stay on the device (one sync per update), averaged for the log
+            losses, kls = [], []  # per minibatch: policy_loss, value_loss, entropy, grad_norm; per epoch: the KLs
             log_ratios = torch.zeros((args.num_minibatches, args.minibatch_size), device=device)
             for epoch in range(args.update_epochs):
                 perm = torch.randperm(args.batch_size, device=device).view(args.num_minibatches, args.minibatch_size)
                 # one gather per epoch instead of one per minibatch
-                e_obs, e_actions, e_logprobs = b_obs[perm], b_actions[perm], b_logprobs[perm]
-                e_advantages, e_returns, e_values = b_advantages[perm], b_returns[perm], b_values[perm]
+                e_obs, e_actions, e_logprobs, e_values, e_advantages, e_returns = (x[perm] for x in batch)
                 for mb in range(args.num_minibatches):
                     _, new_logprob, entropy, new_values = agent.get_action_and_value(e_obs[mb], e_actions[mb])
                     entropy = entropy.mean()
@@ -458,27 +376,23 @@ def main() -> None:
                     if args.norm_adv:
                         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
                     pg_loss, v_loss, log_ratios[mb] = ppo_losses(new_logprob, e_logprobs[mb], mb_advantages, new_values,
-                                                                 e_values[mb], e_returns[mb], args.clip_coef,
-                                                                 args.clip_vloss)  # fmt: skip
+                                                                 e_values[mb], e_returns[mb], args.clip_coef, args.clip_vloss)
                     # L = L^CLIP - c_ent * H + c_v * L^V
                     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
                     optimizer.zero_grad()
                     loss.backward()
                     grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)  # norm before clipping
                     optimizer.step()
-                    loss_sums += torch.stack([pg_loss.detach(), v_loss.detach(), entropy.detach(), grad_norm])
-                epoch_kl = kl_diagnostics(log_ratios, args.clip_coef)  # the epoch's mean over its minibatches
-                kl_sums += epoch_kl
-                num_epochs += 1
-                # KL early stop, on the epoch's mean approx_kl (one sync per epoch)
-                if args.target_kl is not None and epoch_kl[1].item() > args.target_kl:
+                    losses.append(torch.stack([pg_loss.detach(), v_loss.detach(), entropy.detach(), grad_norm]))
+                kls.append(kl_diagnostics(log_ratios, args.clip_coef))  # old_approx_kl, approx_kl, clipfrac over the epoch
+                if args.target_kl is not None and kls[-1][1].item() > args.target_kl:  # KL early stop
                     break
 
         # ---- log: every metric is a mean over all minibatches of the update (not the last minibatch's value) ----
-        metrics = dict(zip(("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/grad_norm"),
-                           (loss_sums / (num_epochs * args.num_minibatches)).tolist()))  # fmt: skip
-        metrics.update(zip(("losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac"), (kl_sums / num_epochs).tolist()))
-        metrics["losses/explained_variance"] = explained_variance(values.cpu().numpy(), returns)
+        names = ("policy_loss", "value_loss", "entropy", "grad_norm", "old_approx_kl", "approx_kl", "clipfrac")
+        means = torch.cat([torch.stack(losses).mean(0), torch.stack(kls).mean(0)]).tolist()
+        metrics = {f"losses/{name}": mean for name, mean in zip(names, means)}
+        metrics["losses/explained_variance"] = explained_variance(values, returns)
         metrics["charts/learning_rate"] = lr
         run.log(s.global_step, metrics)
 
@@ -487,73 +401,115 @@ def main() -> None:
 
 
 # === Plumbing: runs, checkpoints, errors; not needed to follow the algorithm ===
-# What follows makes the script a dependable research tool: flag checks, resume, env state capture, checkpoints,
-# TensorBoard / wandb, progress and Ctrl-C. The `shared:` blocks are the same text in every script
-# (tests/test_shared_blocks.py).
+# The flags' rules, evaluation (Policy), start-up checks, resume, env state, checkpoints, logging, progress, Ctrl-C.
+# The `shared:` blocks are the same text in every script that has them (tests/test_shared_blocks.py).
 
 
-def probe_env(env_id: str) -> tuple[tuple, tuple]:
-    """Make the env once to check it exists and has a continuous (Box) action space; return (obs, action) shapes."""
+# Every numeric flag and the range it must lie in (checked before anything starts; the run flags' are in RUN_RULES)
+FLAG_RULES = {
+    "total_timesteps": ">= 1", "learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gamma": "in [0, 1]",
+    "gae_lambda": "in [0, 1]", "num_minibatches": ">= 1", "update_epochs": ">= 1", "clip_coef": "> 0", "target_kl": "> 0",
+    "ent_coef": ">= 0", "vf_coef": ">= 0", "max_grad_norm": "> 0", "obs_clip": "> 0", "reward_clip": "> 0",
+}  # fmt: skip
+
+
+def validate_args(args: Args) -> None:
+    """What single-flag rules cannot say: sizes that must fit together; then the derived sizes."""
+    batch = args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size, args.num_iterations = batch // args.num_minibatches, args.total_timesteps // batch
+    if batch % args.num_minibatches != 0:
+        raise UserError(f"num_minibatches ({args.num_minibatches}) must divide the batch size num_envs * num_steps = "
+                        f"{args.num_envs} * {args.num_steps} = {batch}.")  # fmt: skip
+    if args.num_iterations == 0:
+        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one batch (num_envs * num_steps = {batch}): "
+                        "no update would run. Raise --total-timesteps or lower --num-steps.")  # fmt: skip
+    if args.norm_adv and args.minibatch_size < 2:
+        raise UserError(f"--norm-adv divides by the advantages' standard deviation over a minibatch, undefined for a "
+                        f"minibatch of {args.minibatch_size}: lower --num-minibatches or give --no-norm-adv.")  # fmt: skip
+
+
+def probe_env(env_id: str) -> tuple[tuple, gym.spaces.Box]:
+    """Make the env once: it must exist and have a bounded continuous (Box) action space. (Obs shape, action space)."""
     check_env_id(env_id)
     try:
         env = make_env(env_id, 0, False, "")()
     except gym.error.Error as e:
         raise UserError(f"environment '{env_id}' could not be created: {e}") from None
-    obs_space, act_space = env.observation_space, env.action_space
     env.close()
-    if not isinstance(act_space, gym.spaces.Box):
-        raise UserError(f"{env_id} has a {type(act_space).__name__} action space ({act_space}); this PPO needs a "
-                        f"continuous Box action space (e.g. Pendulum-v1, HalfCheetah-v4). This project's discrete-action "
-                        f"scripts, ppo_atari.py and a2c_atari.py, take Atari games only.")  # fmt: skip
-    if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
-        raise UserError(f"{env_id}'s action space {act_space} is unbounded; actions are clipped to its bounds.")
-    return obs_space.shape, act_space.shape
+    space = env.action_space
+    if not isinstance(space, gym.spaces.Box) or not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+        raise UserError(f"{env_id}'s action space {space} is not a bounded Box: this PPO needs continuous actions within "
+                        "bounds (e.g. Pendulum-v1, HalfCheetah-v4). This project's discrete-action scripts, ppo_atari.py "
+                        "and a2c_atari.py, take Atari games only.")  # fmt: skip
+    return env.observation_space.shape, space
 
 
 def check_agent(agent: Agent, obs_dim: int, act_dim: int, device: torch.device) -> None:
-    """Before any step: an Agent (perhaps edited) must give, for a batch of observations, actions of size act_dim,
-    one log-prob, entropy and value per observation. Else stop at once, naming what to change."""
-    x = torch.randn(8, obs_dim, device=device)
+    """Before any step, an (edited) Agent must act on 8 observations, or the run stops here naming what to change."""
+    x, want = torch.randn(8, obs_dim, device=device), [(8, act_dim), (8,), (8,), (8,)]
     try:
         with torch.no_grad():
-            action, log_prob, entropy, value = agent.get_action_and_value(x)
+            got = [tuple(out.shape) for out in agent.get_action_and_value(x)]
             deterministic_action(agent.distribution(x))
     except (RuntimeError, NotImplementedError) as e:  # torch's size mismatch: say which sizes must agree
         raise UserError(f"the Agent cannot act on a batch of observations of size obs_dim = {obs_dim} "
-                        f"({str(e).splitlines()[0]}). Each layer's input size must be the previous layer's output "
-                        f"size, the first layer's input size obs_dim, the actor's output size act_dim = {act_dim}."
-                        ) from None  # fmt: skip
-    got = {"action": tuple(action.shape), "log-prob": tuple(log_prob.shape), "entropy": tuple(entropy.shape),
-           "value": tuple(value.shape)}  # fmt: skip
-    want = {"action": (8, act_dim), "log-prob": (8,), "entropy": (8,), "value": (8,)}
+                        f"({str(e).splitlines()[0]}). Each layer's input size must be the previous layer's output size, "
+                        f"the first layer's obs_dim, the actor's output size act_dim = {act_dim}.") from None  # fmt: skip
     if got != want:
-        raise UserError(f"for 8 observations the Agent gives shapes {got}, not {want}: the actor's last layer must "
-                        "output act_dim numbers, the critic's one, and distribution() one event of act_dim actions "
-                        "per observation (torch.distributions.Independent(..., 1)).")  # fmt: skip
+        raise UserError(f"for 8 observations the Agent gives (action, log-prob, entropy, value) of shapes {got}, not "
+                        f"{want}: the actor's last layer must output act_dim numbers, the critic's one, and "
+                        "distribution() one event of act_dim actions per observation (Independent(..., 1)).")  # fmt: skip
+
+
+def deterministic_action(dist: torch.distributions.Distribution) -> torch.Tensor:
+    """The mean; for a transformed distribution (e.g. tanh-squashed, where torch has none) the base mean transformed."""
+    if not isinstance(dist, torch.distributions.TransformedDistribution):
+        return dist.mean
+    action = deterministic_action(dist.base_dist)
+    for transform in dist.transforms:
+        action = transform(action)
+    return action
+
+
+class Policy(nn.Module):
+    """The trained agent as it acts in evaluation and in an export: observations as the env returns them, normalized
+    with the frozen running statistics (float64, as normalize_obs), the distribution's mean, clipped to the bounds."""
+
+    def __init__(self, agent: Agent, obs_rms: Optional[RunningMeanStd], obs_clip: float, low, high):
+        super().__init__()
+        self.agent, self.obs_clip = agent, obs_clip if obs_rms is not None else math.inf  # None: mean 0, std 1, no clip
+        mean, std = (obs_rms.mean, np.sqrt(obs_rms.var + 1e-8)) if obs_rms is not None else (0.0, 1.0)
+        self.register_buffer("obs_mean", torch.as_tensor(mean, dtype=torch.float64))
+        self.register_buffer("obs_std", torch.as_tensor(std, dtype=torch.float64))
+        self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = torch.clamp((obs.to(torch.float64) - self.obs_mean) / self.obs_std, -self.obs_clip, self.obs_clip)
+        return torch.clamp(deterministic_action(self.agent.distribution(x.float())), self.low, self.high)
+
+
+def eval_env(env_id: str, video_dir: Optional[str] = None) -> gym.Env:
+    """The env evaluation plays on (env 0's, recording a video into video_dir if given)."""
+    return make_env(env_id, 0, video_dir is not None, video_dir or "")()
 
 
 def policy_from_checkpoint(ckpt: dict) -> Policy:
     """The checkpoint's agent and statistics as its Policy, on the CPU (tools/agent.py evaluates and exports it)."""
-    args, obs_dim, act_dim = ckpt["args"], int(np.prod(ckpt["obs_shape"])), int(np.prod(ckpt["act_shape"]))
-    obs_shape, act_shape = probe_env(args["env_id"])  # the env exists, and the checkpoint's agent fits it
-    shapes = {"obs_shape": list(obs_shape), "act_shape": list(act_shape)}
-    check_checkpoint_matches(ckpt, ckpt.get("path", ""), SCRIPT_NAME, shapes)
-    agent = Agent(obs_dim, act_dim)
+    args, (obs_shape, act_space) = ckpt["args"], probe_env(ckpt["args"]["env_id"])
+    shapes = {"obs_shape": list(obs_shape), "act_shape": list(act_space.shape)}
+    check_checkpoint_matches(ckpt, ckpt.get("path", ""), SCRIPT_NAME, shapes)  # the env exists, and the agent fits it
+    agent, obs_rms = Agent(int(np.prod(obs_shape)), int(np.prod(act_space.shape))), RunningMeanStd(shape=obs_shape)
     agent.load_state_dict(ckpt["model"])
-    obs_rms = None
-    if args["norm_obs"]:
-        obs_rms = RunningMeanStd(shape=(obs_dim,))
-        load_plain(obs_rms, ckpt["obs_rms"])
-    space = eval_env(args["env_id"]).action_space
-    return Policy(agent, obs_rms, args["obs_clip"], space.low, space.high)
+    load_plain(obs_rms, ckpt["obs_rms"])
+    return Policy(agent, obs_rms if args["norm_obs"] else None, args["obs_clip"], act_space.low, act_space.high)
 
 
 # --- shared: evaluate ---
-
 def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
              report: Callable[[int, float], None] = lambda index, episode_return: None) -> list:  # fmt: skip
-    """The returns of `episodes` episodes on `env` (seeded seed, seed + 1, ...) of `policy`, the script's Policy (a
-    batch of observations -> their actions); `report` hears of each (index, return). Closes env."""
+    """The returns of `episodes` episodes of `policy` (the script's Policy: a batch of observations -> their actions)
+    on `env`, seeded seed, seed + 1, ...; `report` hears of each (index, return). Closes env."""
     device, returns = next(policy.parameters()).device, []
     for episode in range(episodes):
         (obs, _), done, total = env.reset(seed=seed + episode), False, 0.0
@@ -568,7 +524,6 @@ def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
     return returns
 
 
-
 # --- end shared: evaluate ---
 
 # --- shared: continuous-env ---
@@ -579,33 +534,26 @@ def check_env_id(env_id: str) -> None:
         os.environ.setdefault("MUJOCO_GL", "egl")
     quiet_mujoco_warnings()
     module, _, name = env_id.rpartition(":")
+    if re.fullmatch(r"ALE/.+|.+NoFrameskip-v4", name):  # the ids the Atari scripts take
+        raise UserError(f"'{env_id}' is an Atari game: use ppo_atari.py or a2c_atari.py (this script takes "
+                        "continuous-action environments).")  # fmt: skip
     try:
         if module:
             __import__(module)
-        spec = gym.spec(name)
+        gym.spec(name)
     except ImportError as e:
         raise UserError(f"environment id '{env_id}': module '{module}' could not be imported ({e}).") from None
     except gym.error.Error as e:
-        try:  # an Atari id is known once ale-py has registered its games
-            import ale_py
-
-            gym.register_envs(ale_py)
-            spec = gym.spec(name)
-        except (ImportError, gym.error.Error):
-            raise UserError(f"unknown environment id '{env_id}' ({e}). Check the spelling and version suffix.") from None
-    if "ale_py" in str(spec.entry_point):
-        raise UserError(f"'{env_id}' is an Atari game: use ppo_atari.py or a2c_atari.py (this script takes "
-                        "continuous-action environments).")  # fmt: skip
+        raise UserError(f"unknown environment id '{env_id}' ({e}). Check the spelling and version suffix.") from None
 
 
 def quiet_mujoco_warnings() -> None:
     """Hide MuJoCo 4's `settotalmass` warning at each -v4 load and gymnasium's "-v4 is out of date"; keep the rest."""
     warnings.filterwarnings("ignore", message=r".*The environment .* is out of date.*")
-    try:
+    with suppress(ImportError):
         import mujoco
-    except ImportError:
-        return
-    mujoco.set_mju_user_warning(lambda m: None if "settotalmass" in m else print(f"MuJoCo warning: {m}", file=sys.stderr))
+
+        mujoco.set_mju_user_warning(lambda m: None if "settotalmass" in m else print(f"MuJoCo warning: {m}", file=sys.stderr))
 
 
 # --- end shared: continuous-env ---
@@ -1063,33 +1011,21 @@ def seed_everything(seed: int, torch_deterministic: bool) -> None:
 
 
 # --- shared: env-state ---
-def _find_wrapper(env: gym.Env, wrapper_type: type) -> Optional[gym.Wrapper]:
-    while isinstance(env, gym.Wrapper):
-        if isinstance(env, wrapper_type):
-            return env
-        env = env.env
-    return None
-
-
 def capture_env_state(env: gym.Env) -> dict:
-    """Everything needed to continue one environment exactly where it is, as plain numbers and tensors:
-    its RNG, the time-limit counter, and the simulator state (MuJoCo's integration state, or a classic-control
-    env's `state` array). Returns {"exact": False} parts when the env type is unknown (it then restarts from reset)."""
+    """What continues one env exactly where it is, as plain data: its RNG, time-limit counter and simulator state
+    (MuJoCo's integration state, or a classic-control env's `state` array); "exact" False for other envs (they reset)."""
     base = env.unwrapped
-    state: dict = {"np_random": base.np_random.bit_generator.state, "exact": True}
-    time_limit = _find_wrapper(env, gym.wrappers.TimeLimit)
-    state["elapsed_steps"] = None if time_limit is None else time_limit._elapsed_steps
-    if hasattr(base, "model") and hasattr(base, "data") and type(base.data).__name__ == "MjData":
+    state = {"np_random": base.np_random.bit_generator.state, "exact": True}
+    with suppress(AttributeError):  # no TimeLimit among the wrappers, no counter
+        state["elapsed_steps"] = env.get_wrapper_attr("_elapsed_steps")
+    if type(getattr(base, "data", None)).__name__ == "MjData":
         import mujoco
 
         spec = mujoco.mjtState.mjSTATE_INTEGRATION  # qpos, qvel, act, warm-start, ctrl, time...: bit-exact stepping
-        buffer = np.empty(mujoco.mj_stateSize(base.model, spec), np.float64)
-        mujoco.mj_getState(base.model, base.data, buffer, spec)
-        state["mujoco"] = torch.from_numpy(buffer)
-    elif isinstance(getattr(base, "state", None), np.ndarray):
-        state["classic"] = torch.from_numpy(np.array(base.state, dtype=np.float64))
-        if hasattr(base, "last_u"):  # Pendulum renders with it; keep it for completeness
-            state["last_u"] = None if base.last_u is None else float(np.asarray(base.last_u).reshape(-1)[0])
+        state["mujoco"] = torch.zeros(mujoco.mj_stateSize(base.model, spec), dtype=torch.float64)
+        mujoco.mj_getState(base.model, base.data, state["mujoco"].numpy(), spec)
+    elif isinstance(getattr(base, "state", None), np.ndarray):  # Pendulum's last_u aside: it only draws the arrow
+        state["classic"] = torch.from_numpy(base.state.copy())
     else:
         state["exact"] = False
     return state
@@ -1098,33 +1034,27 @@ def capture_env_state(env: gym.Env) -> dict:
 def restore_env_state(env: gym.Env, state: dict) -> None:
     base = env.unwrapped
     base.np_random.bit_generator.state = state["np_random"]
-    time_limit = _find_wrapper(env, gym.wrappers.TimeLimit)
-    if time_limit is not None and state["elapsed_steps"] is not None:
-        time_limit._elapsed_steps = state["elapsed_steps"]
+    if state.get("elapsed_steps") is not None:
+        env.set_wrapper_attr("_elapsed_steps", state["elapsed_steps"])
     if "mujoco" in state:
         import mujoco
 
         mujoco.mj_setState(base.model, base.data, state["mujoco"].numpy().copy(), mujoco.mjtState.mjSTATE_INTEGRATION)
     elif "classic" in state:
         base.state = state["classic"].numpy().copy()
-        if "last_u" in state:
-            base.last_u = state["last_u"]
 
 
 class EnvStates:
-    """The states of a SyncVectorEnv's envs as one checkpoint part (state_dict / load_state_dict); `exact` says
-    whether the last load restored every env exactly (else they run on from a reset)."""
+    """A SyncVectorEnv's env states as one checkpoint part; `exact`: whether the last load restored every env exactly."""
 
     def __init__(self, envs: gym.vector.SyncVectorEnv):
-        self.envs, self.exact = envs, True
+        self.envs, self.exact = envs.envs, True
 
     def state_dict(self) -> list:
-        return [capture_env_state(env) for env in self.envs.envs]
+        return [capture_env_state(env) for env in self.envs]
 
     def load_state_dict(self, states: list) -> None:
-        if len(states) != len(self.envs.envs):
-            raise UserError(f"checkpoint has {len(states)} env states, the run has {len(self.envs.envs)} envs.")
-        for env, state in zip(self.envs.envs, states):
+        for env, state in zip(self.envs, states, strict=True):  # --num-envs is the checkpoint's
             restore_env_state(env, state)
         self.exact = all(state["exact"] for state in states)
 

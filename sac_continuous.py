@@ -556,11 +556,10 @@ def flush_denormals() -> None:
 
 
 # --- shared: evaluate ---
-
 def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
              report: Callable[[int, float], None] = lambda index, episode_return: None) -> list:  # fmt: skip
-    """The returns of `episodes` episodes on `env` (seeded seed, seed + 1, ...) of `policy`, the script's Policy (a
-    batch of observations -> their actions); `report` hears of each (index, return). Closes env."""
+    """The returns of `episodes` episodes of `policy` (the script's Policy: a batch of observations -> their actions)
+    on `env`, seeded seed, seed + 1, ...; `report` hears of each (index, return). Closes env."""
     device, returns = next(policy.parameters()).device, []
     for episode in range(episodes):
         (obs, _), done, total = env.reset(seed=seed + episode), False, 0.0
@@ -575,7 +574,6 @@ def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
     return returns
 
 
-
 # --- end shared: evaluate ---
 
 # --- shared: continuous-env ---
@@ -586,33 +584,26 @@ def check_env_id(env_id: str) -> None:
         os.environ.setdefault("MUJOCO_GL", "egl")
     quiet_mujoco_warnings()
     module, _, name = env_id.rpartition(":")
+    if re.fullmatch(r"ALE/.+|.+NoFrameskip-v4", name):  # the ids the Atari scripts take
+        raise UserError(f"'{env_id}' is an Atari game: use ppo_atari.py or a2c_atari.py (this script takes "
+                        "continuous-action environments).")  # fmt: skip
     try:
         if module:
             __import__(module)
-        spec = gym.spec(name)
+        gym.spec(name)
     except ImportError as e:
         raise UserError(f"environment id '{env_id}': module '{module}' could not be imported ({e}).") from None
     except gym.error.Error as e:
-        try:  # an Atari id is known once ale-py has registered its games
-            import ale_py
-
-            gym.register_envs(ale_py)
-            spec = gym.spec(name)
-        except (ImportError, gym.error.Error):
-            raise UserError(f"unknown environment id '{env_id}' ({e}). Check the spelling and version suffix.") from None
-    if "ale_py" in str(spec.entry_point):
-        raise UserError(f"'{env_id}' is an Atari game: use ppo_atari.py or a2c_atari.py (this script takes "
-                        "continuous-action environments).")  # fmt: skip
+        raise UserError(f"unknown environment id '{env_id}' ({e}). Check the spelling and version suffix.") from None
 
 
 def quiet_mujoco_warnings() -> None:
     """Hide MuJoCo 4's `settotalmass` warning at each -v4 load and gymnasium's "-v4 is out of date"; keep the rest."""
     warnings.filterwarnings("ignore", message=r".*The environment .* is out of date.*")
-    try:
+    with suppress(ImportError):
         import mujoco
-    except ImportError:
-        return
-    mujoco.set_mju_user_warning(lambda m: None if "settotalmass" in m else print(f"MuJoCo warning: {m}", file=sys.stderr))
+
+        mujoco.set_mju_user_warning(lambda m: None if "settotalmass" in m else print(f"MuJoCo warning: {m}", file=sys.stderr))
 
 
 # --- end shared: continuous-env ---
@@ -1071,33 +1062,21 @@ def seed_everything(seed: int, torch_deterministic: bool) -> None:
 
 
 # --- shared: env-state ---
-def _find_wrapper(env: gym.Env, wrapper_type: type) -> Optional[gym.Wrapper]:
-    while isinstance(env, gym.Wrapper):
-        if isinstance(env, wrapper_type):
-            return env
-        env = env.env
-    return None
-
-
 def capture_env_state(env: gym.Env) -> dict:
-    """Everything needed to continue one environment exactly where it is, as plain numbers and tensors:
-    its RNG, the time-limit counter, and the simulator state (MuJoCo's integration state, or a classic-control
-    env's `state` array). Returns {"exact": False} parts when the env type is unknown (it then restarts from reset)."""
+    """What continues one env exactly where it is, as plain data: its RNG, time-limit counter and simulator state
+    (MuJoCo's integration state, or a classic-control env's `state` array); "exact" False for other envs (they reset)."""
     base = env.unwrapped
-    state: dict = {"np_random": base.np_random.bit_generator.state, "exact": True}
-    time_limit = _find_wrapper(env, gym.wrappers.TimeLimit)
-    state["elapsed_steps"] = None if time_limit is None else time_limit._elapsed_steps
-    if hasattr(base, "model") and hasattr(base, "data") and type(base.data).__name__ == "MjData":
+    state = {"np_random": base.np_random.bit_generator.state, "exact": True}
+    with suppress(AttributeError):  # no TimeLimit among the wrappers, no counter
+        state["elapsed_steps"] = env.get_wrapper_attr("_elapsed_steps")
+    if type(getattr(base, "data", None)).__name__ == "MjData":
         import mujoco
 
         spec = mujoco.mjtState.mjSTATE_INTEGRATION  # qpos, qvel, act, warm-start, ctrl, time...: bit-exact stepping
-        buffer = np.empty(mujoco.mj_stateSize(base.model, spec), np.float64)
-        mujoco.mj_getState(base.model, base.data, buffer, spec)
-        state["mujoco"] = torch.from_numpy(buffer)
-    elif isinstance(getattr(base, "state", None), np.ndarray):
-        state["classic"] = torch.from_numpy(np.array(base.state, dtype=np.float64))
-        if hasattr(base, "last_u"):  # Pendulum renders with it; keep it for completeness
-            state["last_u"] = None if base.last_u is None else float(np.asarray(base.last_u).reshape(-1)[0])
+        state["mujoco"] = torch.zeros(mujoco.mj_stateSize(base.model, spec), dtype=torch.float64)
+        mujoco.mj_getState(base.model, base.data, state["mujoco"].numpy(), spec)
+    elif isinstance(getattr(base, "state", None), np.ndarray):  # Pendulum's last_u aside: it only draws the arrow
+        state["classic"] = torch.from_numpy(base.state.copy())
     else:
         state["exact"] = False
     return state
@@ -1106,33 +1085,27 @@ def capture_env_state(env: gym.Env) -> dict:
 def restore_env_state(env: gym.Env, state: dict) -> None:
     base = env.unwrapped
     base.np_random.bit_generator.state = state["np_random"]
-    time_limit = _find_wrapper(env, gym.wrappers.TimeLimit)
-    if time_limit is not None and state["elapsed_steps"] is not None:
-        time_limit._elapsed_steps = state["elapsed_steps"]
+    if state.get("elapsed_steps") is not None:
+        env.set_wrapper_attr("_elapsed_steps", state["elapsed_steps"])
     if "mujoco" in state:
         import mujoco
 
         mujoco.mj_setState(base.model, base.data, state["mujoco"].numpy().copy(), mujoco.mjtState.mjSTATE_INTEGRATION)
     elif "classic" in state:
         base.state = state["classic"].numpy().copy()
-        if "last_u" in state:
-            base.last_u = state["last_u"]
 
 
 class EnvStates:
-    """The states of a SyncVectorEnv's envs as one checkpoint part (state_dict / load_state_dict); `exact` says
-    whether the last load restored every env exactly (else they run on from a reset)."""
+    """A SyncVectorEnv's env states as one checkpoint part; `exact`: whether the last load restored every env exactly."""
 
     def __init__(self, envs: gym.vector.SyncVectorEnv):
-        self.envs, self.exact = envs, True
+        self.envs, self.exact = envs.envs, True
 
     def state_dict(self) -> list:
-        return [capture_env_state(env) for env in self.envs.envs]
+        return [capture_env_state(env) for env in self.envs]
 
     def load_state_dict(self, states: list) -> None:
-        if len(states) != len(self.envs.envs):
-            raise UserError(f"checkpoint has {len(states)} env states, the run has {len(self.envs.envs)} envs.")
-        for env, state in zip(self.envs.envs, states):
+        for env, state in zip(self.envs, states, strict=True):  # --num-envs is the checkpoint's
             restore_env_state(env, state)
         self.exact = all(state["exact"] for state in states)
 

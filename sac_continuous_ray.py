@@ -1161,11 +1161,10 @@ def flush_denormals() -> None:
 
 
 # --- shared: evaluate ---
-
 def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
              report: Callable[[int, float], None] = lambda index, episode_return: None) -> list:  # fmt: skip
-    """The returns of `episodes` episodes on `env` (seeded seed, seed + 1, ...) of `policy`, the script's Policy (a
-    batch of observations -> their actions); `report` hears of each (index, return). Closes env."""
+    """The returns of `episodes` episodes of `policy` (the script's Policy: a batch of observations -> their actions)
+    on `env`, seeded seed, seed + 1, ...; `report` hears of each (index, return). Closes env."""
     device, returns = next(policy.parameters()).device, []
     for episode in range(episodes):
         (obs, _), done, total = env.reset(seed=seed + episode), False, 0.0
@@ -1180,7 +1179,6 @@ def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
     return returns
 
 
-
 # --- end shared: evaluate ---
 
 # --- shared: continuous-env ---
@@ -1191,33 +1189,26 @@ def check_env_id(env_id: str) -> None:
         os.environ.setdefault("MUJOCO_GL", "egl")
     quiet_mujoco_warnings()
     module, _, name = env_id.rpartition(":")
+    if re.fullmatch(r"ALE/.+|.+NoFrameskip-v4", name):  # the ids the Atari scripts take
+        raise UserError(f"'{env_id}' is an Atari game: use ppo_atari.py or a2c_atari.py (this script takes "
+                        "continuous-action environments).")  # fmt: skip
     try:
         if module:
             __import__(module)
-        spec = gym.spec(name)
+        gym.spec(name)
     except ImportError as e:
         raise UserError(f"environment id '{env_id}': module '{module}' could not be imported ({e}).") from None
     except gym.error.Error as e:
-        try:  # an Atari id is known once ale-py has registered its games
-            import ale_py
-
-            gym.register_envs(ale_py)
-            spec = gym.spec(name)
-        except (ImportError, gym.error.Error):
-            raise UserError(f"unknown environment id '{env_id}' ({e}). Check the spelling and version suffix.") from None
-    if "ale_py" in str(spec.entry_point):
-        raise UserError(f"'{env_id}' is an Atari game: use ppo_atari.py or a2c_atari.py (this script takes "
-                        "continuous-action environments).")  # fmt: skip
+        raise UserError(f"unknown environment id '{env_id}' ({e}). Check the spelling and version suffix.") from None
 
 
 def quiet_mujoco_warnings() -> None:
     """Hide MuJoCo 4's `settotalmass` warning at each -v4 load and gymnasium's "-v4 is out of date"; keep the rest."""
     warnings.filterwarnings("ignore", message=r".*The environment .* is out of date.*")
-    try:
+    with suppress(ImportError):
         import mujoco
-    except ImportError:
-        return
-    mujoco.set_mju_user_warning(lambda m: None if "settotalmass" in m else print(f"MuJoCo warning: {m}", file=sys.stderr))
+
+        mujoco.set_mju_user_warning(lambda m: None if "settotalmass" in m else print(f"MuJoCo warning: {m}", file=sys.stderr))
 
 
 # --- end shared: continuous-env ---

@@ -10,10 +10,10 @@ import pytest
 
 from tests.conftest import ROOT, run_script
 
-# script: (the banner's line number at most, main()'s length at most). The Atari pair's are the "Half the file"
-# issue's ceilings.
+# script: (the banner's line number at most, main()'s length at most). The Atari pair's and ppo_continuous.py's
+# banners are the "Half the file" issue's ceilings.
 BUDGETS = {
-    "ppo_continuous.py": (500, 150),
+    "ppo_continuous.py": (420, 150),
     "ppo_atari.py": (420, 150),
     "a2c_atari.py": (380, 150),
     "sac_continuous.py": (460, 150),
