@@ -113,6 +113,7 @@ def test_resume_with_buffer_continues_exactly_like_an_uninterrupted_run(tmp_path
     expected = {tag: scalars(full, tag) for tag in tags}
     resumed = tmp_path / full.name
     shutil.copytree(full, resumed)  # the resumed run appends to its own folder: work on a copy
+    (resumed / "checkpoints" / "step_0000000600.pt").unlink()  # as if it died after step 300 (else: a new folder)
     proc = run_script(SCRIPT, "--resume", resumed / "checkpoints" / "step_0000000300.pt", "--total-timesteps", "600",
                       "--torch-threads", "1")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -133,6 +134,7 @@ def test_resume_without_buffer_warns_and_refills_before_updating(tmp_path, unint
     ckpt = torch.load(run_dir / "checkpoints" / "step_0000000300.pt", weights_only=True)
     ckpt["replay_buffer"] = None  # as saved without --save-buffer
     torch.save(ckpt, run_dir / "checkpoints" / "step_0000000300.pt")
+    (run_dir / "checkpoints" / "step_0000000600.pt").unlink()  # as if it died after step 300 (else: a new folder)
     proc = run_script(SCRIPT, "--resume", run_dir / "checkpoints" / "step_0000000300.pt", "--total-timesteps", "600",
                       "--torch-threads", "1")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
