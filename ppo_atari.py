@@ -218,7 +218,7 @@ def next_step_targets(values: np.ndarray, last_value: np.ndarray, reset_steps: n
 # --- end shared: atari ---
 
 # ---- algorithm helpers: no globals, tensors / arrays in and out (the tests import them) ----
-# --- shared: gae ---
+# --- shared: ppo ---
 def compute_gae(rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray, terminations: np.ndarray,
                 truncations: np.ndarray, gamma: float, gae_lambda: float) -> np.ndarray:  # fmt: skip
     """Generalized Advantage Estimation over a (num_steps, num_envs) rollout, all arrays "after step t"; next_values[t]
@@ -237,10 +237,7 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray
     return advantages
 
 
-# --- end shared: gae ---
 
-
-# --- shared: ppo-losses ---
 def ppo_losses(new_logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor, new_values: torch.Tensor,
                old_values: torch.Tensor, returns: torch.Tensor, clip_coef: float,
                clip_vloss: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
@@ -263,7 +260,7 @@ def kl_diagnostics(log_ratio: torch.Tensor, clip_coef: float) -> torch.Tensor:
     return torch.stack([(-log_ratio).mean(), ((ratio - 1) - log_ratio).mean(), ((ratio - 1).abs() > clip_coef).float().mean()])
 
 
-# --- end shared: ppo-losses ---
+# --- end shared: ppo ---
 
 
 # --- shared: diagnostics-and-schedules ---

@@ -187,7 +187,24 @@ def scale_rewards(rewards: np.ndarray, discounted_returns: np.ndarray, episode_e
     return scaled.astype(np.float32), np.where(episode_ended, 0.0, discounted_returns)
 
 
-# --- shared: gae ---
+# --- shared: episode-boundaries ---
+def true_next_obs(raw_obs: np.ndarray, episode_ended: np.ndarray, infos: dict) -> np.ndarray:
+    """The real next observation of each env's transition under same-step autoreset: `raw_obs`, except where the
+    episode ended at this step: there `raw_obs` already holds the next episode's first observation, and the last
+    observation of the finished episode is in infos["final_obs"]. Never mix the two: that would be a transition
+    across an auto-reset."""
+    if not episode_ended.any():
+        return raw_obs
+    real = np.array(raw_obs)
+    for i in np.flatnonzero(episode_ended):
+        real[i] = infos["final_obs"][i]
+    return real
+
+
+# --- end shared: episode-boundaries ---
+
+
+# --- shared: ppo ---
 def compute_gae(rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray, terminations: np.ndarray,
                 truncations: np.ndarray, gamma: float, gae_lambda: float) -> np.ndarray:  # fmt: skip
     """Generalized Advantage Estimation over a (num_steps, num_envs) rollout, all arrays "after step t"; next_values[t]
@@ -206,27 +223,7 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray
     return advantages
 
 
-# --- end shared: gae ---
 
-
-# --- shared: episode-boundaries ---
-def true_next_obs(raw_obs: np.ndarray, episode_ended: np.ndarray, infos: dict) -> np.ndarray:
-    """The real next observation of each env's transition under same-step autoreset: `raw_obs`, except where the
-    episode ended at this step: there `raw_obs` already holds the next episode's first observation, and the last
-    observation of the finished episode is in infos["final_obs"]. Never mix the two: that would be a transition
-    across an auto-reset."""
-    if not episode_ended.any():
-        return raw_obs
-    real = np.array(raw_obs)
-    for i in np.flatnonzero(episode_ended):
-        real[i] = infos["final_obs"][i]
-    return real
-
-
-# --- end shared: episode-boundaries ---
-
-
-# --- shared: ppo-losses ---
 def ppo_losses(new_logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor, new_values: torch.Tensor,
                old_values: torch.Tensor, returns: torch.Tensor, clip_coef: float,
                clip_vloss: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
@@ -249,7 +246,7 @@ def kl_diagnostics(log_ratio: torch.Tensor, clip_coef: float) -> torch.Tensor:
     return torch.stack([(-log_ratio).mean(), ((ratio - 1) - log_ratio).mean(), ((ratio - 1).abs() > clip_coef).float().mean()])
 
 
-# --- end shared: ppo-losses ---
+# --- end shared: ppo ---
 
 
 # --- shared: diagnostics-and-schedules ---
@@ -505,7 +502,7 @@ def policy_from_checkpoint(ckpt: dict) -> Policy:
     return Policy(agent, obs_rms if args["norm_obs"] else None, args["obs_clip"], act_space.low, act_space.high)
 
 
-# --- shared: evaluate ---
+# --- shared: continuous ---
 def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
              report: Callable[[int, float], None] = lambda index, episode_return: None) -> list:  # fmt: skip
     """The returns of `episodes` episodes of `policy` (the script's Policy: a batch of observations -> their actions)
@@ -524,9 +521,7 @@ def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
     return returns
 
 
-# --- end shared: evaluate ---
 
-# --- shared: continuous-env ---
 def check_env_id(env_id: str) -> None:
     """Fail early on an unknown id, or an Atari game here; "module:Env-v0" imports module first, as gym.make does.
     Before MuJoCo loads: headless rendering through EGL where there is no display, and known warnings hidden."""
@@ -556,7 +551,7 @@ def quiet_mujoco_warnings() -> None:
         mujoco.set_mju_user_warning(lambda m: None if "settotalmass" in m else print(f"MuJoCo warning: {m}", file=sys.stderr))
 
 
-# --- end shared: continuous-env ---
+# --- end shared: continuous ---
 
 # --- shared: plumbing ---
 # Flags --resume takes from the command line (those the script has); every other comes from the checkpoint.

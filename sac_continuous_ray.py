@@ -1160,7 +1160,7 @@ def flush_denormals() -> None:
 # --- end shared: sac-run ---
 
 
-# --- shared: evaluate ---
+# --- shared: continuous ---
 def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
              report: Callable[[int, float], None] = lambda index, episode_return: None) -> list:  # fmt: skip
     """The returns of `episodes` episodes of `policy` (the script's Policy: a batch of observations -> their actions)
@@ -1179,9 +1179,7 @@ def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
     return returns
 
 
-# --- end shared: evaluate ---
 
-# --- shared: continuous-env ---
 def check_env_id(env_id: str) -> None:
     """Fail early on an unknown id, or an Atari game here; "module:Env-v0" imports module first, as gym.make does.
     Before MuJoCo loads: headless rendering through EGL where there is no display, and known warnings hidden."""
@@ -1211,7 +1209,7 @@ def quiet_mujoco_warnings() -> None:
         mujoco.set_mju_user_warning(lambda m: None if "settotalmass" in m else print(f"MuJoCo warning: {m}", file=sys.stderr))
 
 
-# --- end shared: continuous-env ---
+# --- end shared: continuous ---
 
 
 # --- shared: plumbing ---

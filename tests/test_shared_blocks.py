@@ -14,17 +14,17 @@ SCRIPTS = scripts_in(ROOT)
 # every script carries this block: the plumbing below the banner (runs, checkpoints, flag checks, errors, seeding)
 REQUIRED = {"plumbing"}
 # the SAC scripts: sac_continuous_ray.py distributes sac_continuous.py's algorithm, so it carries it verbatim
-SAC_PARTS = {"sac-algorithm", "sac-run", "episode-boundaries", "evaluate"}
+SAC_PARTS = {"sac-algorithm", "sac-run", "episode-boundaries", "continuous"}
 # ...and each family its own: MuJoCo/classic-control scripts capture simulator state, use same-step autoreset and
 # evaluate on a plain env; the Atari scripts share the preprocessing, the Nature CNN, the next-step autoreset targets
 # (`atari`) and the run plumbing (`atari-run`); the on-policy scripts share the initialization, explained variance and
 # the schedules.
 ON_POLICY = {"layer-init", "diagnostics-and-schedules"}
 FAMILY = {
-    "ppo_continuous.py": {"env-state", "episode-boundaries", "gae", "ppo-losses", "evaluate", *ON_POLICY},
+    "ppo_continuous.py": {"env-state", "episode-boundaries", "ppo", "continuous", *ON_POLICY},
     "sac_continuous.py": {"env-state", *SAC_PARTS},
     "sac_continuous_ray.py": SAC_PARTS,
-    "ppo_atari.py": {"atari", "atari-run", "gae", "ppo-losses", *ON_POLICY},
+    "ppo_atari.py": {"atari", "atari-run", "ppo", *ON_POLICY},
     "a2c_atari.py": {"atari", "atari-run", *ON_POLICY},
 }
 
