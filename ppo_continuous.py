@@ -153,21 +153,8 @@ class Agent(nn.Module):
 
 
 # ---- algorithm helpers: no globals, tensors / arrays in and out (the tests import them) ----
-class RunningMeanStd:
-    """Running mean and variance of a stream of batches (Chan et al. parallel algorithm), in float64."""
-
-    def __init__(self, shape: tuple = (), epsilon: float = 1e-4):
-        self.mean, self.var, self.count = np.zeros(shape, np.float64), np.ones(shape, np.float64), epsilon
-
-    def update(self, batch: np.ndarray) -> None:
-        # ndarray.sum / n rather than np.mean / np.var: same numbers, a third of the overhead on a (1, 17) batch
-        n = batch.shape[0]
-        batch_mean = batch.sum(axis=0) / n
-        batch_var = np.square(batch - batch_mean).sum(axis=0) / n
-        delta, total = batch_mean - self.mean, self.count + n
-        self.mean = self.mean + delta * (n / total)
-        self.var = (self.var * self.count + batch_var * n + np.square(delta) * (self.count * n / total)) / total
-        self.count = total
+# The running mean and variance of a stream of batches (Chan et al.'s parallel algorithm, float64): gymnasium's.
+RunningMeanStd = gym.wrappers.utils.RunningMeanStd
 
 
 def normalize_obs(obs: np.ndarray, rms: Optional[RunningMeanStd], clip: float, epsilon: float = 1e-8) -> np.ndarray:
@@ -279,8 +266,8 @@ class LoopState:
 
 def main() -> None:
     args, ckpt, device = parse_command_line(Args, FLAG_RULES, validate_args)
-    obs_shape, act_space = probe_env(args.env_id)  # below the banner: the env exists, its actions are a bounded Box
-    run = Run(args, SCRIPT_NAME, ckpt, {"obs_shape": list(obs_shape), "act_shape": list(act_space.shape)}, args.batch_size)
+    shapes, act_space = probe_env(args.env_id)  # below the banner: the env exists, its actions are a bounded Box
+    run = Run(args, SCRIPT_NAME, ckpt, shapes, args.batch_size)
     seed_everything(args.seed, args.torch_deterministic)
 
     # SAME_STEP autoreset: step() returns the next episode's first obs, the finished one's last is in infos["final_obs"].
@@ -288,7 +275,7 @@ def main() -> None:
     thunks = [make_env(args.env_id, i, args.capture_video, str(run.dir / "videos")) for i in range(args.num_envs)]
     envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "the loop assumes same-step autoreset"
-    obs_dim, act_dim = int(np.prod(obs_shape)), int(np.prod(act_space.shape))
+    obs_dim, act_dim = int(np.prod(shapes["obs_shape"])), int(np.prod(act_space.shape))
 
     agent = Agent(obs_dim, act_dim).to(device)
     check_agent(agent, obs_dim, act_dim, device)  # below the banner: an edited Agent that cannot act stops here
@@ -425,37 +412,20 @@ def validate_args(args: Args) -> None:
                         f"minibatch of {args.minibatch_size}: lower --num-minibatches or give --no-norm-adv.")  # fmt: skip
 
 
-def probe_env(env_id: str) -> tuple[tuple, gym.spaces.Box]:
-    """Make the env once: it must exist and have a bounded continuous (Box) action space. (Obs shape, action space)."""
-    check_env_id(env_id)
-    try:
-        env = make_env(env_id, 0, False, "")()
-    except gym.error.Error as e:
-        raise UserError(f"environment '{env_id}' could not be created: {e}") from None
-    env.close()
-    space = env.action_space
-    if not isinstance(space, gym.spaces.Box) or not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
-        raise UserError(f"{env_id}'s action space {space} is not a bounded Box: this PPO needs continuous actions within "
-                        "bounds (e.g. Pendulum-v1, HalfCheetah-v4). This project's discrete-action scripts, ppo_atari.py "
-                        "and a2c_atari.py, take Atari games only.")  # fmt: skip
-    return env.observation_space.shape, space
-
-
 def check_agent(agent: Agent, obs_dim: int, act_dim: int, device: torch.device) -> None:
     """Before any step, an (edited) Agent must act on 8 observations, or the run stops here naming what to change."""
-    x, want = torch.randn(8, obs_dim, device=device), [(8, act_dim), (8,), (8,), (8,)]
+    x, want = torch.randn(8, obs_dim, device=device), [(8, act_dim), (8,), (8,), (8,), (8, act_dim)]
     try:
         with torch.no_grad():
-            got = [tuple(out.shape) for out in agent.get_action_and_value(x)]
-            deterministic_action(agent.distribution(x))
+            got = [tuple(out.shape) for out in (*agent.get_action_and_value(x), deterministic_action(agent.distribution(x)))]
+        problem = None if got == want else f"(action, log-prob, entropy, value, mean) of shapes {got}, not {want}"
     except (RuntimeError, NotImplementedError) as e:  # torch's size mismatch: say which sizes must agree
-        raise UserError(f"the Agent cannot act on a batch of observations of size obs_dim = {obs_dim} "
-                        f"({str(e).splitlines()[0]}). Each layer's input size must be the previous layer's output size, "
-                        f"the first layer's obs_dim, the actor's output size act_dim = {act_dim}.") from None  # fmt: skip
-    if got != want:
-        raise UserError(f"for 8 observations the Agent gives (action, log-prob, entropy, value) of shapes {got}, not "
-                        f"{want}: the actor's last layer must output act_dim numbers, the critic's one, and "
-                        "distribution() one event of act_dim actions per observation (Independent(..., 1)).")  # fmt: skip
+        problem = str(e).splitlines()[0]
+    if problem:
+        raise UserError(f"the Agent cannot act on a batch of 8 observations of size obs_dim = {obs_dim}: {problem}. Each "
+                        "layer's input size must be the previous layer's output size, the first layer's obs_dim, the "
+                        f"actor's output act_dim = {act_dim}, the critic's 1, and distribution() one event of act_dim "
+                        "actions per observation (Independent(..., 1)).")  # fmt: skip
 
 
 def deterministic_action(dist: torch.distributions.Distribution) -> torch.Tensor:
@@ -493,9 +463,9 @@ def eval_env(env_id: str, video_dir: Optional[str] = None) -> gym.Env:
 
 def policy_from_checkpoint(ckpt: dict) -> Policy:
     """The checkpoint's agent and statistics as its Policy, on the CPU (tools/agent.py evaluates and exports it)."""
-    args, (obs_shape, act_space) = ckpt["args"], probe_env(ckpt["args"]["env_id"])
-    shapes = {"obs_shape": list(obs_shape), "act_shape": list(act_space.shape)}
+    args, (shapes, act_space) = ckpt["args"], probe_env(ckpt["args"]["env_id"])
     check_checkpoint_matches(ckpt, ckpt.get("path", ""), SCRIPT_NAME, shapes)  # the env exists, and the agent fits it
+    obs_shape = tuple(shapes["obs_shape"])
     agent, obs_rms = Agent(int(np.prod(obs_shape)), int(np.prod(act_space.shape))), RunningMeanStd(shape=obs_shape)
     agent.load_state_dict(ckpt["model"])
     load_plain(obs_rms, ckpt["obs_rms"])
@@ -522,24 +492,26 @@ def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
 
 
 
-def check_env_id(env_id: str) -> None:
-    """Fail early on an unknown id, or an Atari game here; "module:Env-v0" imports module first, as gym.make does.
-    Before MuJoCo loads: headless rendering through EGL where there is no display, and known warnings hidden."""
+def probe_env(env_id: str) -> tuple[dict, gym.spaces.Box]:
+    """Make the env once, before anything starts: it must exist and act in a bounded continuous (Box) space. Returns
+    (its shapes, that space). Before MuJoCo loads: headless rendering through EGL without a display, warnings quieted."""
     if not os.environ.get("DISPLAY"):
         os.environ.setdefault("MUJOCO_GL", "egl")
     quiet_mujoco_warnings()
-    module, _, name = env_id.rpartition(":")
-    if re.fullmatch(r"ALE/.+|.+NoFrameskip-v4", name):  # the ids the Atari scripts take
+    if re.fullmatch(r"(.+:)?(ALE/.+|.+NoFrameskip-v4)", env_id):  # the ids the Atari scripts take
         raise UserError(f"'{env_id}' is an Atari game: use ppo_atari.py or a2c_atari.py (this script takes "
                         "continuous-action environments).")  # fmt: skip
-    try:
-        if module:
-            __import__(module)
-        gym.spec(name)
-    except ImportError as e:
-        raise UserError(f"environment id '{env_id}': module '{module}' could not be imported ({e}).") from None
-    except gym.error.Error as e:
-        raise UserError(f"unknown environment id '{env_id}' ({e}). Check the spelling and version suffix.") from None
+    try:  # "module:Env-v0" imports module first
+        env = gym.wrappers.FlattenObservation(gym.make(env_id))
+    except (gym.error.Error, ImportError) as e:
+        raise UserError(f"unknown environment id '{env_id}', or it could not be made ({e}).") from None
+    env.close()
+    space = env.action_space
+    if not isinstance(space, gym.spaces.Box) or not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+        raise UserError(f"{env_id}'s action space {space} is not a bounded Box: this script needs continuous actions "
+                        "within bounds (e.g. Pendulum-v1, HalfCheetah-v4). This project's discrete-action scripts, "
+                        "ppo_atari.py and a2c_atari.py, take Atari games only.")  # fmt: skip
+    return {"obs_shape": list(env.observation_space.shape), "act_shape": list(space.shape)}, space
 
 
 def quiet_mujoco_warnings() -> None:

@@ -507,23 +507,6 @@ def policy_from_checkpoint(ckpt: dict) -> Policy:
     return Policy(actor, act_space.low, act_space.high)
 
 
-def probe_env(env_id: str) -> tuple[dict, gym.spaces.Box]:
-    """Make the env once: it exists, with a bounded continuous (Box) action space. Returns (its shapes, that space)."""
-    check_env_id(env_id)
-    try:
-        env = gym.wrappers.FlattenObservation(gym.make(env_id))
-    except gym.error.Error as e:
-        raise UserError(f"environment '{env_id}' could not be created: {e}") from None
-    obs_space, act_space = env.observation_space, env.action_space
-    env.close()
-    if not isinstance(act_space, gym.spaces.Box):
-        raise UserError(f"{env_id} has a {type(act_space).__name__} action space ({act_space}); this SAC needs a continuous "
-                        "Box action space (e.g. Pendulum-v1, HalfCheetah-v4).")  # fmt: skip
-    if not np.all(np.isfinite(act_space.low)) or not np.all(np.isfinite(act_space.high)):
-        raise UserError(f"{env_id}'s action space {act_space} is unbounded; SAC squashes actions into its bounds.")
-    return {"obs_shape": list(obs_space.shape), "act_shape": list(act_space.shape)}, act_space
-
-
 def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_dim: int) -> None:
     """Stop at once, naming what to change, where an edit broke the networks' sizes (else it fails after learning_starts
     steps): on 64 observations the Actor gives a mean and a log-std (64, act_dim) each, the critics Q1, Q2 (2, 64)."""
@@ -575,24 +558,26 @@ def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
 
 
 
-def check_env_id(env_id: str) -> None:
-    """Fail early on an unknown id, or an Atari game here; "module:Env-v0" imports module first, as gym.make does.
-    Before MuJoCo loads: headless rendering through EGL where there is no display, and known warnings hidden."""
+def probe_env(env_id: str) -> tuple[dict, gym.spaces.Box]:
+    """Make the env once, before anything starts: it must exist and act in a bounded continuous (Box) space. Returns
+    (its shapes, that space). Before MuJoCo loads: headless rendering through EGL without a display, warnings quieted."""
     if not os.environ.get("DISPLAY"):
         os.environ.setdefault("MUJOCO_GL", "egl")
     quiet_mujoco_warnings()
-    module, _, name = env_id.rpartition(":")
-    if re.fullmatch(r"ALE/.+|.+NoFrameskip-v4", name):  # the ids the Atari scripts take
+    if re.fullmatch(r"(.+:)?(ALE/.+|.+NoFrameskip-v4)", env_id):  # the ids the Atari scripts take
         raise UserError(f"'{env_id}' is an Atari game: use ppo_atari.py or a2c_atari.py (this script takes "
                         "continuous-action environments).")  # fmt: skip
-    try:
-        if module:
-            __import__(module)
-        gym.spec(name)
-    except ImportError as e:
-        raise UserError(f"environment id '{env_id}': module '{module}' could not be imported ({e}).") from None
-    except gym.error.Error as e:
-        raise UserError(f"unknown environment id '{env_id}' ({e}). Check the spelling and version suffix.") from None
+    try:  # "module:Env-v0" imports module first
+        env = gym.wrappers.FlattenObservation(gym.make(env_id))
+    except (gym.error.Error, ImportError) as e:
+        raise UserError(f"unknown environment id '{env_id}', or it could not be made ({e}).") from None
+    env.close()
+    space = env.action_space
+    if not isinstance(space, gym.spaces.Box) or not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
+        raise UserError(f"{env_id}'s action space {space} is not a bounded Box: this script needs continuous actions "
+                        "within bounds (e.g. Pendulum-v1, HalfCheetah-v4). This project's discrete-action scripts, "
+                        "ppo_atari.py and a2c_atari.py, take Atari games only.")  # fmt: skip
+    return {"obs_shape": list(env.observation_space.shape), "act_shape": list(space.shape)}, space
 
 
 def quiet_mujoco_warnings() -> None:
