@@ -90,8 +90,6 @@ def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias_const: float = 
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
-
-
 # --- end shared: layer-init ---
 
 
@@ -210,8 +208,6 @@ def next_step_targets(values: np.ndarray, last_value: np.ndarray, reset_steps: n
     next_values = np.concatenate([values[1:], last_value[None]], axis=0)
     real = np.flatnonzero(~reset_steps.reshape(-1))
     return next_values, real
-
-
 # --- end shared: atari ---
 
 # ---- algorithm helpers: no globals, tensors / arrays in and out (the tests import them) ----
@@ -271,8 +267,6 @@ def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
 def annealed(iteration: int, num_iterations: int, value: float) -> float:
     """Linear decay from `value` at iteration 1 to value/num_iterations at the last iteration."""
     return (1.0 - (iteration - 1.0) / num_iterations) * value
-
-
 # --- end shared: diagnostics-and-schedules ---
 
 
@@ -559,8 +553,6 @@ def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
             report(len(returns) - 1, game_return)
     envs.close()
     return returns
-
-
 # --- end shared: atari-run ---
 
 
@@ -618,11 +610,9 @@ class Run:
         self.state, self.parts, self.closing, self.play, self.line, self.window_step = None, {}, None, None, "", 0
         self.stop_requested = self.saving = self.stopped = self.last = False
         self.last_print, self.best_path, self.best_step = time.monotonic(), self.ckpt_dir / "best.pt", None
-        # --keep-best never replaces a better best.pt, whichever checkpoint of its run a resume starts from
-        scores = [float(ckpt["run_state"]["best_score"])] if in_place else []
-        if in_place and args.keep_best and self.best_path.is_file():
-            scores.append(float(load_checkpoint(str(self.best_path))["run_state"]["best_score"]))
-        self.best_score = max(scores, default=-math.inf)
+        self.best_score = float(ckpt["run_state"]["best_score"]) if in_place else -math.inf
+        if in_place and args.keep_best and self.best_path.is_file():  # from an older checkpoint: best.pt may be better
+            self.best_score = max(self.best_score, float(load_checkpoint(str(self.best_path))["run_state"]["best_score"]))
 
     def attach(self, state, envs, **parts) -> None:
         """Register what a checkpoint holds and what to close at the end; on --resume, load it all."""
@@ -804,8 +794,8 @@ class Run:
     def non_finite(self, quantity: str, cause: str) -> None:
         """Stop on the first NaN / Inf, saving nothing: one paragraph (what, when, likely causes, how to resume), exit 3."""
         args, state = self.args, self.state
-        saved = [p for p in self.ckpt_dir.glob("*.pt") if CHECKPOINT.fullmatch(p.name)] if self.ckpt_dir.is_dir() else []
-        newest = max(saved, key=lambda p: p.stat().st_mtime, default=None)
+        newest = max((p for p in self.ckpt_dir.glob("*.pt") if CHECKPOINT.fullmatch(p.name)), key=lambda p: p.stat().st_mtime,
+                     default=None)  # fmt: skip
         flags = ", ".join(f"--{f.replace('_', '-')} {getattr(args, f)}" for f in NON_FINITE_FLAGS if hasattr(args, f))
         print(f"error: non-finite value (NaN or Inf) in {quantity} at env step {state.global_step} (iteration "
               f"{state.iteration}): the run stopped and saved nothing of this state. Likely cause: " + (
@@ -846,12 +836,9 @@ def resume_folder(args, ckpt: dict) -> Optional[Path]:
 
 def to_plain(obj) -> dict:
     """An object's attributes as plain data that loads with weights_only=True (arrays become tensors; copies)."""
-    plain = {}
-    for name, value in vars(obj).items():
-        if isinstance(value, (np.ndarray, np.generic)):  # np.generic: 0-d arithmetic gives numpy scalars
-            value = torch.from_numpy(np.array(value))
-        plain[name] = value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
-    return plain
+    tensors = {name: torch.from_numpy(np.array(value)) if isinstance(value, (np.ndarray, np.generic)) else value
+               for name, value in vars(obj).items()}  # np.generic: 0-d arithmetic gives numpy scalars
+    return {name: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v for name, v in tensors.items()}
 
 
 def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
@@ -867,12 +854,11 @@ def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
 
 def first_non_finite(obj, path: str = "") -> Optional[str]:
     """The dotted path to the first NaN / Inf in obj (tensors, arrays, numbers, nested), or None."""
-    if isinstance(obj, torch.Tensor):
+    if isinstance(obj, (torch.Tensor, float)):  # a float: a logged number
+        obj = torch.as_tensor(obj)
         return path if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else None
     if isinstance(obj, np.ndarray) and obj.dtype != object:
         return path if obj.dtype.kind in "fc" and not np.isfinite(obj).all() else None
-    if isinstance(obj, float):
-        return None if math.isfinite(obj) else path
     items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple, np.ndarray)) else ()
     found = (first_non_finite(value, f"{path}.{key}" if path else str(key)) for key, value in items)
     return next((where for where in found if where is not None), None)
@@ -901,10 +887,10 @@ def save_checkpoint(state: dict, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def load_checkpoint(path: str) -> dict:
+def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
     """Load with weights_only=True: plain tensors and Python data, never arbitrary pickled objects."""
     if not os.path.isfile(path):  # os.path: no PermissionError from a path under an unreadable folder
-        raise UserError(f"checkpoint '{path}' " + ("is a folder, not a file." if os.path.isdir(path) else "does not exist."))
+        raise UserError(f"{what} '{path}' " + ("is a folder, not a file." if os.path.isdir(path) else "does not exist."))
     try:  # why the CPU: RNG and env states must be CPU tensors; modules copy their weights to their own device
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
@@ -961,7 +947,7 @@ def parse_command_line(cls, rules: dict, validate: Callable):
     torch.set_num_threads(args.torch_threads or cores)
     device, ckpt = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu"), None
     if args.resume:
-        ckpt, argv = load_checkpoint(args.resume), sys.argv[1:]
+        ckpt, argv = load_checkpoint(args.resume, "--resume"), sys.argv[1:]
         if ":" in str(ckpt["args"].get("env_id")) and not any(w.startswith("--env-id") for w in argv):  # it imports nothing
             raise UserError(f"checkpoint '{args.resume}' names the env '{ckpt['args']['env_id']}', which imports a "
                             "module: give the same --env-id on the command line to allow it.")  # fmt: skip
@@ -1011,8 +997,6 @@ def seed_everything(seed: int, torch_deterministic: bool) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
     torch.backends.cudnn.deterministic = torch_deterministic
-
-
 # --- end shared: plumbing ---
 
 

@@ -332,8 +332,6 @@ def env_step(envs: gym.vector.VectorEnv, actions: np.ndarray, episode_return: np
     real_next = true_next_obs(raw_obs, ended, infos)
     episode_return, episode_length = np.where(ended, 0.0, episode_return), np.where(ended, 0, episode_length)
     return raw_obs, real_next, rewards, terminations, episode_return, episode_length, finished
-
-
 # --- end shared: sac-algorithm ---
 
 
@@ -349,8 +347,6 @@ def true_next_obs(raw_obs: np.ndarray, episode_ended: np.ndarray, infos: dict) -
     for i in np.flatnonzero(episode_ended):
         real[i] = infos["final_obs"][i]
     return real
-
-
 # --- end shared: episode-boundaries ---
 
 
@@ -533,12 +529,15 @@ def flush_denormals() -> None:
     """Speed (benchmarks/README.md): float32 denormals (|x| < 1.2e-38) become 0 in this thread and in the OpenMP threads
     torch starts later (so: call it first). Why: Adam's moments of dead ReLU units decay through that slow range."""
     torch.set_flush_denormal(True)
-
-
 # --- end shared: sac-run ---
 
 
 # --- shared: continuous ---
+def eval_env(env_id: str, video_dir: Optional[str] = None) -> gym.Env:
+    """The env evaluation plays on (env 0's, recording a video into video_dir if given)."""
+    return make_env(env_id, 0, video_dir is not None, video_dir or "")()
+
+
 def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
              report: Callable[[int, float], None] = lambda index, episode_return: None) -> list:  # fmt: skip
     """The returns of `episodes` episodes of `policy` (the script's Policy: a batch of observations -> their actions)
@@ -555,7 +554,6 @@ def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
         report(episode, total)
     env.close()
     return returns
-
 
 
 def probe_env(env_id: str) -> tuple[dict, gym.spaces.Box]:
@@ -587,8 +585,6 @@ def quiet_mujoco_warnings() -> None:
         import mujoco
 
         mujoco.set_mju_user_warning(lambda m: None if "settotalmass" in m else print(f"MuJoCo warning: {m}", file=sys.stderr))
-
-
 # --- end shared: continuous ---
 
 
@@ -646,11 +642,9 @@ class Run:
         self.state, self.parts, self.closing, self.play, self.line, self.window_step = None, {}, None, None, "", 0
         self.stop_requested = self.saving = self.stopped = self.last = False
         self.last_print, self.best_path, self.best_step = time.monotonic(), self.ckpt_dir / "best.pt", None
-        # --keep-best never replaces a better best.pt, whichever checkpoint of its run a resume starts from
-        scores = [float(ckpt["run_state"]["best_score"])] if in_place else []
-        if in_place and args.keep_best and self.best_path.is_file():
-            scores.append(float(load_checkpoint(str(self.best_path))["run_state"]["best_score"]))
-        self.best_score = max(scores, default=-math.inf)
+        self.best_score = float(ckpt["run_state"]["best_score"]) if in_place else -math.inf
+        if in_place and args.keep_best and self.best_path.is_file():  # from an older checkpoint: best.pt may be better
+            self.best_score = max(self.best_score, float(load_checkpoint(str(self.best_path))["run_state"]["best_score"]))
 
     def attach(self, state, envs, **parts) -> None:
         """Register what a checkpoint holds and what to close at the end; on --resume, load it all."""
@@ -832,8 +826,8 @@ class Run:
     def non_finite(self, quantity: str, cause: str) -> None:
         """Stop on the first NaN / Inf, saving nothing: one paragraph (what, when, likely causes, how to resume), exit 3."""
         args, state = self.args, self.state
-        saved = [p for p in self.ckpt_dir.glob("*.pt") if CHECKPOINT.fullmatch(p.name)] if self.ckpt_dir.is_dir() else []
-        newest = max(saved, key=lambda p: p.stat().st_mtime, default=None)
+        newest = max((p for p in self.ckpt_dir.glob("*.pt") if CHECKPOINT.fullmatch(p.name)), key=lambda p: p.stat().st_mtime,
+                     default=None)  # fmt: skip
         flags = ", ".join(f"--{f.replace('_', '-')} {getattr(args, f)}" for f in NON_FINITE_FLAGS if hasattr(args, f))
         print(f"error: non-finite value (NaN or Inf) in {quantity} at env step {state.global_step} (iteration "
               f"{state.iteration}): the run stopped and saved nothing of this state. Likely cause: " + (
@@ -874,12 +868,9 @@ def resume_folder(args, ckpt: dict) -> Optional[Path]:
 
 def to_plain(obj) -> dict:
     """An object's attributes as plain data that loads with weights_only=True (arrays become tensors; copies)."""
-    plain = {}
-    for name, value in vars(obj).items():
-        if isinstance(value, (np.ndarray, np.generic)):  # np.generic: 0-d arithmetic gives numpy scalars
-            value = torch.from_numpy(np.array(value))
-        plain[name] = value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
-    return plain
+    tensors = {name: torch.from_numpy(np.array(value)) if isinstance(value, (np.ndarray, np.generic)) else value
+               for name, value in vars(obj).items()}  # np.generic: 0-d arithmetic gives numpy scalars
+    return {name: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v for name, v in tensors.items()}
 
 
 def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
@@ -895,12 +886,11 @@ def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
 
 def first_non_finite(obj, path: str = "") -> Optional[str]:
     """The dotted path to the first NaN / Inf in obj (tensors, arrays, numbers, nested), or None."""
-    if isinstance(obj, torch.Tensor):
+    if isinstance(obj, (torch.Tensor, float)):  # a float: a logged number
+        obj = torch.as_tensor(obj)
         return path if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else None
     if isinstance(obj, np.ndarray) and obj.dtype != object:
         return path if obj.dtype.kind in "fc" and not np.isfinite(obj).all() else None
-    if isinstance(obj, float):
-        return None if math.isfinite(obj) else path
     items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple, np.ndarray)) else ()
     found = (first_non_finite(value, f"{path}.{key}" if path else str(key)) for key, value in items)
     return next((where for where in found if where is not None), None)
@@ -929,10 +919,10 @@ def save_checkpoint(state: dict, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def load_checkpoint(path: str) -> dict:
+def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
     """Load with weights_only=True: plain tensors and Python data, never arbitrary pickled objects."""
     if not os.path.isfile(path):  # os.path: no PermissionError from a path under an unreadable folder
-        raise UserError(f"checkpoint '{path}' " + ("is a folder, not a file." if os.path.isdir(path) else "does not exist."))
+        raise UserError(f"{what} '{path}' " + ("is a folder, not a file." if os.path.isdir(path) else "does not exist."))
     try:  # why the CPU: RNG and env states must be CPU tensors; modules copy their weights to their own device
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
@@ -989,7 +979,7 @@ def parse_command_line(cls, rules: dict, validate: Callable):
     torch.set_num_threads(args.torch_threads or cores)
     device, ckpt = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu"), None
     if args.resume:
-        ckpt, argv = load_checkpoint(args.resume), sys.argv[1:]
+        ckpt, argv = load_checkpoint(args.resume, "--resume"), sys.argv[1:]
         if ":" in str(ckpt["args"].get("env_id")) and not any(w.startswith("--env-id") for w in argv):  # it imports nothing
             raise UserError(f"checkpoint '{args.resume}' names the env '{ckpt['args']['env_id']}', which imports a "
                             "module: give the same --env-id on the command line to allow it.")  # fmt: skip
@@ -1039,60 +1029,49 @@ def seed_everything(seed: int, torch_deterministic: bool) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
     torch.backends.cudnn.deterministic = torch_deterministic
-
-
 # --- end shared: plumbing ---
 
 
 # --- shared: env-state ---
-def capture_env_state(env: gym.Env) -> dict:
-    """What continues one env exactly where it is, as plain data: its RNG, time-limit counter and simulator state
-    (MuJoCo's integration state, or a classic-control env's `state` array); "exact" False for other envs (they reset)."""
-    base = env.unwrapped
-    state = {"np_random": base.np_random.bit_generator.state, "exact": True}
-    with suppress(AttributeError):  # no TimeLimit among the wrappers, no counter
-        state["elapsed_steps"] = env.get_wrapper_attr("_elapsed_steps")
-    if type(getattr(base, "data", None)).__name__ == "MjData":
-        import mujoco
-
-        spec = mujoco.mjtState.mjSTATE_INTEGRATION  # qpos, qvel, act, warm-start, ctrl, time...: bit-exact stepping
-        state["mujoco"] = torch.zeros(mujoco.mj_stateSize(base.model, spec), dtype=torch.float64)
-        mujoco.mj_getState(base.model, base.data, state["mujoco"].numpy(), spec)
-    elif isinstance(getattr(base, "state", None), np.ndarray):  # Pendulum's last_u aside: it only draws the arrow
-        state["classic"] = torch.from_numpy(base.state.copy())
-    else:
-        state["exact"] = False
-    return state
-
-
-def restore_env_state(env: gym.Env, state: dict) -> None:
-    base = env.unwrapped
-    base.np_random.bit_generator.state = state["np_random"]
-    if state.get("elapsed_steps") is not None:
-        env.set_wrapper_attr("_elapsed_steps", state["elapsed_steps"])
-    if "mujoco" in state:
-        import mujoco
-
-        mujoco.mj_setState(base.model, base.data, state["mujoco"].numpy().copy(), mujoco.mjtState.mjSTATE_INTEGRATION)
-    elif "classic" in state:
-        base.state = state["classic"].numpy().copy()
-
-
 class EnvStates:
-    """A SyncVectorEnv's env states as one checkpoint part; `exact`: whether the last load restored every env exactly."""
+    """A SyncVectorEnv's env states as one checkpoint part, as plain data: each env's RNG, time-limit counter and
+    simulator state (MuJoCo's integration state, or a classic-control env's `state` array); an env of another kind is
+    not "exact" and restarts from a reset. `exact`: whether the last load restored every env exactly."""
 
     def __init__(self, envs: gym.vector.SyncVectorEnv):
         self.envs, self.exact = envs.envs, True
 
     def state_dict(self) -> list:
-        return [capture_env_state(env) for env in self.envs]
+        states = []
+        for env, base in ((env, env.unwrapped) for env in self.envs):
+            states.append({"np_random": base.np_random.bit_generator.state, "exact": True})
+            with suppress(AttributeError):  # no TimeLimit among the wrappers, no counter
+                states[-1]["elapsed_steps"] = env.get_wrapper_attr("_elapsed_steps")
+            if type(getattr(base, "data", None)).__name__ == "MjData":
+                import mujoco
+
+                spec = mujoco.mjtState.mjSTATE_INTEGRATION  # qpos, qvel, act, warm-start, ctrl, time...: bit-exact stepping
+                states[-1]["mujoco"] = torch.zeros(mujoco.mj_stateSize(base.model, spec), dtype=torch.float64)
+                mujoco.mj_getState(base.model, base.data, states[-1]["mujoco"].numpy(), spec)
+            elif isinstance(getattr(base, "state", None), np.ndarray):  # Pendulum's last_u aside: it only draws the arrow
+                states[-1]["classic"] = torch.from_numpy(base.state.copy())
+            else:
+                states[-1]["exact"] = False
+        return states
 
     def load_state_dict(self, states: list) -> None:
         for env, state in zip(self.envs, states, strict=True):  # --num-envs is the checkpoint's
-            restore_env_state(env, state)
+            base = env.unwrapped
+            base.np_random.bit_generator.state = state["np_random"]
+            if state.get("elapsed_steps") is not None:
+                env.set_wrapper_attr("_elapsed_steps", state["elapsed_steps"])
+            if "mujoco" in state:
+                import mujoco
+
+                mujoco.mj_setState(base.model, base.data, state["mujoco"].numpy().copy(), mujoco.mjtState.mjSTATE_INTEGRATION)
+            elif "classic" in state:
+                base.state = state["classic"].numpy().copy()
         self.exact = all(state["exact"] for state in states)
-
-
 # --- end shared: env-state ---
 
 

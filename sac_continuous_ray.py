@@ -370,8 +370,6 @@ def env_step(envs: gym.vector.VectorEnv, actions: np.ndarray, episode_return: np
     real_next = true_next_obs(raw_obs, ended, infos)
     episode_return, episode_length = np.where(ended, 0.0, episode_return), np.where(ended, 0, episode_length)
     return raw_obs, real_next, rewards, terminations, episode_return, episode_length, finished
-
-
 # --- end shared: sac-algorithm ---
 
 
@@ -387,8 +385,6 @@ def true_next_obs(raw_obs: np.ndarray, episode_ended: np.ndarray, infos: dict) -
     for i in np.flatnonzero(episode_ended):
         real[i] = infos["final_obs"][i]
     return real
-
-
 # --- end shared: episode-boundaries ---
 
 
@@ -1138,12 +1134,15 @@ def flush_denormals() -> None:
     """Speed (benchmarks/README.md): float32 denormals (|x| < 1.2e-38) become 0 in this thread and in the OpenMP threads
     torch starts later (so: call it first). Why: Adam's moments of dead ReLU units decay through that slow range."""
     torch.set_flush_denormal(True)
-
-
 # --- end shared: sac-run ---
 
 
 # --- shared: continuous ---
+def eval_env(env_id: str, video_dir: Optional[str] = None) -> gym.Env:
+    """The env evaluation plays on (env 0's, recording a video into video_dir if given)."""
+    return make_env(env_id, 0, video_dir is not None, video_dir or "")()
+
+
 def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
              report: Callable[[int, float], None] = lambda index, episode_return: None) -> list:  # fmt: skip
     """The returns of `episodes` episodes of `policy` (the script's Policy: a batch of observations -> their actions)
@@ -1160,7 +1159,6 @@ def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
         report(episode, total)
     env.close()
     return returns
-
 
 
 def probe_env(env_id: str) -> tuple[dict, gym.spaces.Box]:
@@ -1192,8 +1190,6 @@ def quiet_mujoco_warnings() -> None:
         import mujoco
 
         mujoco.set_mju_user_warning(lambda m: None if "settotalmass" in m else print(f"MuJoCo warning: {m}", file=sys.stderr))
-
-
 # --- end shared: continuous ---
 
 
@@ -1251,11 +1247,9 @@ class Run:
         self.state, self.parts, self.closing, self.play, self.line, self.window_step = None, {}, None, None, "", 0
         self.stop_requested = self.saving = self.stopped = self.last = False
         self.last_print, self.best_path, self.best_step = time.monotonic(), self.ckpt_dir / "best.pt", None
-        # --keep-best never replaces a better best.pt, whichever checkpoint of its run a resume starts from
-        scores = [float(ckpt["run_state"]["best_score"])] if in_place else []
-        if in_place and args.keep_best and self.best_path.is_file():
-            scores.append(float(load_checkpoint(str(self.best_path))["run_state"]["best_score"]))
-        self.best_score = max(scores, default=-math.inf)
+        self.best_score = float(ckpt["run_state"]["best_score"]) if in_place else -math.inf
+        if in_place and args.keep_best and self.best_path.is_file():  # from an older checkpoint: best.pt may be better
+            self.best_score = max(self.best_score, float(load_checkpoint(str(self.best_path))["run_state"]["best_score"]))
 
     def attach(self, state, envs, **parts) -> None:
         """Register what a checkpoint holds and what to close at the end; on --resume, load it all."""
@@ -1437,8 +1431,8 @@ class Run:
     def non_finite(self, quantity: str, cause: str) -> None:
         """Stop on the first NaN / Inf, saving nothing: one paragraph (what, when, likely causes, how to resume), exit 3."""
         args, state = self.args, self.state
-        saved = [p for p in self.ckpt_dir.glob("*.pt") if CHECKPOINT.fullmatch(p.name)] if self.ckpt_dir.is_dir() else []
-        newest = max(saved, key=lambda p: p.stat().st_mtime, default=None)
+        newest = max((p for p in self.ckpt_dir.glob("*.pt") if CHECKPOINT.fullmatch(p.name)), key=lambda p: p.stat().st_mtime,
+                     default=None)  # fmt: skip
         flags = ", ".join(f"--{f.replace('_', '-')} {getattr(args, f)}" for f in NON_FINITE_FLAGS if hasattr(args, f))
         print(f"error: non-finite value (NaN or Inf) in {quantity} at env step {state.global_step} (iteration "
               f"{state.iteration}): the run stopped and saved nothing of this state. Likely cause: " + (
@@ -1479,12 +1473,9 @@ def resume_folder(args, ckpt: dict) -> Optional[Path]:
 
 def to_plain(obj) -> dict:
     """An object's attributes as plain data that loads with weights_only=True (arrays become tensors; copies)."""
-    plain = {}
-    for name, value in vars(obj).items():
-        if isinstance(value, (np.ndarray, np.generic)):  # np.generic: 0-d arithmetic gives numpy scalars
-            value = torch.from_numpy(np.array(value))
-        plain[name] = value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
-    return plain
+    tensors = {name: torch.from_numpy(np.array(value)) if isinstance(value, (np.ndarray, np.generic)) else value
+               for name, value in vars(obj).items()}  # np.generic: 0-d arithmetic gives numpy scalars
+    return {name: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v for name, v in tensors.items()}
 
 
 def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
@@ -1500,12 +1491,11 @@ def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
 
 def first_non_finite(obj, path: str = "") -> Optional[str]:
     """The dotted path to the first NaN / Inf in obj (tensors, arrays, numbers, nested), or None."""
-    if isinstance(obj, torch.Tensor):
+    if isinstance(obj, (torch.Tensor, float)):  # a float: a logged number
+        obj = torch.as_tensor(obj)
         return path if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else None
     if isinstance(obj, np.ndarray) and obj.dtype != object:
         return path if obj.dtype.kind in "fc" and not np.isfinite(obj).all() else None
-    if isinstance(obj, float):
-        return None if math.isfinite(obj) else path
     items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple, np.ndarray)) else ()
     found = (first_non_finite(value, f"{path}.{key}" if path else str(key)) for key, value in items)
     return next((where for where in found if where is not None), None)
@@ -1534,10 +1524,10 @@ def save_checkpoint(state: dict, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def load_checkpoint(path: str) -> dict:
+def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
     """Load with weights_only=True: plain tensors and Python data, never arbitrary pickled objects."""
     if not os.path.isfile(path):  # os.path: no PermissionError from a path under an unreadable folder
-        raise UserError(f"checkpoint '{path}' " + ("is a folder, not a file." if os.path.isdir(path) else "does not exist."))
+        raise UserError(f"{what} '{path}' " + ("is a folder, not a file." if os.path.isdir(path) else "does not exist."))
     try:  # why the CPU: RNG and env states must be CPU tensors; modules copy their weights to their own device
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
@@ -1594,7 +1584,7 @@ def parse_command_line(cls, rules: dict, validate: Callable):
     torch.set_num_threads(args.torch_threads or cores)
     device, ckpt = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu"), None
     if args.resume:
-        ckpt, argv = load_checkpoint(args.resume), sys.argv[1:]
+        ckpt, argv = load_checkpoint(args.resume, "--resume"), sys.argv[1:]
         if ":" in str(ckpt["args"].get("env_id")) and not any(w.startswith("--env-id") for w in argv):  # it imports nothing
             raise UserError(f"checkpoint '{args.resume}' names the env '{ckpt['args']['env_id']}', which imports a "
                             "module: give the same --env-id on the command line to allow it.")  # fmt: skip
@@ -1644,8 +1634,6 @@ def seed_everything(seed: int, torch_deterministic: bool) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
     torch.backends.cudnn.deterministic = torch_deterministic
-
-
 # --- end shared: plumbing ---
 
 

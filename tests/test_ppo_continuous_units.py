@@ -3,6 +3,7 @@
 import math
 import pickle
 from pathlib import Path
+from types import SimpleNamespace
 
 import gymnasium as gym
 import numpy as np
@@ -244,12 +245,12 @@ def test_env_state_roundtrip_is_exact(env_id, warmup):
     a.reset(seed=3)
     for act in actions[:warmup]:
         a.step(act)
-    state = ppo.capture_env_state(a)
+    (state,) = ppo.EnvStates(SimpleNamespace(envs=[a])).state_dict()  # a SyncVectorEnv's part, for one env
     assert state["exact"]
     state = pickle.loads(pickle.dumps(state))  # survives serialization as plain data
     b = gym.make(env_id)
     b.reset(seed=99)  # a different episode entirely
-    ppo.restore_env_state(b, state)
+    ppo.EnvStates(SimpleNamespace(envs=[b])).load_state_dict([state])
     for act in actions[warmup:]:
         out_a, out_b = a.step(act), b.step(act)
         np.testing.assert_array_equal(out_a[0], out_b[0])
