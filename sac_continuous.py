@@ -103,8 +103,7 @@ def validate_args(args: Args) -> None:
 
 # --- shared: sac-algorithm ---
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Callable[[], gym.Env]:
-    """One environment, flattened: episode statistics are kept by the rollout (checkpointable), and tanh keeps actions
-    in the bounds (no clipping)."""
+    """One environment, flattened (episode statistics: kept by the rollout, checkpointable; bounds: kept by tanh)."""
 
     def thunk() -> gym.Env:
         env = gym.make(env_id, render_mode="rgb_array") if capture_video and idx == 0 else gym.make(env_id)
@@ -365,8 +364,8 @@ class LoopState:
     actor_updates: int = 0
     loss_sums: Optional[torch.Tensor] = None  # critic_update's [Q1, Q2, L1, L2] summed over the log window's steps
     actor_sums: Optional[torch.Tensor] = None  # actor_update's [actor loss, alpha, alpha loss], over its actor updates
-    window_grad_steps: int = 0
-    window_actor_updates: int = 0
+    logged_grad_steps: int = 0  # grad_steps and actor_updates at the last log: the window's are the differences
+    logged_actor_updates: int = 0
 
 
 def main() -> None:
@@ -378,11 +377,9 @@ def main() -> None:
     run = Run(args, SCRIPT_NAME, ckpt, shapes, args.log_interval)
     seed_everything(args.seed, args.torch_deterministic)
 
-    # SAME_STEP autoreset: step() returns the next episode's first obs, the finished one's last is in infos["final_obs"]
-    # and is stored as next obs. (NEXT_STEP, gymnasium 1.x's default, adds a step per episode whose action is ignored.)
+    # SAME_STEP autoreset: a finished episode's last obs is in infos["final_obs"] (NEXT_STEP, the default, wastes a step)
     envs = gym.vector.SyncVectorEnv([make_env(args.env_id, i, args.capture_video, str(run.dir / "videos"))
                                      for i in range(args.num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "the loop assumes same-step autoreset"
     obs_dim, act_dim = int(np.prod(shapes["obs_shape"])), int(np.prod(act_space.shape))
     learner = Learner(obs_dim, act_dim, act_space.low, act_space.high, args, device)
     buffer = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
@@ -422,25 +419,25 @@ def main() -> None:
                 batch = buffer.sample(args.batch_size, device)
                 critic_metrics, actor_metrics = gradient_step(learner, batch, state.grad_steps, args)
                 state.loss_sums += critic_metrics
-                state.window_grad_steps += 1
                 if actor_metrics is not None:
                     state.actor_sums += actor_metrics
                     state.actor_updates += args.policy_frequency
-                    state.window_actor_updates += args.policy_frequency
 
         # ---- log: at the end of each log window (--log-interval env steps), means over its updates; one sync ----
         if run.log_due():
-            if state.window_grad_steps > 0:
-                q1, q2, loss1, loss2 = (state.loss_sums / state.window_grad_steps).tolist()
+            grad_steps = state.grad_steps - state.logged_grad_steps  # the window's, as in sac_continuous_ray.py
+            actor_updates = state.actor_updates - state.logged_actor_updates
+            if grad_steps > 0:
+                q1, q2, loss1, loss2 = (state.loss_sums / grad_steps).tolist()
                 run.log(state.global_step, {"losses/qf1_values": q1, "losses/qf2_values": q2, "losses/qf1_loss": loss1,
                                             "losses/qf2_loss": loss2, "losses/qf_loss": (loss1 + loss2) / 2.0})  # fmt: skip
-            if state.window_actor_updates > 0:
-                actor_loss, alpha, alpha_loss = (state.actor_sums / state.window_actor_updates).tolist()
+            if actor_updates > 0:
+                actor_loss, alpha, alpha_loss = (state.actor_sums / actor_updates).tolist()
                 run.log(state.global_step, {"losses/actor_loss": actor_loss, "losses/alpha": alpha,
                                             **({"losses/alpha_loss": alpha_loss} if args.autotune else {})})  # fmt: skip
             state.loss_sums.zero_()
             state.actor_sums.zero_()
-            state.window_grad_steps = state.window_actor_updates = 0
+            state.logged_grad_steps, state.logged_actor_updates = state.grad_steps, state.actor_updates
 
     run.finish()  # after Ctrl-C: saved, exits; with --save-model: the final agent evaluated (run.play), then saved
     run.close()
@@ -450,21 +447,6 @@ def main() -> None:
 # Checkpoints, resume, logging, flag checks, the env probe, the networks' check, speed (`shared:`: tools/sync_shared.py)
 
 # --- shared: sac-run ---
-def check_buffer_fits(args, obs_shape: tuple, act_shape: tuple) -> None:
-    """Refuse a replay buffer this machine cannot hold, before anything starts: numpy allocates it lazily, so it would
-    start, then be killed hours later as it fills; --save-buffer writes it into every checkpoint (twice during a save)."""
-    nbytes = args.buffer_size * (2 * int(np.prod(obs_shape)) + int(np.prod(act_shape)) + 2) * 4  # float32 rows
-    meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").is_file() else ""  # Linux; elsewhere unchecked
-    available = next((int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:")), None)
-    disk = shutil.disk_usage(next(p for p in Path(args.runs_dir).absolute().parents if p.exists()) if not
-                             os.path.exists(args.runs_dir) else args.runs_dir).free  # fmt: skip
-    for needed, have, what in ((nbytes, available, "memory available"), (2 * nbytes if args.save_buffer else 0, disk,
-                                                                          "free disk under --runs-dir (--save-buffer)")):
-        if have is not None and needed > have:
-            raise UserError(f"--buffer-size {args.buffer_size:,} needs {needed / 2**30:.1f} GiB, but this machine has "
-                            f"{have / 2**30:.1f} GiB of {what}: lower --buffer-size.")  # fmt: skip
-
-
 class BufferPart:
     """A replay buffer as a checkpoint part: its stored rows (copies) and write position, as tensors that load with
     weights_only=True; with save False (no --save-buffer: up to buffer_size transitions, large) None instead."""
@@ -507,11 +489,10 @@ def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_d
     """Stop at once, naming what to change, where an edit broke the networks' sizes (else it fails after learning_starts
     steps): on 64 observations the Actor gives a mean and a log-std (64, act_dim) each, the critics Q1, Q2 (2, 64)."""
     obs, actions = (torch.zeros(64, n, device=next(actor.parameters()).device) for n in (obs_dim, act_dim))  # no RNG
-    checks = {"Actor": (actor, (obs,), f"obs_dim = {obs_dim}", f"2 * act_dim = {2 * act_dim} (mean and log-std)",
-                        [(64, act_dim)] * 2),
-              "q_network": (q_values, (critics, obs, actions), f"obs_dim + act_dim = {obs_dim + act_dim}",
-                            "1 (the Q-value)", [(2, 64)])}  # fmt: skip
-    for name, (network, inputs, first, last, expected) in checks.items():
+    for name, network, inputs, first, last, expected in (
+        ("Actor", actor, (obs,), f"obs_dim = {obs_dim}", f"2 * act_dim = {2 * act_dim} (mean, log-std)", [(64, act_dim)] * 2),
+        ("q_network", q_values, (critics, obs, actions), f"obs_dim + act_dim = {obs_dim + act_dim}", "1 (Q)", [(2, 64)]),
+    ):
         sizes = (f"Each layer's input size must be the previous layer's output size, the first one's {first}, and the "
                  f"last layer's output size {last}.")  # fmt: skip
         try:
@@ -530,6 +511,21 @@ def flush_denormals() -> None:
     torch starts later (so: call it first). Why: Adam's moments of dead ReLU units decay through that slow range."""
     torch.set_flush_denormal(True)
 # --- end shared: sac-run ---
+
+
+def check_buffer_fits(args, obs_shape: tuple, act_shape: tuple) -> None:
+    """Refuse a replay buffer this machine cannot hold, before anything starts: numpy allocates it lazily, so it would
+    start, then be killed hours later as it fills; --save-buffer writes it into every checkpoint (twice during a save)."""
+    nbytes = args.buffer_size * (2 * int(np.prod(obs_shape)) + int(np.prod(act_shape)) + 2) * 4  # float32 rows
+    meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").is_file() else ""  # Linux; elsewhere unchecked
+    available = next((int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:")), None)
+    runs_dir = Path(args.runs_dir).absolute()
+    disk = shutil.disk_usage(next(p for p in (runs_dir, *runs_dir.parents) if p.exists())).free  # the folder, or above
+    for needed, have, what in ((nbytes, available, "memory available"), (2 * nbytes if args.save_buffer else 0, disk,
+                                                                          "free disk under --runs-dir (--save-buffer)")):
+        if have is not None and needed > have:
+            raise UserError(f"--buffer-size {args.buffer_size:,} needs {needed / 2**30:.1f} GiB, but this machine has "
+                            f"{have / 2**30:.1f} GiB of {what}: lower --buffer-size.")  # fmt: skip
 
 
 # --- shared: continuous ---

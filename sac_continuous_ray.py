@@ -32,7 +32,6 @@ import math
 import os
 import random
 import re
-import shutil
 import signal
 import socket
 import sys
@@ -138,11 +137,9 @@ def validate_args(args: Args) -> None:
         raise UserError(f"--utd-ratio must be finite, not {args.utd_ratio}.")
 
 
-# The SAC itself, sac_continuous.py's verbatim; then where each part runs: the Ray actors, the data flow, the driver.
 # --- shared: sac-algorithm ---
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Callable[[], gym.Env]:
-    """One environment, flattened: episode statistics are kept by the rollout (checkpointable), and tanh keeps actions
-    in the bounds (no clipping)."""
+    """One environment, flattened (episode statistics: kept by the rollout, checkpointable; bounds: kept by tanh)."""
 
     def thunk() -> gym.Env:
         env = gym.make(env_id, render_mode="rgb_array") if capture_video and idx == 0 else gym.make(env_id)
@@ -426,8 +423,7 @@ class ParameterServer:
     def publish(self, weights: dict, version: int) -> None:
         self.weights, self.version = weights, version
 
-    def pull(self, have_version: int) -> Optional[tuple]:
-        """(weights, version) when newer than `have_version`, else None: an up-to-date worker receives nothing."""
+    def pull(self, have_version: int) -> Optional[tuple]:  # None: an up-to-date worker receives nothing
         return (self.weights, self.version) if self.version > have_version else None
 
     def status(self) -> tuple[int, int]:  # (pid, version held): a new pid is a restarted server
@@ -459,18 +455,14 @@ class RolloutWorker:
         self.index, self.param_server = index, param_server
         self.envs = gym.vector.SyncVectorEnv([make_env(env_id, i, False, "") for i in range(num_envs)],
                                              autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        assert self.envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "assumes same-step autoreset"
-        space = self.envs.single_action_space
-        self.low, self.high = space.low, space.high
-        self.num_envs, self.act_dim = num_envs, int(np.prod(space.shape))
-        self.obs_dim = int(np.prod(self.envs.single_observation_space.shape))
+        space, obs_space = self.envs.single_action_space, self.envs.single_observation_space
+        self.num_envs, self.act_dim, self.low, self.high = num_envs, int(np.prod(space.shape)), space.low, space.high
         # [seed, 1]: not the env's own stream (gymnasium seeds each env's np_random from `seed + i` the same way)
         self.rng = np.random.default_rng([seed, 1])
         self.raw_obs, _ = self.envs.reset(seed=seed)
-        self.episode_return = np.zeros(num_envs)
-        self.episode_length = np.zeros(num_envs, np.int64)
+        self.episode_return, self.episode_length = np.zeros(num_envs), np.zeros(num_envs, np.int64)
         # the script's own classes: acting runs the network that trains, through squashed_gaussian
-        self.policy = Policy(Actor(self.obs_dim, self.act_dim), space.low, space.high)
+        self.policy = Policy(Actor(int(np.prod(obs_space.shape)), self.act_dim), space.low, space.high)
         self.version = -1  # the version of the weights in self.policy.actor; -1: none pulled yet
 
     def info(self) -> dict:
@@ -548,9 +540,6 @@ class Publisher:
         import ray
         from ray.exceptions import RayActorError
 
-        if time.monotonic() - self.looked < 0.2:
-            return
-        self.looked = time.monotonic()
         if self.pending is not None and ray.wait([self.pending], timeout=0)[0]:
             try:
                 pid, held = ray.get(self.pending)
@@ -563,8 +552,8 @@ class Publisher:
             if restarted or held < self.pending_version:
                 self.server.publish.remote(self.weights, self.version)
             self.pid, self.pending = pid, None
-        if self.pending is None:
-            self.pending, self.pending_version = self.server.status.remote(), self.version
+        if self.pending is None and time.monotonic() - self.looked >= 0.2:
+            self.pending, self.pending_version, self.looked = self.server.status.remote(), self.version, time.monotonic()
 
 
 def shard_sample_counts(sizes: list, n: int) -> list:
@@ -939,11 +928,9 @@ def connect_ray(address: Optional[str], num_workers: int):
     """Start an embedded Ray (address None) or join a cluster; an unreachable address fails in seconds, clearly."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage-stats prompt or upload
     if address is None:  # (each read when ray is first imported, so set before that)
-        # Under `uv run`, Ray builds a second virtual environment for its workers (tens of seconds per start), pointless
-        # on this machine, in this environment (a cluster keeps it, to bring the environment to other nodes).
+        # no second virtual environment for the workers under `uv run` (tens of seconds per start; a cluster needs it)
         os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-        # An embedded Ray serves this process alone: its servers listen on 127.0.0.1 only (a switch named for Windows
-        # and macOS, where it is the default); so no token either (Ray warns at every start when the mode is unset).
+        # it serves this process alone: servers on 127.0.0.1 only (the switch is named for Windows and macOS), no token
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     try:
@@ -952,9 +939,8 @@ def connect_ray(address: Optional[str], num_workers: int):
         raise UserError("sac_continuous_ray.py needs Ray: install the project's `ray` extra (the README's commands do: "
                         "`uv run --all-extras ...`), or `pip install 'ray>=2.40,<3'`.") from None  # fmt: skip
     if address is None:
-        # Logical CPUs: one per worker (+1 for the learner) at least, so 2 cores can still start 4 workers (sharing them).
-        # "local": a Ray of this run's own. Why: with no address, ray.init() joins a `ray start` cluster already up on
-        # this machine, the opposite of what leaving --ray-address out promises.
+        # a CPU per worker (+1 for the learner) at least: 2 cores still start 4 workers. "local": a Ray of its own (with
+        # no address, ray.init() joins a `ray start` cluster already up on this machine, not what --ray-address None says)
         ray.init(address="local", num_cpus=max(os.cpu_count() or 1, num_workers + 1), include_dashboard=False,
                  logging_level=logging.WARNING)  # fmt: skip
         return ray
@@ -1055,21 +1041,6 @@ def stop_on_task_error(run, shard_states: ShardStates):
 
 
 # --- shared: sac-run ---
-def check_buffer_fits(args, obs_shape: tuple, act_shape: tuple) -> None:
-    """Refuse a replay buffer this machine cannot hold, before anything starts: numpy allocates it lazily, so it would
-    start, then be killed hours later as it fills; --save-buffer writes it into every checkpoint (twice during a save)."""
-    nbytes = args.buffer_size * (2 * int(np.prod(obs_shape)) + int(np.prod(act_shape)) + 2) * 4  # float32 rows
-    meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").is_file() else ""  # Linux; elsewhere unchecked
-    available = next((int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:")), None)
-    disk = shutil.disk_usage(next(p for p in Path(args.runs_dir).absolute().parents if p.exists()) if not
-                             os.path.exists(args.runs_dir) else args.runs_dir).free  # fmt: skip
-    for needed, have, what in ((nbytes, available, "memory available"), (2 * nbytes if args.save_buffer else 0, disk,
-                                                                          "free disk under --runs-dir (--save-buffer)")):
-        if have is not None and needed > have:
-            raise UserError(f"--buffer-size {args.buffer_size:,} needs {needed / 2**30:.1f} GiB, but this machine has "
-                            f"{have / 2**30:.1f} GiB of {what}: lower --buffer-size.")  # fmt: skip
-
-
 class BufferPart:
     """A replay buffer as a checkpoint part: its stored rows (copies) and write position, as tensors that load with
     weights_only=True; with save False (no --save-buffer: up to buffer_size transitions, large) None instead."""
@@ -1112,11 +1083,10 @@ def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_d
     """Stop at once, naming what to change, where an edit broke the networks' sizes (else it fails after learning_starts
     steps): on 64 observations the Actor gives a mean and a log-std (64, act_dim) each, the critics Q1, Q2 (2, 64)."""
     obs, actions = (torch.zeros(64, n, device=next(actor.parameters()).device) for n in (obs_dim, act_dim))  # no RNG
-    checks = {"Actor": (actor, (obs,), f"obs_dim = {obs_dim}", f"2 * act_dim = {2 * act_dim} (mean and log-std)",
-                        [(64, act_dim)] * 2),
-              "q_network": (q_values, (critics, obs, actions), f"obs_dim + act_dim = {obs_dim + act_dim}",
-                            "1 (the Q-value)", [(2, 64)])}  # fmt: skip
-    for name, (network, inputs, first, last, expected) in checks.items():
+    for name, network, inputs, first, last, expected in (
+        ("Actor", actor, (obs,), f"obs_dim = {obs_dim}", f"2 * act_dim = {2 * act_dim} (mean, log-std)", [(64, act_dim)] * 2),
+        ("q_network", q_values, (critics, obs, actions), f"obs_dim + act_dim = {obs_dim + act_dim}", "1 (Q)", [(2, 64)]),
+    ):
         sizes = (f"Each layer's input size must be the previous layer's output size, the first one's {first}, and the "
                  f"last layer's output size {last}.")  # fmt: skip
         try:
