@@ -150,11 +150,6 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Call
     return thunk
 
 
-def eval_env(env_id: str, video_dir: Optional[str] = None) -> gym.Env:
-    """The env evaluation plays on (env 0's, recording a video into video_dir if given)."""
-    return make_env(env_id, 0, video_dir is not None, video_dir or "")()
-
-
 HIDDEN = 256
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 

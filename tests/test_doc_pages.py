@@ -56,6 +56,8 @@ def defined_names(text: str) -> tuple[set, set, dict]:
         elif isinstance(node, ast.ClassDef):
             classes.add(node.name)
             methods[node.name] = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        elif isinstance(node, ast.Assign):  # a library's class under the script's name: `RunningMeanStd = gym...`
+            classes |= {t.id for t in node.targets if isinstance(t, ast.Name) and t.id[:1].isupper()}
     return functions, classes, methods
 
 
