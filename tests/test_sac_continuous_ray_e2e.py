@@ -223,6 +223,8 @@ def test_a_killed_buffer_shard_ends_the_run_with_a_checkpoint_and_one_paragraph(
 def test_resume_with_buffer_continues_the_counters_and_the_curve(tmp_path, saved_run):
     run_dir = tmp_path / saved_run[0].name
     shutil.copytree(saved_run[0], run_dir)
+    for later in (run_dir / "checkpoints").glob("*_0000001000.pt"):  # as if it died after step 500 (else: a new folder)
+        later.unlink()
     ckpt_path = run_dir / "checkpoints" / "step_0000000500.pt"
     saved = torch.load(ckpt_path, weights_only=True)
     proc = run_ray("--resume", ckpt_path, "--total-timesteps", "1100", "--num-rollout-workers", "1",
@@ -253,6 +255,8 @@ def test_resume_without_buffer_warns_and_refills_before_updating(tmp_path, saved
     ckpt = torch.load(ckpt_path, weights_only=True)
     ckpt["replay_buffers"] = None  # as saved without --save-buffer
     torch.save(ckpt, ckpt_path)
+    for later in (run_dir / "checkpoints").glob("*_0000001000.pt"):  # as if it died after step 500
+        later.unlink()
     proc = run_ray("--resume", ckpt_path, "--total-timesteps", "800", "--torch-threads", "1")
     assert proc.returncode == 0, proc.stderr
     assert "buffer starts empty" in proc.stderr and "step 600" in proc.stderr
