@@ -109,7 +109,7 @@ def parse_grid(items: list) -> dict:
         name, sep, values = item.partition("=")
         if not sep or not values or not name:
             raise UserError(f"--grid '{item}': write flag=value1,value2 (e.g. learning_rate=3e-4,1e-3).")
-        grid[flag_name(name)] = [v.strip() for v in values.split(",") if v.strip()]
+        grid[flag_name(name)] = list(dict.fromkeys(v.strip() for v in values.split(",") if v.strip()))
     return grid
 
 
@@ -260,7 +260,9 @@ def check_address(address: str) -> None:
 
 def die_with_parent() -> None:
     """In the child before exec: SIGTERM it when its parent (the Ray worker) dies, so a lost worker's or a killed
-    driver's script still saves its checkpoint and stops, instead of running on unowned (Linux prctl)."""
+    driver's script still saves its checkpoint and stops, instead of running on unowned (Linux prctl). And unblock
+    every signal: a Ray worker's threads block SIGINT, and a child inherits the mask (the script would never see it)."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
@@ -324,6 +326,11 @@ def progress_of(log_path: Path) -> dict:
     return {"global_step": int(step.replace(",", "")), "total": int(total.replace(",", "")), "sps": float(sps)}
 
 
+def note(log_path: Path, text: str) -> None:
+    with open(log_path, "a") as log:
+        log.write(f"[sweep {time.strftime('%H:%M:%S')}] {text}\n")
+
+
 def write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
@@ -348,6 +355,7 @@ def run_trial(config: dict) -> None:
         while proc.poll() is None:
             time.sleep(0.2)
             if (sweep_dir / STOP_FILE).exists():
+                note(log_path, "the sweep is stopping: SIGINT to the script (it saves a checkpoint)")
                 stop_group(proc, signal.SIGINT, wait=300)  # the script saves interrupted_<step>.pt and exits 130
             elif time.time() >= next_report:
                 next_report = time.time() + interval
@@ -356,6 +364,7 @@ def run_trial(config: dict) -> None:
                     tune.report({**now, "state": "running"})
     finally:
         if proc.poll() is None:  # Tune stopped us (or an error here): the script still saves, on SIGINT
+            note(log_path, "Tune stopped the trial: SIGINT to the script (it saves a checkpoint)")
             stop_group(proc, signal.SIGINT, wait=300)
     rc = proc.returncode
     state = "done" if rc == 0 else "interrupted" if rc == INTERRUPTED and (sweep_dir / STOP_FILE).exists() else "failed"
@@ -373,32 +382,81 @@ def run_trial(config: dict) -> None:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def start_ray(address: Optional[str], cpus_needed: int):
-    """Ray of this sweep's own on this machine (bound to 127.0.0.1, stopped at the end), or the cluster's."""
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def session_processes(sid: int) -> list:
+    """The pids of a session (what `ray start` started keeps it, though Ray moves workers to groups of their own)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # after the name: state, ppid, pgrp, session
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+class LocalRay:
+    """A Ray head of this sweep's own: `ray start --head --block` in a session of its own (so a Ctrl-C at the
+    terminal reaches the driver, not Ray's servers), on 127.0.0.1, SIGTERMed if the driver dies; stopped at the end
+    with everything in its session, and nothing else."""
+
+    def __init__(self, cpus: int, log_path: Path):
+        self.port, self.temp = free_port(), tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: socket paths <= 107 bytes
+        cmd = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--port", str(self.port), "--num-cpus",
+               str(cpus), "--include-dashboard", "false", "--node-ip-address", "127.0.0.1", "--block", "--temp-dir",
+               self.temp, "--disable-usage-stats"]  # fmt: skip
+        with open(log_path, "a") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
+        self.address = f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            stop_group(self.proc, signal.SIGTERM, wait=60)  # `ray start --block` drains, then stops what it started
+        for pid in session_processes(self.proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def ray_env(local: bool) -> None:
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # `uv run` per worker start: only slower here
-    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")  # our handler: SIGINT reaches every trial's script
+    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")  # ours: SIGINT reaches every trial's script
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    if address is None:
+    if local:
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # servers on 127.0.0.1 (read at import)
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # nothing off this machine reaches them
+
+
+def connect_ray(address: str, cpus_needed: int, local: bool):
+    """Join the cluster (this sweep's own head, or --address); refuse a trial bigger than its largest node."""
     import ray
 
     # the workers import this module's imports (benchmarks.run): the project's folder, the same path on every node
     runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}}
-    if address is None:
-        ray.init(address="local", num_cpus=usable_cores(), include_dashboard=False, logging_level="ERROR",
-                 log_to_driver=False, runtime_env=runtime_env)  # fmt: skip
-    else:
+    deadline = time.time() + 120
+    while True:
         try:
             ray.init(address=address, logging_level="ERROR", log_to_driver=False, runtime_env=runtime_env)
+            break
         except ConnectionError as e:
-            raise UserError(f"--address {address}: could not join a Ray cluster ({e}).") from None
-        largest = max((n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]), default=0)
-        if cpus_needed > largest:
-            ray.shutdown()
-            raise UserError(f"a trial needs {cpus_needed} CPUs but the largest node of {address} has {largest:g}: lower "
-                            "--cpus-per-trial.")  # fmt: skip
+            if not local or time.time() > deadline:
+                raise UserError(f"--address {address}: could not join a Ray cluster ({e}).") from None
+            time.sleep(1)  # our own head is still starting
+    largest = max((n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]), default=0)
+    if cpus_needed > largest:
+        ray.shutdown()
+        raise UserError(f"a trial needs {cpus_needed} CPUs but the largest node of {address} has {largest:g}: lower "
+                        "--cpus-per-trial.")  # fmt: skip
     return ray
 
 
@@ -484,8 +542,11 @@ def install_stop_handler(sweep_dir: Path) -> dict:
 
 def run_grid(sweep_dir: Path, spec: dict, stopping: dict) -> int:
     """Run the trials of spec that have no result.json on Tune; 0 all done, 1 some failed, 130 stopped."""
+    import logging
+
     from ray import tune
 
+    logging.getLogger("ray.tune").setLevel(logging.WARNING)  # our progress lines instead of Tune's
     trials = [Trial(**t) for t in spec["trials"]]
     markers = {t.id: read_result(sweep_dir, t.id) for t in trials}
     todo = [asdict(t) for t in trials if markers[t.id] is None]
@@ -741,11 +802,17 @@ def main(argv: Optional[list] = None) -> int:
     print(f"[sweep] {n} trials in {sweep_dir}; {cpt} CPU(s) and --torch-threads {cpt} each"
           + ("" if ns.address else f", {concurrency(usable_cores(), cpt)} at once on this machine"), flush=True)  # fmt: skip
     stopping = install_stop_handler(sweep_dir)
-    ray = start_ray(ns.address, cpt)
+    ray_env(local=ns.address is None)
+    head = LocalRay(usable_cores(), sweep_dir / "ray-head.log") if ns.address is None else None
     try:
-        rc = run_grid(sweep_dir, spec, stopping)
+        ray = connect_ray(ns.address or head.address, cpt, local=head is not None)
+        try:
+            rc = run_grid(sweep_dir, spec, stopping)
+        finally:
+            ray.shutdown()
     finally:
-        ray.shutdown()
+        if head is not None:
+            head.stop()
     summarize(sweep_dir, spec, spec["metric"], spec["score_ranges"])
     print((sweep_dir / "summary.md").read_text(), end="")
     print(f"[sweep] wrote {sweep_dir / 'summary.json'}, summary.md and summary.png" +
