@@ -587,6 +587,173 @@ def read_result(sweep_dir: Path, trial_id: str) -> Optional[dict]:
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# --tune: a search over a space of flag values; objective the mean over seeds of the periodic evaluation return
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def parse_space(items: list) -> dict:
+    """["learning_rate=loguniform:1e-4:1e-2", "gamma=choice:0.95,0.99"] -> {flag: [kind, args]}."""
+    space = {}
+    for item in items:
+        name, _, rest = item.partition("=")
+        kind, _, args = rest.partition(":")
+        try:
+            if kind in ("loguniform", "uniform"):
+                low, high = (float(x) for x in args.split(":"))
+                ok = low < high and (kind == "uniform" or low > 0)
+            elif kind == "int":
+                low, high = (int(x) for x in args.split(":"))
+                ok = low <= high
+            elif kind == "choice":
+                low = high = None
+                ok = bool([v for v in args.split(",") if v.strip()])
+            else:
+                ok = False
+        except ValueError:
+            ok = False
+        if not name or not ok:
+            raise UserError(f"--space '{item}': write flag=loguniform:LOW:HIGH, uniform:LOW:HIGH, int:LOW:HIGH or "
+                            "choice:A,B,... (LOW < HIGH; loguniform above 0).")  # fmt: skip
+        space[flag_name(name)] = [kind, [v.strip() for v in args.split(",") if v.strip()] if kind == "choice" else [low, high]]
+    return space
+
+
+def space_values(space: dict) -> dict:
+    """What the value check probes: each range's ends, every choice."""
+    return {name: [str(v) for v in args] if kind == "choice" else [fmt(args[0]), fmt(args[1])]
+            for name, (kind, args) in space.items()}  # fmt: skip
+
+
+def fmt(value) -> str:
+    """A sampled value as the script gets it, and as the best command line shows it."""
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def tune_space(space: dict) -> dict:
+    from ray import tune
+
+    make = {"loguniform": lambda a: tune.loguniform(*a), "uniform": lambda a: tune.uniform(*a),
+            "int": lambda a: tune.randint(a[0], a[1] + 1), "choice": lambda a: tune.choice(a)}  # fmt: skip
+    return {name: make[kind](args) for name, (kind, args) in space.items()}
+
+
+def tune_trial(config: dict) -> None:
+    """Tune's function for one setting: its k seeds as k subprocesses; the mean of their evaluation returns at each
+    step that all have evaluated is reported (ASHA may stop the setting there: the scripts then save and stop)."""
+    from ray import tune
+
+    sweep_dir, base = Path(config["sweep_dir"]), config["base"]
+    trial_dir = sweep_dir / "tune_trials" / tune.get_context().get_trial_name()
+    flags = [[name, fmt(value)] for name, value in config["setting"].items()]
+    seeds, procs = [], []
+    for seed in base["seeds"]:
+        t = Trial(f"seed{seed}", base["script"], base["env_id"], seed, flags, base["extra"], base["threads"], base["bool_flags"])
+        seed_dir = trial_dir / f"seed{seed}"
+        seed_dir.mkdir(parents=True, exist_ok=True)
+        seeds.append(seed_dir)
+        procs.append(start_script(resume_or_fresh(seed_dir, t.command(seed_dir)), seed_dir / "log.txt", t.threads))
+    write_json(trial_dir / "setting.json", {"flags": flags, "seeds": base["seeds"]})
+    reported = set()
+
+    def report_new() -> None:
+        curves = []
+        for seed_dir in seeds:
+            runs = [p for p in (seed_dir / "runs").glob("*") if p.is_dir()]
+            curves.append(dict(zip(*(x.tolist() for x in read_scalars(runs[0], EVAL_TAG)))) if runs else {})
+        for step in sorted(set.intersection(*(set(c) for c in curves)) - reported):
+            reported.add(step)
+            tune.report({"eval_return": float(np.mean([c[step] for c in curves])), "global_step": int(step)})
+
+    try:
+        next_report = time.time() + config["report_interval"]
+        while any(p.poll() is None for p in procs):
+            time.sleep(0.2)
+            if (sweep_dir / STOP_FILE).exists():
+                for p in procs:
+                    stop_group(p, signal.SIGINT, wait=300)
+            elif time.time() >= next_report:
+                next_report = time.time() + config["report_interval"]
+                report_new()
+        report_new()
+    finally:
+        for p in procs:  # ASHA stopped this setting (or an error here): each script saves, on SIGINT
+            if p.poll() is None:
+                stop_group(p, signal.SIGINT, wait=300)
+    failed = [str(d) for d, p in zip(seeds, procs) if p.returncode not in (0, INTERRUPTED)]
+    if failed:
+        raise RuntimeError(f"seeds failed: {failed}; last lines: {log_tail(Path(failed[0]) / 'log.txt', TAIL)}")
+
+
+def run_tune(sweep_dir: Path, spec: dict, ns, stopping: dict) -> int:
+    """The search, then the best setting on fresh seeds (a grid sweep in <out>/final)."""
+    import logging
+
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    logging.getLogger("ray.tune").setLevel(logging.ERROR)
+    base, t = spec["base"], spec["tune"]
+    searcher = None
+    if t["search"] == "optuna":
+        from ray.tune.search.optuna import OptunaSearch
+
+        searcher = OptunaSearch(seed=t["search_seed"])
+    scheduler = ASHAScheduler(time_attr="global_step", max_t=t["total"], grace_period=t["grace_steps"], reduction_factor=2)
+
+    class Report(tune.Callback):
+        def on_trial_result(self, iteration, trials, trial, result, **info):
+            setting = " ".join(f"{k}={fmt(v)}" for k, v in trial.config["setting"].items())
+            done = sum(x.status == "TERMINATED" for x in trials)
+            print(f"[tune {trial.trial_id}] {setting}: mean eval return {result['eval_return']:.1f} at step "
+                  f"{result['global_step']:,} ({len(base['seeds'])} seeds); settings finished {done}/{t['num_samples']}",
+                  flush=True)  # fmt: skip
+
+    tuner = tune.Tuner(
+        tune.with_resources(tune_trial, {"cpu": spec["cpus_per_trial"] * len(base["seeds"])}),
+        param_space={"setting": tune_space(t["space"]), "base": base, "sweep_dir": str(sweep_dir.absolute()),
+                     "report_interval": spec["report_interval"]},  # fmt: skip
+        tune_config=tune.TuneConfig(metric="eval_return", mode="max", search_alg=searcher, scheduler=scheduler,
+                                    num_samples=t["num_samples"]),  # fmt: skip
+        run_config=tune.RunConfig(name="tune", storage_path=str((sweep_dir / "tune").absolute()), verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=spec["max_failures"]),
+                                  callbacks=[Report()]),  # fmt: skip
+    )
+    results = tuner.fit()
+    rows = []
+    for r in results:
+        if r.metrics and "eval_return" in r.metrics:
+            rows.append({"setting": {k: fmt(v) for k, v in r.config["setting"].items()},
+                         "eval_return": r.metrics["eval_return"], "global_step": r.metrics["global_step"]})  # fmt: skip
+    if stopping["stopping"]:
+        return INTERRUPTED
+    if not rows:
+        print("[tune] no setting reported an evaluation: see <out>/tune_trials/*/seed*/log.txt", file=sys.stderr)
+        return 1
+    best = max(rows, key=lambda r: (r["global_step"], r["eval_return"]))  # among those that ran longest (ASHA)
+    flags = [[k, v] for k, v in best["setting"].items()]
+    command = shlex.join(["python", base["script"], "--env-id", base["env_id"], *base["extra"],
+                          *flag_args(flags, base["bool_flags"])])  # fmt: skip
+    write_json(sweep_dir / "tune.json", {"settings": rows, "best": best, "best_command": command})
+    print(f"[tune] best setting: {' '.join(f'{k}={v}' for k, v in flags)}: mean eval return {best['eval_return']:.1f} "
+          f"over seeds {base['seeds']} at step {best['global_step']:,}")  # fmt: skip
+    print(f"[tune] best command line:\n{command}", flush=True)
+    if not t["final_seeds"]:
+        return 0
+    final_dir = sweep_dir / "final"
+    final_dir.mkdir(exist_ok=True)
+    trials = expand_grid([base["script"]], [base["env_id"]], t["final_seeds"], {k: [v] for k, v in flags}, base["extra"],
+                         spec["cpus_per_trial"], {base["script"]: base["bool_flags"]})  # fmt: skip
+    final = {**{k: spec[k] for k in ("cpus_per_trial", "max_failures", "report_interval", "metric", "score_ranges")},
+             "trials": [asdict(x) for x in trials], "command": spec["command"] + "  (the best setting on fresh seeds)"}  # fmt: skip
+    write_json(final_dir / "sweep.json", final)
+    print(f"[tune] the best setting on fresh seeds {t['final_seeds']}, in {final_dir}", flush=True)
+    rc = run_grid(final_dir, final, stopping)
+    summarize(final_dir, final, final["metric"], final["score_ranges"])
+    print((final_dir / "summary.md").read_text(), end="")
+    return rc
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # Summary: per-trial scalars, per-task mean and interval, IQM of the normalized score, curves
 # --------------------------------------------------------------------------------------------------------------------
 
@@ -732,6 +899,17 @@ def parse_args(argv: list) -> tuple:
                         help="per-seed score: eval (last evaluation; the default with --eval-interval) or train")  # fmt: skip
     parser.add_argument("--score-range", action="append", default=[],
                         help="ENV=LOW:HIGH: normalized score (x - LOW) / (HIGH - LOW), e.g. random and published returns")  # fmt: skip
+    tuning = parser.add_argument_group("--tune: search a space instead of a grid (one script, one env id)")
+    tuning.add_argument("--tune", action="store_true", help="search --space; objective: mean eval return over --seeds")
+    tuning.add_argument("--space", action="append", default=[],
+                        help="flag=loguniform:LOW:HIGH | uniform:LOW:HIGH | int:LOW:HIGH | choice:A,B (repeatable)")  # fmt: skip
+    tuning.add_argument("--num-samples", type=int, default=8, help="settings tried")
+    tuning.add_argument("--search", choices=["optuna", "random"], default="optuna")
+    tuning.add_argument("--search-seed", type=int, default=0)
+    tuning.add_argument("--grace-steps", type=int, default=None,
+                        help="ASHA stops no setting before this many env steps (default: a quarter of the budget)")  # fmt: skip
+    tuning.add_argument("--final-seeds", nargs="*", type=int, default=None,
+                        help="re-run the best setting on these seeds (default: 3 seeds after --seeds; none: no re-run)")  # fmt: skip
     ns = parser.parse_args(argv)
     return ns, extra
 
@@ -763,6 +941,10 @@ def new_spec(ns, extra: list) -> dict:
     if ns.address is not None:
         check_address(ns.address)
     grid = parse_grid(ns.grid)
+    if ns.tune:
+        return tune_spec(ns, extra, scripts)
+    if ns.space:
+        raise UserError("--space needs --tune (a grid takes --grid flag=v1,v2).")
     with ThreadPoolExecutor(max_workers=len(scripts)) as pool:
         helps = dict(zip(scripts, pool.map(script_flags, scripts)))
     given = [w[2:].split("=", 1)[0] for w in extra if w.startswith("--")]
@@ -774,6 +956,36 @@ def new_spec(ns, extra: list) -> dict:
     metric = ns.metric or ("eval" if any(w.startswith("--eval-interval") for w in extra) else "train")
     return {"trials": [asdict(t) for t in trials], "cpus_per_trial": ns.cpus_per_trial, "max_failures": ns.max_failures,
             "report_interval": ns.report_interval, "metric": metric, "score_ranges": parse_ranges(ns.score_range),
+            "command": shlex.join([sys.executable, *sys.argv])}  # fmt: skip
+
+
+def tune_spec(ns, extra: list, scripts: list) -> dict:
+    if len(scripts) != 1 or len(ns.env_id) != 1 or ns.grid or not ns.space:
+        raise UserError("--tune searches one script on one env id over --space (no --grid): give one of each.")
+    if not any(w.startswith("--eval-interval") for w in extra):
+        raise UserError("--tune's objective is the evaluation return: give the script --eval-interval N (after --).")
+    total = next((extra[i + 1] for i, w in enumerate(extra[:-1]) if w == "--total-timesteps"), None)
+    if total is None or not total.isdigit():
+        raise UserError("--tune needs the budget: give the script --total-timesteps N (after --).")
+    k = len(ns.seeds)
+    if ns.address is None and ns.cpus_per_trial * k > usable_cores():
+        raise UserError(f"a --tune trial runs its {k} seeds at once, {ns.cpus_per_trial} CPU(s) each: {ns.cpus_per_trial * k} "
+                        f"is more than this machine's {usable_cores()} cores. Lower --cpus-per-trial or --seeds.")  # fmt: skip
+    if ns.num_samples < 1:
+        raise UserError("--num-samples must be >= 1.")
+    space = parse_space(ns.space)
+    flags, switches = script_flags(scripts[0])
+    given = [w[2:].split("=", 1)[0] for w in extra if w.startswith("--")]
+    check_flags(scripts[0], [*given, *space], flags)
+    probes = expand_grid(scripts, ns.env_id, ns.seeds[:1], space_values(space), extra, 1, {scripts[0]: sorted(switches)})
+    check_values(value_probes(probes))
+    final = ns.final_seeds if ns.final_seeds is not None else [max(ns.seeds) + i for i in (1, 2, 3)]
+    base = {"script": scripts[0], "env_id": ns.env_id[0], "seeds": ns.seeds, "extra": extra, "threads": ns.cpus_per_trial,
+            "bool_flags": sorted(switches)}  # fmt: skip
+    tune = {"space": space, "num_samples": ns.num_samples, "search": ns.search, "search_seed": ns.search_seed,
+            "total": int(total), "grace_steps": ns.grace_steps or max(int(total) // 4, 1), "final_seeds": final}  # fmt: skip
+    return {"base": base, "tune": tune, "trials": [], "cpus_per_trial": ns.cpus_per_trial, "max_failures": ns.max_failures,
+            "report_interval": ns.report_interval, "metric": "eval", "score_ranges": parse_ranges(ns.score_range),
             "command": shlex.join([sys.executable, *sys.argv])}  # fmt: skip
 
 
@@ -789,6 +1001,9 @@ def main(argv: Optional[list] = None) -> int:
             summary = summarize(sweep_dir, spec, ns.metric or spec["metric"], spec["score_ranges"])
             print((sweep_dir / "summary.md").read_text(), end="")
             return 0 if all(t["state"] == "done" for t in summary["trials"]) else 1
+        if "tune" in spec:
+            raise UserError("--resume continues a grid sweep; a --tune study cannot be resumed (its best setting's "
+                            "re-run can: --resume --out <out>/final).")  # fmt: skip
         if ns.address is not None:
             check_address(ns.address)
     else:
@@ -799,14 +1014,22 @@ def main(argv: Optional[list] = None) -> int:
         write_json(spec_path, spec)
     (sweep_dir / STOP_FILE).unlink(missing_ok=True)
     n, cpt = len(spec["trials"]), spec["cpus_per_trial"]
-    print(f"[sweep] {n} trials in {sweep_dir}; {cpt} CPU(s) and --torch-threads {cpt} each"
-          + ("" if ns.address else f", {concurrency(usable_cores(), cpt)} at once on this machine"), flush=True)  # fmt: skip
+    if "tune" in spec:
+        k = len(spec["base"]["seeds"])
+        print(f"[tune] {spec['tune']['num_samples']} settings x {k} seeds in {sweep_dir}; {cpt} CPU(s) and --torch-threads "
+              f"{cpt} per seed" + ("" if ns.address else f", {concurrency(usable_cores(), cpt * k)} setting(s) at once"))  # fmt: skip
+    else:
+        print(f"[sweep] {n} trials in {sweep_dir}; {cpt} CPU(s) and --torch-threads {cpt} each"
+              + ("" if ns.address else f", {concurrency(usable_cores(), cpt)} at once on this machine"), flush=True)  # fmt: skip
     stopping = install_stop_handler(sweep_dir)
     ray_env(local=ns.address is None)
     head = LocalRay(usable_cores(), sweep_dir / "ray-head.log") if ns.address is None else None
     try:
-        ray = connect_ray(ns.address or head.address, cpt, local=head is not None)
+        needed = cpt * len(spec["base"]["seeds"]) if "tune" in spec else cpt
+        ray = connect_ray(ns.address or head.address, needed, local=head is not None)
         try:
+            if "tune" in spec:
+                return run_tune(sweep_dir, spec, ns, stopping)
             rc = run_grid(sweep_dir, spec, stopping)
         finally:
             ray.shutdown()
