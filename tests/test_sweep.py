@@ -209,3 +209,75 @@ def test_ctrl_c_saves_the_running_trial_and_resume_runs_nothing_twice(tmp_path):
     assert max(scalars(run_dir, "charts/SPS")) == 6016 and not (second / "abandoned").exists()
     assert json.loads((third / "result.json").read_text())["state"] == "done"
     assert all(t["state"] == "done" for t in json.loads((out / "summary.json").read_text())["trials"])
+
+
+# ---- slow tier: a cluster that loses a node, and a tiny --tune study ----------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_node_lost_mid_trial_its_trial_finishes_on_the_other_node_from_its_checkpoint(tmp_path):
+    """Two nodes of 2 CPUs (tests/test_sac_continuous_ray_cluster.py's Cluster: its own sessions and temp dirs,
+    stopped by process group), two trials of 2 CPUs: one per node. The second node is SIGKILLed once both trials have
+    a checkpoint; Tune restarts its trial on the head, which resumes it from its newest checkpoint in the same folder."""
+    from tests.test_sac_continuous_ray_cluster import FAST_FAILURE, Cluster
+
+    c = Cluster(tmp_path)
+    out = tmp_path / "sweep"
+    proc = None
+    try:
+        c.start_node("--head", "--port", str(c.port), "--node-ip-address", "127.0.0.1", "--include-dashboard", "false",
+                     "--system-config", FAST_FAILURE)  # fmt: skip
+        c.wait_for_nodes(1)
+        c.start_node("--address", c.address)
+        c.wait_for_nodes(2)
+        proc = start_sweep("--out", out, "--address", c.address, "--script", "ppo_continuous.py", "--env-id",
+                           "Pendulum-v1", "--seeds", "1", "2", "--cpus-per-trial", "2", "--report-interval", "1", "--",
+                           "--total-timesteps", "6016", "--num-steps", "64", "--num-minibatches", "2",
+                           "--checkpoint-interval", "256", env={**c.env, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"})  # fmt: skip
+        deadline = time.time() + 300
+        while len(list(out.glob("trials/*/runs/*/checkpoints/step_*.pt"))) < 2 and time.time() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        c.kill(1)
+        stdout, stderr = finish(proc, timeout=600)
+    finally:
+        if proc is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        c.kill()
+    assert proc.returncode == 0, stdout + stderr + c.logs()
+    assert "lost its worker" in stdout, stdout
+    resumed = []
+    for trial in sorted((out / "trials").iterdir()):
+        assert json.loads((trial / "result.json").read_text())["state"] == "done"
+        run_dir = run_dir_of(trial)
+        assert max(scalars(run_dir, "charts/SPS")) == 6016
+        if "(resumed from" in (trial / "log.txt").read_text():
+            resumed.append(trial.name)
+    assert len(resumed) == 1, f"the lost node's trial, and only it, resumed from its checkpoint: {resumed}"
+
+
+@pytest.mark.slow
+def test_a_tiny_tune_study_prints_the_best_command_and_reruns_it_on_fresh_seeds(tmp_path):
+    out = tmp_path / "tune"
+    proc = run_sweep("--out", out, "--tune", "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--seeds", "1",
+                     "2", "--space", "learning_rate=loguniform:1e-4:1e-2", "--space", "gamma=choice:0.95,0.99",
+                     "--num-samples", "3", "--final-seeds", "3", "4", "--report-interval", "1", "--",
+                     "--total-timesteps", "512", "--num-steps", "64", "--num-minibatches", "2", "--eval-interval", "128",
+                     "--eval-episodes", "1")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    study = json.loads((out / "tune.json").read_text())
+    assert len(study["settings"]) == 3
+    best = study["best"]
+    # the objective: the mean over the 2 seeds of their evaluation at the step reported, read back from their files
+    trial = next(d for d in (out / "tune_trials").iterdir()
+                 if json.loads((d / "setting.json").read_text())["flags"] == [[k, v] for k, v in best["setting"].items()])  # fmt: skip
+    evals = [scalars(run_dir_of(trial / f"seed{s}"), "eval/episodic_return")[best["global_step"]] for s in (1, 2)]
+    assert best["eval_return"] == pytest.approx(np.mean(evals))
+    command = study["best_command"]
+    assert f"[tune] best command line:\n{command}\n" in proc.stdout
+    assert f"--learning-rate {best['setting']['learning-rate']} --gamma {best['setting']['gamma']}" in command
+    final = json.loads((out / "final" / "summary.json").read_text())
+    assert [t["seed"] for t in final["trials"]] == [3, 4] and all(t["state"] == "done" for t in final["trials"])
