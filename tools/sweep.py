@@ -486,20 +486,24 @@ class Progress:
             def on_trial_result(self, iteration, trials, trial, result, **info):
                 progress.event(trial.config["trial"]["id"], result)
 
-            def on_trial_error(self, iteration, trials, trial, **info):
+            def on_trial_recover(self, iteration, trials, trial, **info):  # a failure Tune retries (--max-failures)
+                progress.event(trial.config["trial"]["id"], {"state": "lost"})
+
+            def on_trial_error(self, iteration, trials, trial, **info):  # retries spent
                 progress.event(trial.config["trial"]["id"], {"state": "error"})
 
         return Callback()
 
     def event(self, trial_id: str, result: dict) -> None:
         state = result.get("state")
-        if state in ("done", "failed", "interrupted", "error"):
+        if state in ("done", "failed", "interrupted", "error", "lost"):
             self.running.pop(trial_id, None)
             self.done += state == "done"
-            self.failed += state == "failed"
+            self.failed += state in ("failed", "error")
             line = {"done": "done", "failed": f"FAILED (exit code {result.get('returncode')})",
-                    "interrupted": "stopped, checkpoint saved", "error": "lost its worker: Ray restarts it from its "
-                    "newest checkpoint (--max-failures)"}[state]  # fmt: skip
+                    "interrupted": "stopped, checkpoint saved", "lost": "lost its worker (a node gone?): Tune "
+                    "restarts it, from its newest checkpoint", "error": "FAILED: its worker was lost more often than "
+                    "--max-failures allows (`--resume` tries again)"}[state]  # fmt: skip
         else:
             self.running[trial_id] = result
             if "global_step" in result:
