@@ -127,7 +127,8 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
 # Tests that start Ray run one at a time, on one worker. Why: an embedded `ray.init()` on a machine where another
 # test's `ray start` head is up may join that cluster instead of starting its own, and two Ray instances on 2 cores
 # starve each other's timeouts.
-RAY_MODULES = {"test_sac_continuous_ray_e2e", "test_sac_continuous_ray_cluster", "test_sac_continuous_ray_learning"}
+RAY_MODULES = {"test_sac_continuous_ray_e2e", "test_sac_continuous_ray_cluster", "test_sac_continuous_ray_learning",
+               "test_sweep"}
 RAY_TESTS = {"test_sac_keep_best_export_and_replay[sac_continuous_ray]",
              "test_ray_learner_stops_on_a_nan_loss_shuts_ray_down_and_resumes",
              "test_the_readme_ray_examples_run"}  # elsewhere: tests that start Ray
@@ -136,12 +137,14 @@ SHARED_RUN_MODULES = {"test_benchmarks", "test_docs", "test_ppo_continuous_e2e",
 
 
 # Tests of those modules that start no Ray (refused before it starts) and share no Ray run: free to run anywhere.
-NO_RAY_TESTS = {"test_bad_input_gets_a_short_message", "test_unreachable_ray_address_fails_within_30_seconds"}
+NO_RAY_TESTS = {"test_bad_input_gets_a_short_message", "test_unreachable_ray_address_fails_within_30_seconds",
+                "test_grid_is_every_script_env_value_and_seed_with_threads_equal_to_cpus_per_trial",
+                "test_bad_input_is_refused_in_one_paragraph_before_anything_runs"}
 
 
 def xdist_group(item: pytest.Item) -> str:
     module = item.module.__name__.rsplit(".", 1)[-1]
-    if module == "test_sac_continuous_ray_e2e" and item.originalname in NO_RAY_TESTS:
+    if module in ("test_sac_continuous_ray_e2e", "test_sweep") and item.originalname in NO_RAY_TESTS:
         return ""
     if module in RAY_MODULES or item.name in RAY_TESTS:
         return "ray"

@@ -1,0 +1,283 @@
+"""tools/sweep.py: the grid and its CPU / thread assignment, bad input refused before anything runs, a tiny sweep on
+Ray Tune whose summary holds the numbers each trial logged (a failing trial marked, the others unharmed), and a
+Ctrl-C mid-sweep whose --resume runs nothing twice. Slow tier: a two-node cluster that loses a node mid-trial, and a
+tiny --tune study. Every sweep runs in a session of its own and is stopped by process group; its Ray head is the
+tool's own (a session of its own, on 127.0.0.1), stopped by the tool."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import BASE_ENV, ROOT, assert_clean_error, scalars
+from tools.sweep import concurrency, expand_grid, flag_args, parse_grid
+
+SWEEP = str(ROOT / "tools" / "sweep.py")
+TINY = ["--total-timesteps", "256", "--num-steps", "64", "--num-minibatches", "2", "--eval-interval", "128",
+        "--eval-episodes", "1"]  # fmt: skip
+
+
+def sweep_env(**extra) -> dict:
+    return {**os.environ, **BASE_ENV, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0", **extra}
+
+
+def start_sweep(*args, env: dict = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, SWEEP, *map(str, args)], cwd=ROOT, env=env or sweep_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            start_new_session=True)  # fmt: skip
+
+
+def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple:
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # a hung driver: nothing of it outlives the test
+        except ProcessLookupError:
+            pass
+
+
+def run_sweep(*args, timeout: float = 600, env: dict = None) -> subprocess.CompletedProcess:
+    proc = start_sweep(*args, env=env)
+    out, err = finish(proc, timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def run_dir_of(trial: Path) -> Path:
+    dirs = list((trial / "runs").iterdir())
+    assert len(dirs) == 1, f"one run folder per trial: {dirs}"
+    return dirs[0]
+
+
+# ---- the grid ---------------------------------------------------------------------------------------------------
+
+
+def test_grid_is_every_script_env_value_and_seed_with_threads_equal_to_cpus_per_trial(tmp_path):
+    grid = parse_grid(["learning_rate=3e-4,1e-3", "--norm-adv=true,false,true"])
+    assert grid == {"learning-rate": ["3e-4", "1e-3"], "norm-adv": ["true", "false"]}  # names as flags, no repeats
+    trials = expand_grid(["ppo_continuous.py"], ["Pendulum-v1", "Hopper-v4"], [1, 2], grid, ["--total-timesteps", "9"],
+                         cpus_per_trial=3, bool_flags={"ppo_continuous.py": ["norm-adv"]})  # fmt: skip
+    assert len(trials) == 2 * 2 * 2 * 2 and len({t.id for t in trials}) == 16
+    assert {(t.env_id, t.seed, tuple(map(tuple, t.flags))) for t in trials} == {
+        (env, seed, (("learning-rate", lr), ("norm-adv", adv)))
+        for env in ("Pendulum-v1", "Hopper-v4") for seed in (1, 2) for lr in ("3e-4", "1e-3") for adv in ("true", "false")
+    }  # fmt: skip
+    cmd = trials[3].command(tmp_path / "t")  # script, env, grid point, seed: the innermost loop is the seed
+    assert cmd[cmd.index("--torch-threads") + 1] == "3" and cmd[cmd.index("--runs-dir") + 1] == str(tmp_path / "t" / "runs")
+    assert cmd[cmd.index("--seed") + 1] == "2" and cmd[-3:] == ["--learning-rate", "3e-4", "--no-norm-adv"]
+    assert cmd[cmd.index("--total-timesteps") + 1] == "9"
+    assert trials[0].task == trials[1].task != trials[2].task  # the seeds of a grid point are one task
+    # trials at once on a node = its cores / CPUs per trial: never more threads than cores
+    assert [concurrency(cores, cpt) for cores, cpt in [(2, 1), (2, 2), (16, 3), (2, 4)]] == [2, 1, 5, 0]
+    assert flag_args([["gamma", "0.9"], ["anneal-lr", "False"]], ["anneal-lr"]) == ["--gamma", "0.9", "--no-anneal-lr"]
+
+
+# ---- bad input: one paragraph, exit 2, nothing run or written ---------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+BAD = {
+    "unknown script": (["--script", "dqn.py"], [], ["unknown script 'dqn.py'", "ppo_continuous.py"]),
+    "unknown grid flag": (["--grid", "learning_rat=1e-3"], [], ["has no flag --learning-rat"]),
+    "unknown flag after --": ([], ["--num-stepz", "64"], ["has no flag --num-stepz"]),
+    "a flag the sweep sets": ([], ["--seed", "3"], ["--seed is set by the sweep"]),
+    "bad value": (["--grid", "gamma=0.99,2"], [], ["--gamma 2", "refused by the script", "--gamma must be in [0, 1]"]),
+    "too many CPUs": (["--cpus-per-trial", "4096"], [], ["--cpus-per-trial 4096", "cores"]),
+    "unreachable address": (["--address", "127.0.0.1:PORT"], [], ["--address 127.0.0.1:", "cannot connect"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_is_refused_in_one_paragraph_before_anything_runs(case, tmp_path):
+    args, extra, needles = BAD[case]
+    args = [a.replace("PORT", str(free_port())) for a in args]
+    if "--script" not in args:
+        args = ["--script", "ppo_continuous.py", *args]
+    out = tmp_path / "sweep"
+    proc = run_sweep("--out", out, *args, "--env-id", "Pendulum-v1", "--seeds", "1", "--", *TINY, *extra, timeout=120)
+    assert_clean_error(proc, *needles)
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr  # one paragraph
+    assert not out.exists(), "refused before anything was written"
+
+
+# ---- a tiny sweep end to end --------------------------------------------------------------------------------------
+
+
+def test_a_tiny_sweep_summarizes_each_trials_own_scalars_and_marks_a_failing_trial(tmp_path):
+    """2 seeds x num_minibatches 2,3 x num_steps 64,96: (64, 3) passes the value check (each value is probed, not
+    each combination) but the script refuses it at start: those trials fail with their log's last lines, the
+    others finish; the JSON and the table hold the numbers each trial's TensorBoard files hold."""
+    out = tmp_path / "sweep"
+    proc = run_sweep("--out", out, "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--seeds", "1", "2",
+                     "--grid", "num_steps=64,96", "--grid", "num_minibatches=2,3", "--score-range", "Pendulum-v1=-1600:0",
+                     "--report-interval", "1", "--", *TINY)  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # some trials failed
+    summary = json.loads((out / "summary.json").read_text())
+    trials = {t["id"]: t for t in summary["trials"]}
+    assert len(trials) == 8
+    failed = sorted(t for t, e in trials.items() if e["state"] == "failed")
+    assert failed == sorted(t for t in trials if "num-steps=64_num-minibatches=3" in t), failed
+    for trial_id in failed:
+        assert "must divide the batch size" in trials[trial_id]["log_tail"]  # the script's own words
+        assert f"[trial {trial_id}] FAILED (exit code 2)" in proc.stdout
+        assert "must divide the batch size" in proc.stderr
+    for trial_id, entry in trials.items():
+        if trial_id in failed:
+            continue
+        assert entry["state"] == "done"
+        run_dir = run_dir_of(out / "trials" / trial_id)
+        evals, train = scalars(run_dir, "eval/episodic_return"), scalars(run_dir, "charts/episodic_return")
+        assert entry["eval_last"] == pytest.approx(evals[max(evals)]) and entry["eval_step_last"] == max(evals)
+        if train:  # (192 steps of num_steps 96 end no 200-step episode)
+            assert entry["train_last100_mean"] == pytest.approx(np.mean(list(train.values())[-100:]))
+        else:
+            assert "train_last100_mean" not in entry
+        assert json.loads((run_dir / "args.json").read_text())["compute"]["torch_threads"] == 1  # --cpus-per-trial 1
+        assert f"[trial {trial_id}] done" in proc.stdout
+    # per task: the mean of its seeds' final evaluations (the score, as --eval-interval is given), normalized
+    table = (out / "summary.md").read_text()
+    for row in summary["tasks"]:
+        seeds = [e for e in trials.values() if e["task"] == row["task"] and e["state"] == "done"]
+        if "num-minibatches=3" in row["task"] and "num-steps=64" in row["task"]:
+            assert row["n"] == 0 and row["failed"] == [1, 2] and f"| {row['task']} | 0 / 2 | – |" in table
+            continue
+        assert row["per_seed"] == [e["eval_last"] for e in seeds] and row["n"] == 2
+        assert row["mean"] == pytest.approx(np.mean(row["per_seed"]))
+        assert row["normalized_per_seed"] == pytest.approx([(v + 1600) / 1600 for v in row["per_seed"]], abs=1e-4)
+        assert f"| {row['task']} | 2 / 2 | {row['mean']:.1f} ± {row['std']:.1f} |" in table
+    assert summary["aggregate"]["runs"] == 6 and "IQM of the normalized score over 3 task(s), 6 runs" in table
+    assert (out / "summary.png").stat().st_size > 10_000
+    assert re.search(r"^\[sweep\] 6/8 done, 0 running, 2 failed, 0 pending", proc.stdout, re.M), proc.stdout
+    # --summarize rewrites the same numbers from what is on disk
+    again = run_sweep("--out", out, "--summarize", timeout=120)
+    assert again.returncode == 1 and json.loads((out / "summary.json").read_text())["tasks"] == summary["tasks"]
+
+
+# ---- Ctrl-C and --resume ------------------------------------------------------------------------------------------
+
+
+def test_ctrl_c_saves_the_running_trial_and_resume_runs_nothing_twice(tmp_path):
+    """One trial at a time (2 CPUs each on 2 cores): 256 steps (finishes), 6,016 (Ctrl-C once it has a checkpoint),
+    384 (never starts). --resume keeps the first untouched, resumes the second from its interrupted checkpoint in its
+    run folder, and runs the third."""
+    out = tmp_path / "sweep"
+    cpus = str(min(2, len(os.sched_getaffinity(0))))
+    proc = start_sweep("--out", out, "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--seeds", "1",
+                       "--cpus-per-trial", cpus, "--grid", "total_timesteps=256,6016,384", "--report-interval", "1",
+                       "--", "--num-steps", "64", "--num-minibatches", "2", "--checkpoint-interval", "256")  # fmt: skip
+    trials = out / "trials"
+    try:
+        deadline = time.time() + 300
+        while not list(trials.glob("001_*/runs/*/checkpoints/step_*.pt")) and time.time() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C at a terminal: the driver's process group
+        out1, err1 = finish(proc, timeout=300)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 130, out1 + err1
+    first, second, third = sorted(trials.iterdir())
+    assert json.loads((first / "result.json").read_text())["state"] == "done"
+    assert not (second / "result.json").exists()
+    interrupted = list(second.glob("runs/*/checkpoints/interrupted_*.pt"))
+    assert len(interrupted) == 1, list(second.rglob("*.pt"))
+    assert not (third / "runs").exists(), "the third trial never started"
+    kept = {p: p.stat().st_mtime_ns for p in first.rglob("*")}
+    run_dir = run_dir_of(second)
+
+    proc = run_sweep("--out", out, "--resume", "--report-interval", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1 finished trial(s) kept; 2 to run" in proc.stdout
+    assert {p: p.stat().st_mtime_ns for p in first.rglob("*")} == kept, "the finished trial is untouched"
+    assert run_dir_of(second) == run_dir and f"(resumed from {interrupted[0]})" in (second / "log.txt").read_text()
+    assert max(scalars(run_dir, "charts/SPS")) == 6016 and not (second / "abandoned").exists()
+    assert json.loads((third / "result.json").read_text())["state"] == "done"
+    assert all(t["state"] == "done" for t in json.loads((out / "summary.json").read_text())["trials"])
+
+
+# ---- slow tier: a cluster that loses a node, and a tiny --tune study ----------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_node_lost_mid_trial_its_trial_finishes_on_the_other_node_from_its_checkpoint(tmp_path):
+    """Two nodes of 2 CPUs (tests/test_sac_continuous_ray_cluster.py's Cluster: its own sessions and temp dirs,
+    stopped by process group), two trials of 2 CPUs: one per node. The second node is SIGKILLed once both trials have
+    a checkpoint; Tune restarts its trial on the head, which resumes it from its newest checkpoint in the same folder."""
+    from tests.test_sac_continuous_ray_cluster import FAST_FAILURE, Cluster
+
+    c = Cluster(tmp_path)
+    out = tmp_path / "sweep"
+    proc = None
+    try:
+        c.start_node("--head", "--port", str(c.port), "--node-ip-address", "127.0.0.1", "--include-dashboard", "false",
+                     "--system-config", FAST_FAILURE)  # fmt: skip
+        c.wait_for_nodes(1)
+        c.start_node("--address", c.address)
+        c.wait_for_nodes(2)
+        proc = start_sweep("--out", out, "--address", c.address, "--script", "ppo_continuous.py", "--env-id",
+                           "Pendulum-v1", "--seeds", "1", "2", "--cpus-per-trial", "2", "--report-interval", "1", "--",
+                           "--total-timesteps", "6016", "--num-steps", "64", "--num-minibatches", "2",
+                           "--checkpoint-interval", "256", env={**c.env, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"})  # fmt: skip
+        deadline = time.time() + 300
+        while len(list(out.glob("trials/*/runs/*/checkpoints/step_*.pt"))) < 2 and time.time() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        c.kill(1)
+        stdout, stderr = finish(proc, timeout=600)
+    finally:
+        if proc is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        c.kill()
+    assert proc.returncode == 0, stdout + stderr + c.logs()
+    assert "lost its worker (a node gone?): Tune restarts it" in stdout, stdout
+    resumed = []
+    for trial in sorted((out / "trials").iterdir()):
+        assert json.loads((trial / "result.json").read_text())["state"] == "done"
+        run_dir = run_dir_of(trial)
+        assert max(scalars(run_dir, "charts/SPS")) == 6016
+        if "(resumed from" in (trial / "log.txt").read_text():
+            resumed.append(trial.name)
+    assert len(resumed) == 1, f"the lost node's trial, and only it, resumed from its checkpoint: {resumed}"
+
+
+@pytest.mark.slow
+def test_a_tiny_tune_study_prints_the_best_command_and_reruns_it_on_fresh_seeds(tmp_path):
+    out = tmp_path / "tune"
+    proc = run_sweep("--out", out, "--tune", "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--seeds", "1",
+                     "2", "--space", "learning_rate=loguniform:1e-4:1e-2", "--space", "gamma=choice:0.95,0.99",
+                     "--num-samples", "3", "--final-seeds", "3", "4", "--report-interval", "1", "--",
+                     "--total-timesteps", "512", "--num-steps", "64", "--num-minibatches", "2", "--eval-interval", "128",
+                     "--eval-episodes", "1")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    study = json.loads((out / "tune.json").read_text())
+    assert len(study["settings"]) == 3
+    best = study["best"]
+    # the objective: the mean over the 2 seeds of their evaluation at the step reported, read back from their files
+    trial = next(d for d in (out / "tune_trials").iterdir()
+                 if json.loads((d / "setting.json").read_text())["flags"] == [[k, v] for k, v in best["setting"].items()])  # fmt: skip
+    evals = [scalars(run_dir_of(trial / f"seed{s}"), "eval/episodic_return")[best["global_step"]] for s in (1, 2)]
+    assert best["eval_return"] == pytest.approx(np.mean(evals))
+    command = study["best_command"]
+    assert f"[tune] best command line:\n{command}\n" in proc.stdout
+    assert f"--learning-rate {best['setting']['learning-rate']} --gamma {best['setting']['gamma']}" in command
+    final = json.loads((out / "final" / "summary.json").read_text())
+    assert [t["seed"] for t in final["trials"]] == [3, 4] and all(t["state"] == "done" for t in final["trials"])
