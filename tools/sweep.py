@@ -285,7 +285,9 @@ def stop_group(proc: subprocess.Popen, sig: int, wait: float) -> Optional[int]:
 
 
 def newest_checkpoint(runs: Path) -> Optional[Path]:
-    found = [(int(m.group(2)), p.stat().st_mtime, p) for p in runs.glob("*/checkpoints/*.pt") if (m := CHECKPOINT.fullmatch(p.name))]
+    found = [
+        (int(m.group(2)), p.stat().st_mtime, p) for p in runs.glob("*/checkpoints/*.pt") if (m := CHECKPOINT.fullmatch(p.name))
+    ]
     return max(found)[2] if found else None
 
 
@@ -651,7 +653,9 @@ def tune_trial(config: dict) -> None:
     flags = [[name, fmt(value)] for name, value in config["setting"].items()]
     seeds, procs = [], []
     for seed in base["seeds"]:
-        t = Trial(f"seed{seed}", base["script"], base["env_id"], seed, flags, base["extra"], base["threads"], base["bool_flags"])
+        t = Trial(
+            f"seed{seed}", base["script"], base["env_id"], seed, flags, base["extra"], base["threads"], base["bool_flags"]
+        )
         seed_dir = trial_dir / f"seed{seed}"
         seed_dir.mkdir(parents=True, exist_ok=True)
         seeds.append(seed_dir)
@@ -779,8 +783,10 @@ def trial_scalars(trial_dir: Path) -> dict:
     return out
 
 
-METRICS = {"eval": ("eval_last", "the last evaluation's mean return (eval/episodic_return)"),
-           "train": ("train_last100_mean", "the mean return of the last 100 training episodes (charts/episodic_return)")}
+METRICS = {
+    "eval": ("eval_last", "the last evaluation's mean return (eval/episodic_return)"),
+    "train": ("train_last100_mean", "the mean return of the last 100 training episodes (charts/episodic_return)"),
+}
 
 
 def summarize(sweep_dir: Path, spec: dict, metric: str, score_ranges: dict) -> dict:
