@@ -952,6 +952,10 @@ def connect_ray(address: Optional[str], num_workers: int):
         ray.init(address=address, logging_level=logging.WARNING)
     except ConnectionError as e:
         raise UserError(f"--ray-address {address}: could not join a Ray cluster ({e}).") from None
+    if num_workers > (cpus := int(ray.cluster_resources().get("CPU", 0))):  # one CPU each: the rest would wait forever
+        ray.shutdown()
+        raise UserError(f"--num-rollout-workers {num_workers}: each worker takes one CPU and the cluster at {address} has "
+                        f"{cpus}; give at most {cpus}, or add nodes.")  # fmt: skip
     return ray
 
 

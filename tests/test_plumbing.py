@@ -7,6 +7,7 @@ import dataclasses
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import typing
@@ -229,3 +230,19 @@ def test_xdist_keeps_a_group_on_one_worker(tmp_path):
     assert len(workers) == 1, f"the group ran on {sorted(workers)}"
 
 
+
+
+def test_close_gives_back_the_signal_handlers_that_were_there(tmp_path):
+    """The Ray script's driver has Ray's own SIGTERM handler (ray.init installs it before the loop): the Run's handlers
+    hold during the loop and its final save, and close() puts back whatever was there before."""
+    own = lambda signum, frame: None  # noqa: E731  (stands for Ray's handler)
+    before = {sig: signal.signal(sig, own) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        run = progress_run(tmp_path, progress=False)
+        next(run.iterations(run.state, 3))
+        assert all(signal.getsignal(sig) == run.on_signal for sig in before)
+        run.close()
+        assert all(signal.getsignal(sig) is own for sig in before)
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)

@@ -5,6 +5,7 @@ checkpoint part, and a driver loop ended by `run.last`."""
 import os
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
@@ -252,3 +253,17 @@ def test_a_task_error_ends_the_run_with_a_checkpoint_one_paragraph_and_exit_1(tm
     ckpt = torch.load(next(run.ckpt_dir.glob("interrupted_*.pt")), weights_only=True)
     assert ckpt["global_step"] == 150
     assert (ckpt["replay_buffers"] is None) == lost_shard  # a lost shard's data cannot be saved
+
+
+def test_more_workers_than_the_cluster_has_cpus_is_refused_at_once(monkeypatch):
+    """Each rollout worker takes one CPU: on a cluster with fewer, the extra workers would wait forever for a CPU. A
+    fake ray module stands for a cluster of 3 CPUs (the check needs nothing else from Ray)."""
+    calls = []
+    fake = types.SimpleNamespace(init=lambda **kw: calls.append("init"), shutdown=lambda: calls.append("shutdown"),
+                                 cluster_resources=lambda: {"CPU": 3.0})  # fmt: skip
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.setattr(sr.socket, "create_connection", lambda *a, **k: types.SimpleNamespace(close=lambda: None))
+    assert sr.connect_ray("10.0.0.1:6379", 3) is fake  # fits
+    with pytest.raises(sr.UserError, match=r"--num-rollout-workers 4: .* has 3; give at most 3"):
+        sr.connect_ray("10.0.0.1:6379", 4)
+    assert calls == ["init", "init", "shutdown"]  # the refused run leaves the cluster
