@@ -9,8 +9,11 @@ Map of this file, top to bottom:
 Docs: docs/sac_continuous.md; the algorithm: arxiv.org/abs/1812.05905
 """
 
+import atexit
 import copy
+import ctypes
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -365,7 +368,7 @@ class LoopState:
 
 def main() -> None:
     args, ckpt, device = parse_command_line(Args, FLAG_RULES, validate_args)
-    flush_denormals()  # speed (below the banner): before torch's first parallel op
+    speed_setup()  # speed (below the banner): before torch's first parallel op
     args.num_iterations = args.total_timesteps // args.num_envs
     shapes, act_space = probe_env(args.env_id)
     check_buffer_fits(args, shapes["obs_shape"], act_space.shape)  # below the banner: memory and disk hold it
@@ -388,6 +391,7 @@ def main() -> None:
         state.updates_start = refill_before_updating(state.global_step, args.learning_starts)
     run.play = lambda episodes, video_dir=None: evaluate(learner.policy, eval_env(args.env_id, video_dir), episodes,
                                                          args.seed + 10_000)  # fmt: skip
+    freeze_startup_objects()  # speed (below the banner): everything set up so far lives to the end of the run
 
     for iteration in run.iterations(state, args.num_iterations):  # between steps: checkpoints, Ctrl-C, progress
         # ---- rollout: act (uniform random before learning_starts), step the envs, store the transitions ----
@@ -501,10 +505,24 @@ def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_d
                             f"{', '.join(map(str, expected))}. {sizes}")  # fmt: skip
 
 
-def flush_denormals() -> None:
-    """Speed (benchmarks/README.md): float32 denormals (|x| < 1.2e-38) become 0 in this thread and in the OpenMP threads
-    torch starts later (so: call it first). Why: Adam's moments of dead ReLU units decay through that slow range."""
+def speed_setup() -> None:
+    """Speed, measured in benchmarks/README.md; before torch's first parallel op (its OpenMP threads copy the flag):
+    float32 denormals (|x| < 1.2e-38) become 0, as Adam's moments of dead ReLU units decay through that slow range;
+    glibc's malloc keeps freed memory, so an update's large activations do not fault their pages in again each step."""
     torch.set_flush_denormal(True)
+    if sys.platform.startswith("linux"):
+        with suppress(OSError):  # another C library (e.g. musl): its allocator is left alone
+            libc = ctypes.CDLL("libc.so.6")
+            libc.mallopt(-3, 32 * 1024 * 1024)  # M_MMAP_THRESHOLD (malloc.h): blocks under 32 MiB from the heap
+            libc.mallopt(-1, 512 * 1024 * 1024)  # M_TRIM_THRESHOLD: up to 512 MiB freed at its top kept
+
+
+def freeze_startup_objects() -> None:
+    """Speed: every object alive now (modules, envs, networks) leaves the garbage collector's full collections, which
+    walk them all every few hundred gradient steps; unfrozen at exit (nanobind modules print "leaked" lines otherwise)."""
+    gc.collect()
+    gc.freeze()
+    atexit.register(gc.unfreeze)
 # --- end shared: sac-run ---
 
 

@@ -24,8 +24,11 @@ Map of this file, top to bottom:
 Docs: docs/sac_continuous_ray.md; the algorithm: https://arxiv.org/abs/1812.05905
 """
 
+import atexit
 import copy
+import ctypes
 import dataclasses
+import gc
 import json
 import logging
 import math
@@ -777,7 +780,7 @@ MAX_IN_FLIGHT = 2  # batches queued per worker: one it collects, the next behind
 
 def main() -> None:
     args, ckpt, device = parse_command_line(Args, FLAG_RULES, validate_args)
-    flush_denormals()  # speed (below the banner): before torch's first parallel op
+    speed_setup()  # speed (below the banner): before torch's first parallel op
     args.num_iterations = sys.maxsize  # the driver loop has no fixed number of passes: it ends by setting run.last
     total = args.total_timesteps - args.total_timesteps % args.envs_per_worker  # whole vector steps of every worker
     shapes, act_space = probe_env(args.env_id)
@@ -833,6 +836,7 @@ def main() -> None:
     sampler = Sampler(shards, args.batch_size, SAMPLE_GROUP, device)
     window = new_window(state, device)
     start_time, start_step = time.time(), state.global_step
+    freeze_startup_objects()  # speed (below the banner): everything set up so far lives to the end of the run
 
     with stop_on_task_error(run, shard_states):  # (below the banner) a failed Ray task: checkpoint, one paragraph
         # one pass: harvest, dispatch, learn, log; then (Run) evaluation every --eval-interval steps, checkpoints
@@ -1099,10 +1103,24 @@ def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_d
                             f"{', '.join(map(str, expected))}. {sizes}")  # fmt: skip
 
 
-def flush_denormals() -> None:
-    """Speed (benchmarks/README.md): float32 denormals (|x| < 1.2e-38) become 0 in this thread and in the OpenMP threads
-    torch starts later (so: call it first). Why: Adam's moments of dead ReLU units decay through that slow range."""
+def speed_setup() -> None:
+    """Speed, measured in benchmarks/README.md; before torch's first parallel op (its OpenMP threads copy the flag):
+    float32 denormals (|x| < 1.2e-38) become 0, as Adam's moments of dead ReLU units decay through that slow range;
+    glibc's malloc keeps freed memory, so an update's large activations do not fault their pages in again each step."""
     torch.set_flush_denormal(True)
+    if sys.platform.startswith("linux"):
+        with suppress(OSError):  # another C library (e.g. musl): its allocator is left alone
+            libc = ctypes.CDLL("libc.so.6")
+            libc.mallopt(-3, 32 * 1024 * 1024)  # M_MMAP_THRESHOLD (malloc.h): blocks under 32 MiB from the heap
+            libc.mallopt(-1, 512 * 1024 * 1024)  # M_TRIM_THRESHOLD: up to 512 MiB freed at its top kept
+
+
+def freeze_startup_objects() -> None:
+    """Speed: every object alive now (modules, envs, networks) leaves the garbage collector's full collections, which
+    walk them all every few hundred gradient steps; unfrozen at exit (nanobind modules print "leaked" lines otherwise)."""
+    gc.collect()
+    gc.freeze()
+    atexit.register(gc.unfreeze)
 # --- end shared: sac-run ---
 
 

@@ -402,7 +402,7 @@ def denormals(n):  # the smallest denormal, 1.4e-45, by its bit pattern (a float
     return torch.ones(n, dtype=torch.int32).view(torch.float32)
 
 
-sac.flush_denormals()
+sac.speed_setup()
 ok = bool(((denormals(1 << 16) * 1.0).view(torch.int32) == 0).all())  # 2 chunks of 32k: flushed in both threads?
 x = denormals(1 << 20)  # 1M elements: every thread gets a chunk
 
@@ -423,7 +423,7 @@ print(ok, nonzero(x * 1.0), nonzero(opt.state[param]["exp_avg"]), torch.get_num_
 """
 
 
-def test_flush_denormals_reaches_every_torch_thread_and_adam():
+def test_speed_setup_flushes_denormals_in_every_torch_thread_and_adam():
     """Called before torch's first parallel op (as main() does), denormals read and write as zero in every OpenMP
     thread, Adam's decaying first moment included; called after it, the threads already running keep denormals."""
 
