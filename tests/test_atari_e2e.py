@@ -93,11 +93,12 @@ def test_resume_restores_network_optimizer_counters_schedule_and_rng(tmp_path):
     copy = resumed_root / full_dir.name
     (copy / "checkpoints").mkdir(parents=True)
     (copy / "checkpoints" / ckpt_path.name).write_bytes(ckpt_path.read_bytes())
+    (copy / "args.json").write_bytes((full_dir / "args.json").read_bytes())  # a run folder, the checkpoint its newest
     # a flag the checkpoint fixes, typed with another value, is refused (naming both values); nothing is written
     conflict = run_script("a2c_atari.py", "--resume", copy / "checkpoints" / ckpt_path.name, "--total-timesteps", "800",
                           "--learning-rate", "1e-3", "--torch-threads", "1")  # fmt: skip
     assert_clean_error(conflict, "--learning-rate 0.001", "0.0007")
-    assert sorted(p.name for p in copy.rglob("*") if p.is_file()) == [ckpt_path.name]
+    assert sorted(p.name for p in copy.rglob("*") if p.is_file()) == ["args.json", ckpt_path.name]
     # --log-interval is a run flag (how often to log), taken from the command line like --checkpoint-interval
     resumed = run_script("a2c_atari.py", "--resume", copy / "checkpoints" / ckpt_path.name, "--total-timesteps", "800",
                          "--checkpoint-interval", "200", "--log-interval", "2", "--torch-threads", "1", timeout=600)  # fmt: skip

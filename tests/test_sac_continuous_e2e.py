@@ -224,7 +224,7 @@ def test_a_checkpoint_whose_networks_do_not_fit_is_refused_in_one_paragraph(tmp_
     old = tmp_path / "run" / "checkpoints" / "old.pt"
     old.parent.mkdir(parents=True)
     torch.save(ckpt, old)
-    proc = run_script(SCRIPT, "--resume", old, "--total-timesteps", "600", timeout=120)
+    proc = run_script(SCRIPT, "--resume", old, "--total-timesteps", "600", "--runs-dir", tmp_path / "runs", timeout=120)
     assert_clean_error(proc, "the checkpoint's qf does not fit", "Missing key(s)", "q_network")
 
 

@@ -175,6 +175,8 @@ def test_workers_run_on_both_nodes_every_step_is_stored_once_and_a_checkpoint_re
     ckpt = run_dir / "checkpoints" / "step_0000001000.pt"
     saved = torch.load(ckpt, weights_only=True)
     assert saved["global_step"] == 1000 and sum(b["size"] for b in saved["replay_buffers"]) == 1000
+    for later in (run_dir / "checkpoints").glob("*_0000002000.pt"):  # as if it died after step 1000 (else: a new folder)
+        later.unlink()
     resumed = start_run(cluster, "--resume", ckpt, "--total-timesteps", "1600", "--torch-threads", "1")
     out, err = finish(resumed)
     assert resumed.returncode == 0, err
