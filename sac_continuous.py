@@ -199,9 +199,13 @@ class ReplayBuffer:
 
     def __init__(self, capacity: int, obs_dim: int, act_dim: int):
         self.capacity, self.pos, self.size = capacity, 0, 0
-        shapes = {"obs": (obs_dim,), "next_obs": (obs_dim,), "actions": (act_dim,), "rewards": (), "terminated": ()}
-        self.arrays = {name: np.zeros((capacity, *shape), np.float32) for name, shape in shapes.items()}
+        self.arrays = {name: np.zeros((capacity, *shape), np.float32) for name, shape in self.fields(obs_dim, act_dim).items()}
         self.nbytes = sum(array.nbytes for array in self.arrays.values())
+
+    @staticmethod
+    def fields(obs_dim: int, act_dim: int) -> dict:
+        """Each field's shape per transition (also what check_buffer_fits sizes the buffer by, before it exists)."""
+        return {"obs": (obs_dim,), "next_obs": (obs_dim,), "actions": (act_dim,), "rewards": (), "terminated": ()}
 
     def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, terminated: np.ndarray):
         idx = (self.pos + np.arange(len(rewards))) % self.capacity  # one row per env; wraps, overwriting the oldest
@@ -529,7 +533,8 @@ def freeze_startup_objects() -> None:
 def check_buffer_fits(args, obs_shape: tuple, act_shape: tuple) -> None:
     """Refuse a replay buffer this machine cannot hold, before anything starts: numpy allocates it lazily, so it would
     start, then be killed hours later as it fills; --save-buffer writes it into every checkpoint (twice during a save)."""
-    nbytes = args.buffer_size * (2 * int(np.prod(obs_shape)) + int(np.prod(act_shape)) + 2) * 4  # float32 rows
+    row = ReplayBuffer.fields(int(np.prod(obs_shape)), int(np.prod(act_shape))).values()
+    nbytes = args.buffer_size * 4 * sum(int(np.prod(shape)) for shape in row)  # float32 rows, as ReplayBuffer holds them
     meminfo = Path("/proc/meminfo").read_text() if Path("/proc/meminfo").is_file() else ""  # Linux; elsewhere unchecked
     available = next((int(line.split()[1]) * 1024 for line in meminfo.splitlines() if line.startswith("MemAvailable:")), None)
     runs_dir = Path(args.runs_dir).absolute()

@@ -235,9 +235,13 @@ class ReplayBuffer:
 
     def __init__(self, capacity: int, obs_dim: int, act_dim: int):
         self.capacity, self.pos, self.size = capacity, 0, 0
-        shapes = {"obs": (obs_dim,), "next_obs": (obs_dim,), "actions": (act_dim,), "rewards": (), "terminated": ()}
-        self.arrays = {name: np.zeros((capacity, *shape), np.float32) for name, shape in shapes.items()}
+        self.arrays = {name: np.zeros((capacity, *shape), np.float32) for name, shape in self.fields(obs_dim, act_dim).items()}
         self.nbytes = sum(array.nbytes for array in self.arrays.values())
+
+    @staticmethod
+    def fields(obs_dim: int, act_dim: int) -> dict:
+        """Each field's shape per transition (also what check_buffer_fits sizes the buffer by, before it exists)."""
+        return {"obs": (obs_dim,), "next_obs": (obs_dim,), "actions": (act_dim,), "rewards": (), "terminated": ()}
 
     def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, terminated: np.ndarray):
         idx = (self.pos + np.arange(len(rewards))) % self.capacity  # one row per env; wraps, overwriting the oldest
