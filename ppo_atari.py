@@ -19,6 +19,8 @@ import math
 import os
 import random
 import re
+import shlex
+import shutil
 import signal
 import sys
 import time
@@ -274,6 +276,7 @@ def main() -> None:
     args.batch_size = args.num_envs * args.num_steps
     args.num_iterations = args.total_timesteps // args.batch_size
     obs_shape, num_actions = probe_env(args.env_id)
+    check_memory("num_envs", args.num_envs, 2 * args.num_envs * args.num_steps * (math.prod(obs_shape) + 32), "the rollout")
     run = Run(args, SCRIPT_NAME, ckpt, {"num_actions": num_actions}, args.batch_size)
     seed_everything(args.seed, args.torch_deterministic)
     env_seed = args.seed + (0 if ckpt is None else ckpt["iteration"]) * args.num_envs  # a resumed run: other games
@@ -372,7 +375,6 @@ def main() -> None:
         run.log(s.global_step, metrics)
 
     run.finish()  # after Ctrl-C: saved, exits; with --save-model: the final agent evaluated (run.play), then saved
-    run.close()
 
 
 # === Plumbing: runs, checkpoints, errors; not needed to follow the algorithm ===
@@ -579,6 +581,7 @@ RESUME_OVERRIDABLE = ("total_timesteps", "track", "wandb_project_name", "wandb_e
 MAY_BE_NAN = ("losses/explained_variance",)  # NaN by definition when all returns are equal: not a broken run
 NON_FINITE_FLAGS = ("learning_rate", "policy_lr", "q_lr", "max_grad_norm", "num_minibatches", "norm_adv", "norm_obs")
 CHECKPOINT = re.compile(r"(step|interrupted|final)_(\d{10})\.pt")  # the names runs write; no other file is pruned
+UNSTARTED = []  # (run folder, what it held) of a run not started yet: what a refusal added goes again (run_cli)
 
 
 class Run:
@@ -603,6 +606,7 @@ class Run:
                 self.dir.mkdir()
                 break
         self.name, self.ckpt_dir, in_place = self.dir.name, self.dir / "checkpoints", (self.dir / "args.json").exists()
+        UNSTARTED.append((self.dir, set(self.dir.iterdir())))  # a refusal before the first iteration removes what it adds
         if args.track:  # wandb mirrors the TensorBoard scalars: initialized before the writer
             import wandb
 
@@ -635,7 +639,12 @@ class Run:
         if self.ckpt is None:
             return
         for name, part in parts.items():
-            part.load_state_dict(self.ckpt[name]) if hasattr(part, "load_state_dict") else load_plain(part, self.ckpt[name])
+            try:  # an edited network (a layer, a width) no longer fits the checkpoint's weights
+                getattr(part, "load_state_dict", lambda saved: load_plain(part, saved))(self.ckpt[name])
+            except (RuntimeError, KeyError, ValueError) as e:
+                raise UserError(f"checkpoint '{self.args.resume}' does not fit this script's {name} "
+                                f"({str(e).splitlines()[-1].strip()}): the script changed since it was saved. Resume with "
+                                "the script as it was, or start a new run without --resume.") from None  # fmt: skip
         if not (exact := all(getattr(part, "exact", True) for part in parts.values())):
             print(f"warning: {self.args.env_id}'s simulator state cannot be captured; its envs restart from a reset.")
         load_plain(state, self.ckpt["run_state"], exact)
@@ -646,8 +655,8 @@ class Run:
 
     def iterations(self, state, num_iterations: int):
         """The iteration numbers; after each, what is due: logs, evaluation, checkpoints, a stop (a signal, `run.last`)."""
-        # the handlers before ours come back at close() (Ray's own SIGTERM handler, in the Ray script)
         self.handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        UNSTARTED.clear()
         start_time, start_step, window_start = time.time(), state.global_step, time.monotonic()
         self.window_step = saved_step = evaluated_step = state.global_step
         for iteration in range(state.iteration + 1, num_iterations + 1):
@@ -709,9 +718,8 @@ class Run:
 
     def log(self, step: int, scalars: dict) -> None:
         """Log an update's metrics after checking them for NaN / Inf (a NaN weight makes its loss NaN: caught here)."""
-        for tag, value in scalars.items():
-            if not math.isfinite(value) and tag not in MAY_BE_NAN:
-                self.non_finite(f"{tag} ({value})", cause="training")
+        if bad := [f"{tag} ({value})" for tag, value in scalars.items() if not math.isfinite(value) and tag not in MAY_BE_NAN]:
+            self.non_finite(bad[0], cause="training")
         for tag, value in scalars.items():
             self.writer.add_scalar(tag, value, step)
 
@@ -771,7 +779,7 @@ class Run:
             self.offer_best(float(np.mean(self.recent_returns)), self.state.global_step, "charts/best_training_return")
 
     def finish(self) -> None:
-        """Stopped by a signal: save, say how to resume, exit 130; else (--save-model) evaluate, then save."""
+        """Stopped by a signal: save, say how to resume, exit 130; else (--save-model) evaluate, then save. Closes the run."""
         self.saving = True
         if self.stopped:
             path = self.save("interrupted")
@@ -786,6 +794,7 @@ class Run:
             print(f"eval: {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
         if self.args.save_model:
             print(f"model saved to {self.save('final')}")
+        self.close()
 
     def checked_step(self, step: Callable, actions):
         """envs.step, checking the actions (a policy gone NaN), then what the env returns, for NaN / Inf."""
@@ -800,8 +809,7 @@ class Run:
     def check_weights(self, state: dict, what: str) -> None:
         """Stop on a NaN / Inf in a checkpoint's (or the attached parts') tensors; replay buffers and counters aside."""
         buffers = {name for name, part in self.parts.items() if getattr(part, "holds_replay_buffer", False)}
-        found = first_non_finite({k: v for k, v in state.items() if k in self.parts and k not in buffers})
-        if found is not None:
+        if (found := first_non_finite({k: v for k, v in state.items() if k in self.parts and k not in buffers})) is not None:
             self.non_finite(f"{what}: {found}", cause="training")
 
     def non_finite(self, quantity: str, cause: str) -> None:
@@ -821,20 +829,17 @@ class Run:
         sys.exit(3)
 
     def close(self) -> None:
-        for sig, handler in getattr(self, "handlers", {}).items():
+        for sig, handler in getattr(self, "handlers", {}).items():  # the handlers before ours (Ray's own SIGTERM handler)
             signal.signal(sig, handler)
         self.writer.close()
         if self.closing is not None:
             self.closing.close()
         if self.args.track:
-            import wandb
-
-            wandb.finish()
+            sys.modules["wandb"].finish()  # imported by __init__
 
 
 def resume_folder(args, ckpt: dict) -> Optional[Path]:
-    """The checkpoint's run folder, unless it is not in one, cannot be written, or holds checkpoints a later part of
-    the run saved (continuing there would rewrite its history): then None, a new folder under --runs-dir."""
+    """The checkpoint's run folder; None (a new one under --runs-dir) if it is none, is not writable, or has later ones."""
     folder, step = Path(args.resume).resolve().parent, ckpt["global_step"]
     later = sorted(p.name for p in folder.glob("*.pt") if CHECKPOINT.fullmatch(p.name) and int(p.stem[-10:]) > step)
     why = ("is not in a run folder" if folder.name != "checkpoints" or not (folder.parent / "args.json").is_file() else
@@ -848,10 +853,9 @@ def resume_folder(args, ckpt: dict) -> Optional[Path]:
 
 
 def to_plain(obj) -> dict:
-    """An object's attributes as plain data that loads with weights_only=True (arrays become tensors; copies)."""
-    tensors = {name: torch.from_numpy(np.array(value)) if isinstance(value, (np.ndarray, np.generic)) else value
-               for name, value in vars(obj).items()}  # np.generic: 0-d arithmetic gives numpy scalars
-    return {name: v.detach().cpu().clone() if isinstance(v, torch.Tensor) else v for name, v in tensors.items()}
+    """An object's attributes as plain data that loads with weights_only=True (numpy arrays and scalars: tensors; copies)."""
+    return {name: torch.from_numpy(np.array(v)) if isinstance(v, (np.ndarray, np.generic)) else v.detach().cpu().clone()
+            if isinstance(v, torch.Tensor) else v for name, v in vars(obj).items()}  # fmt: skip
 
 
 def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
@@ -859,19 +863,16 @@ def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
     env_fields = {f.name for f in dataclasses.fields(obj) if f.metadata.get("env")} if dataclasses.is_dataclass(obj) else set()
     for name, current in vars(obj).items():
         if name in saved and (name not in env_fields or env_exact):
-            value = saved[name]
-            if isinstance(current, (np.ndarray, np.generic)):
-                value = value.numpy().astype(current.dtype)
+            value = saved[name].numpy().astype(current.dtype) if isinstance(current, (np.ndarray, np.generic)) else saved[name]
             setattr(obj, name, value.to(current.device) if isinstance(current, torch.Tensor) else value)
 
 
 def first_non_finite(obj, path: str = "") -> Optional[str]:
     """The dotted path to the first NaN / Inf in obj (tensors, arrays, numbers, nested), or None."""
-    if isinstance(obj, (torch.Tensor, float)):  # a float: a logged number
-        obj = torch.as_tensor(obj)
+    if isinstance(obj, (np.ndarray, float)) and getattr(obj, "dtype", None) != object:  # a float: a logged number
+        return path if np.asarray(obj).dtype.kind in "fc" and not np.isfinite(obj).all() else None
+    if isinstance(obj, torch.Tensor):
         return path if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else None
-    if isinstance(obj, np.ndarray) and obj.dtype != object:
-        return path if obj.dtype.kind in "fc" and not np.isfinite(obj).all() else None
     items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple, np.ndarray)) else ()
     found = (first_non_finite(value, f"{path}.{key}" if path else str(key)) for key, value in items)
     return next((where for where in found if where is not None), None)
@@ -879,8 +880,6 @@ def first_non_finite(obj, path: str = "") -> Optional[str]:
 
 def resume_command(checkpoint: Path) -> str:
     """What resumes from `checkpoint`, pasted in this shell: this Python, this script, --resume (paths quoted)."""
-    import shlex
-
     path = Path(__file__).resolve()
     path = os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
     return f"{shlex.quote(sys.executable)} {shlex.quote(path)} --resume {shlex.quote(str(checkpoint))}"
@@ -922,6 +921,14 @@ def check_checkpoint_matches(ckpt: dict, path: str, script: str, shapes: dict) -
         describe = lambda d: ", ".join(f"{k} {tuple(v) if isinstance(v, list) else v}" for k, v in d.items())  # noqa: E731
         raise UserError(f"checkpoint '{path}' was made for {ckpt['args']['env_id']} ({describe(saved)}), which does not "
                         f"fit this env ({describe(shapes)}).")  # fmt: skip
+
+
+def check_memory(flag: str, value: int, needed: float, what: str) -> None:
+    """Refuse `--flag value` if `what` needs more bytes than the memory available (Linux), not be killed as it fills."""
+    info = Path("/proc/meminfo").read_text().split() if Path("/proc/meminfo").is_file() else ["MemAvailable:", "inf"]
+    if needed > (available := float(info[info.index("MemAvailable:") + 1]) * 1024):
+        raise UserError(f"--{flag.replace('_', '-')} {value:,}: {what} needs {needed / 2**30:.1f} GiB, but this machine has "
+                        f"{available / 2**30:.1f} GiB of memory available: at most {int(value * available / needed):,} fit.")
 
 
 def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
@@ -1001,6 +1008,9 @@ def run_cli(main: Callable[[], None]) -> None:
     try:
         main()
     except UserError as e:
+        for folder, before in UNSTARTED:  # refused before training began: its new folder, or what it added to one, goes
+            for path in set(folder.iterdir()) - before if before else [folder]:
+                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 

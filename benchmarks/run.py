@@ -306,7 +306,64 @@ def run_seed(config: Config, seed: int) -> SeedRun:
     return SeedRun(seed, shlex.join(command), returncode, round(wall_time, 2), run_dir)
 
 
+SWEEP_TOOL = Path(__file__).resolve().parents[1] / "tools" / "sweep.py"
+SWEPT = ("ppo_continuous.py", "ppo_atari.py", "a2c_atari.py", "sac_continuous.py", "sac_continuous_ray.py")
+
+
+def swept(config: Config) -> bool:
+    """This project's own scripts run as one grid sweep of tools/sweep.py (the one way to run many runs); another
+    script (e.g. the reference's, with --runs-in-cwd) runs here, seed by seed."""
+    return not config.runs_in_cwd and Path(config.script).name in SWEPT
+
+
+def sweep_dir(config: Config) -> Path:
+    return config.runs_dir / "sweep"
+
+
+def run_as_sweep(config: Config) -> list[SeedRun]:
+    """The seeds as one sweep in `<out>_runs/sweep/` (Ray Tune on this machine; `--parallel` seeds at once, each with
+    cores / parallel torch threads, or --torch-threads N if given: the sweep's CPUs per trial). Run again, it resumes
+    that sweep: finished seeds kept, interrupted ones resumed from their checkpoints (`tools/sweep.py --resume`)."""
+    extra, cpus = list(config.extra_args), None
+    if "--torch-threads" in extra:
+        at = extra.index("--torch-threads")
+        cpus, extra = int(extra[at + 1]), extra[:at] + extra[at + 2 :]
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = cpus or max(1, cores // config.parallel)
+    out = sweep_dir(config)
+    if (out / "sweep.json").is_file():
+        command = [config.python, str(SWEEP_TOOL), "--out", str(out), "--resume"]
+    else:
+        command = [config.python, str(SWEEP_TOOL), "--out", str(out), "--script", config.script, "--env-id", config.env_id,
+                   "--seeds", *map(str, config.seeds), "--cpus-per-trial", str(cpus), "--", "--total-timesteps",
+                   str(config.total_timesteps), "--exp-name", config.exp_name, *extra]  # fmt: skip
+    config.runs_dir.mkdir(parents=True, exist_ok=True)
+    print(f"sweep: {shlex.join(command)}", flush=True)
+    returncode = subprocess.run(command, stdin=subprocess.DEVNULL).returncode
+    if not (out / "sweep.json").is_file():  # refused before anything ran: the sweep's own message is above
+        raise SystemExit(returncode or 2)
+    return sweep_seed_runs(config)
+
+
+def sweep_seed_runs(config: Config) -> list[SeedRun]:
+    """Each seed's trial of the sweep in `<out>_runs/sweep/`: its command, exit code and time (result.json, written
+    when it finished), its run folder; its log linked as `<out>_runs/seed<S>.log`."""
+    spec, runs = json.loads((sweep_dir(config) / "sweep.json").read_text()), []
+    for trial in spec["trials"]:
+        trial_dir = sweep_dir(config) / "trials" / trial["id"]
+        result = load_previous(trial_dir / "result.json")
+        log = config.runs_dir / f"seed{trial['seed']}.log"
+        if (trial_dir / "log.txt").is_file() and not log.exists():
+            log.symlink_to(os.path.relpath(trial_dir / "log.txt", config.runs_dir))
+        run_dir = find_run_dir(trial_dir / "runs", config.env_id, config.exp_name, trial["seed"])
+        returncode = result.get("returncode", None if result else 1)  # no result: the trial never finished
+        runs.append(SeedRun(trial["seed"], result.get("command"), returncode, result.get("seconds"), run_dir))
+    return runs
+
+
 def run_all_seeds(config: Config) -> list[SeedRun]:
+    if swept(config):
+        return run_as_sweep(config)
     config.runs_dir.mkdir(parents=True, exist_ok=True)
     if config.seed_cwd is not None:
         config.seed_cwd.mkdir(exist_ok=True)
@@ -613,7 +670,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not config.runs_dir.is_dir():
             print(f"--summarize-only: {config.runs_dir} does not exist", file=sys.stderr)
             return 1
-        runs = existing_seed_runs(config, previous)
+        swept_before = (sweep_dir(config) / "sweep.json").is_file()
+        runs = sweep_seed_runs(config) if swept_before else existing_seed_runs(config, previous)
     else:
         runs = run_all_seeds(config)
 

@@ -18,7 +18,7 @@ import torch
 
 import ppo_continuous as ppo
 from tests.conftest import only_run_dir, run_script, scalars
-from tests.student_copy import main_in_process
+from tests.student_copy import copy_alone, main_in_process, run_copy
 
 SCRIPT = "ppo_continuous.py"
 SMALL = ["--env-id", "Pendulum-v1", "--num-envs", "1", "--num-steps", "64", "--num-minibatches", "2",
@@ -140,3 +140,56 @@ def test_exp_name_cannot_leave_runs_dir(tmp_path):
         proc = run_script(SCRIPT, *SMALL, "--exp-name", name, "--runs-dir", tmp_path / "runs", timeout=120)
         assert proc.returncode == 2 and "--exp-name" in proc.stderr and "plain name" in proc.stderr, proc.stderr
     assert not (tmp_path / "runs").exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+NARROWER = [("layer_init(nn.Linear(64, 64)),\n            nn.Tanh(),\n            layer_init(nn.Linear(64, 1), std=1.0)",
+             "layer_init(nn.Linear(64, 32)),\n            nn.Tanh(),\n            layer_init(nn.Linear(32, 1), std=1.0)")]
+
+
+def test_a_checkpoint_an_edited_script_no_longer_fits_is_refused_and_leaves_nothing_behind(finished_run, tmp_path):
+    """A student narrows the critic, then resumes: one paragraph naming the part and torch's size mismatch, exit 2; the
+    run folder stays byte for byte and --runs-dir gains nothing (the folder made at the start is removed again)."""
+    run = tmp_path / "runs" / finished_run.name
+    shutil.copytree(finished_run, run)
+    before = contents(run)
+    student = copy_alone(SCRIPT, tmp_path / "student", NARROWER)
+    for checkpoint in ("step_0000000128.pt", "step_0000000256.pt"):  # older (a new folder) and newest (in place)
+        proc = run_copy(student, "--resume", run / "checkpoints" / checkpoint, "--total-timesteps", "320",
+                        "--torch-threads", "1", "--no-progress", "--runs-dir", tmp_path / "runs", timeout=120)  # fmt: skip
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert "does not fit this script's model (size mismatch for critic." in proc.stderr, proc.stderr
+        assert contents(run) == before and sorted(p.name for p in (tmp_path / "runs").iterdir()) == [finished_run.name]
+
+
+def test_an_edit_refused_at_start_leaves_no_run_folder(tmp_path):
+    """check_agent stops a new run whose Agent cannot act; the run folder it was refused in is gone again."""
+    student = copy_alone(SCRIPT, tmp_path / "student", [("layer_init(nn.Linear(64, act_dim), std=0.01)",
+                                                         "layer_init(nn.Linear(64, act_dim + 1), std=0.01)")])  # fmt: skip
+    proc = run_copy(student, *SMALL, "--total-timesteps", "128", "--runs-dir", tmp_path / "runs", timeout=120)
+    assert proc.returncode == 2 and "the Agent cannot act" in proc.stderr, proc.stderr
+    assert sorted((tmp_path / "runs").iterdir()) == []
+
+
+@pytest.mark.parametrize("script", ["ppo_continuous.py", "ppo_atari.py", "a2c_atari.py"])
+def test_num_envs_the_machine_cannot_hold_is_refused_before_anything_starts(script, tmp_path):
+    """The rollout storage of --num-envs 10^7 (terabytes) is refused naming the flag and the number that fits; no
+    env is made (making ten million would take hours) and no run folder."""
+    env_id = "Pendulum-v1" if script == "ppo_continuous.py" else "BreakoutNoFrameskip-v4"
+    sizes = ["--num-minibatches", 1] if script.startswith("ppo") else []  # the batch must split into minibatches
+    proc = run_script(script, "--env-id", env_id, "--num-envs", 10**7, *sizes, "--total-timesteps", 10**12, "--runs-dir",
+                      tmp_path / "runs", timeout=120)  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "--num-envs 10,000,000: the rollout needs" in proc.stderr and "GiB of memory available: at most" in proc.stderr
+    fits = int(proc.stderr.split("at most ")[1].split(" fit")[0].replace(",", ""))
+    assert 0 < fits < 10**7
+    assert not (tmp_path / "runs").exists()
+
+
+def test_check_memory_counts_the_fitting_number_from_meminfo(monkeypatch, tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       32000000 kB\nMemAvailable:    1000000 kB\n")  # 1,024,000,000 bytes
+    real = ppo.Path
+    monkeypatch.setattr(ppo, "Path", lambda p: real(meminfo) if p == "/proc/meminfo" else real(p))
+    ppo.check_memory("num_envs", 4, 1_024_000_000, "the rollout")  # exactly what is available: fits
+    with pytest.raises(ppo.UserError, match=r"--num-envs 5: the rollout needs 1\.2 GiB.*1\.0 GiB of memory available: at most 4"):
+        ppo.check_memory("num_envs", 5, 1_280_000_000, "the rollout")

@@ -166,6 +166,34 @@ def test_a_tiny_sweep_summarizes_each_trials_own_scalars_and_marks_a_failing_tri
     assert again.returncode == 1 and json.loads((out / "summary.json").read_text())["tasks"] == summary["tasks"]
 
 
+def test_the_benchmark_harness_runs_its_seeds_as_a_sweep_and_resumes_it(tmp_path):
+    """benchmarks/run.py runs this project's scripts through the tool: the seeds are trials of one sweep in
+    <out>_runs/sweep/ (--torch-threads N given to the harness becomes --cpus-per-trial N), its JSON reads each trial's
+    run folder; run again, it resumes that sweep and reruns nothing (the same run folders, unchanged)."""
+    out = tmp_path / "bench" / "pendulum"
+    command = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--script", "ppo_continuous.py", "--env-id",
+               "Pendulum-v1", "--seeds", "1", "2", "--total-timesteps", "256", "--out", str(out), "--parallel", "2", "--",
+               "--num-steps", "64", "--num-minibatches", "2", "--torch-threads", "1"]  # fmt: skip
+    proc = subprocess.run(command, cwd=ROOT, env=sweep_env(), capture_output=True, text=True, timeout=600,
+                          stdin=subprocess.DEVNULL)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "--cpus-per-trial 1" in proc.stdout and "[sweep] 2/2 done" in proc.stdout
+    report = json.loads(out.with_suffix(".json").read_text())
+    sweep = out.parent / "pendulum_runs" / "sweep"
+    for entry in report["per_seed"]:
+        run_dir = out.parent / entry["run_dir"]
+        assert entry["status"] == "ok" and run_dir.parent.parent.parent == sweep / "trials"
+        assert json.loads((run_dir / "args.json").read_text())["compute"]["torch_threads"] == 1
+        assert entry["last100_mean"] == pytest.approx(np.mean(list(scalars(run_dir, "charts/episodic_return").values())))
+        assert (out.parent / entry["log"]).read_text().startswith("$ ")  # the trial's own log (its command first), linked
+    before = {p: p.stat().st_mtime_ns for p in sweep.rglob("events.out.*")}
+    again = subprocess.run(command, cwd=ROOT, env=sweep_env(), capture_output=True, text=True, timeout=600,
+                           stdin=subprocess.DEVNULL)  # fmt: skip
+    assert again.returncode == 0 and "--resume" in again.stdout, again.stdout + again.stderr
+    assert {p: p.stat().st_mtime_ns for p in sweep.rglob("events.out.*")} == before  # nothing ran twice
+    assert json.loads(out.with_suffix(".json").read_text())["per_seed"] == report["per_seed"]
+
+
 # ---- Ctrl-C and --resume ------------------------------------------------------------------------------------------
 
 
@@ -281,3 +309,36 @@ def test_a_tiny_tune_study_prints_the_best_command_and_reruns_it_on_fresh_seeds(
     assert f"--learning-rate {best['setting']['learning-rate']} --gamma {best['setting']['gamma']}" in command
     final = json.loads((out / "final" / "summary.json").read_text())
     assert [t["seed"] for t in final["trials"]] == [3, 4] and all(t["state"] == "done" for t in final["trials"])
+
+
+@pytest.mark.slow
+def test_a_tune_study_stopped_with_ctrl_c_resumes_its_settings_from_their_checkpoints(tmp_path):
+    """Ctrl-C once a setting's seed has a checkpoint: the driver exits 130; --resume restores the study (Tune's own
+    state), the stopped setting's script resumes from its interrupted checkpoint, and the study ends with a best."""
+    out = tmp_path / "tune"
+    proc = start_sweep("--out", out, "--tune", "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--seeds", "1",
+                       "--space", "learning_rate=loguniform:1e-4:1e-2", "--num-samples", "2", "--report-interval", "1",
+                       "--", "--total-timesteps", "4096", "--num-steps", "64", "--num-minibatches", "2", "--eval-interval",
+                       "512", "--eval-episodes", "1", "--checkpoint-interval", "256")  # fmt: skip
+    try:
+        deadline = time.time() + 300
+        while not list(out.glob("tune_trials/*/seed1/runs/*/checkpoints/step_*.pt")) and time.time() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        out1, err1 = finish(proc, timeout=300)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 130, out1 + err1
+    interrupted = list(out.glob("tune_trials/*/seed1/runs/*/checkpoints/interrupted_*.pt"))
+    assert interrupted, list(out.rglob("*.pt"))
+    proc = run_sweep("--out", out, "--resume", "--report-interval", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[tune] resuming the study" in proc.stdout and "[tune] best command line:" in proc.stdout
+    log = (interrupted[0].parents[3] / "log.txt").read_text()
+    assert f"(resumed from {interrupted[0]})" in log, log
+    study = json.loads((out / "tune.json").read_text())
+    assert len(study["settings"]) == 2 and study["best"]["global_step"] == 4096, study  # (ASHA may stop the other)

@@ -650,6 +650,8 @@ def tune_trial(config: dict) -> None:
 
     sweep_dir, base = Path(config["sweep_dir"]), config["base"]
     trial_dir = sweep_dir / "tune_trials" / tune.get_context().get_trial_name()
+    if (sweep_dir / STOP_FILE).exists():  # stopping: not started (an error, so that --resume runs it)
+        raise StopRequested("the sweep is stopping")
     flags = [[name, fmt(value)] for name, value in config["setting"].items()]
     seeds, procs = [], []
     for seed in base["seeds"]:
@@ -690,10 +692,18 @@ def tune_trial(config: dict) -> None:
     failed = [str(d) for d, p in zip(seeds, procs) if p.returncode not in (0, INTERRUPTED)]
     if failed:
         raise RuntimeError(f"seeds failed: {failed}; last lines: {log_tail(Path(failed[0]) / 'log.txt', TAIL)}")
+    if (sweep_dir / STOP_FILE).exists() and any(p.returncode == INTERRUPTED for p in procs):
+        raise StopRequested("stopped by the sweep: each seed saved a checkpoint; --resume continues from it")
+
+
+class StopRequested(Exception):
+    """A setting stopped by Ctrl-C: Tune records it as errored, and a --resume of the study runs it again (its scripts
+    resuming from their checkpoints); a setting that ended normally would count as finished."""
 
 
 def run_tune(sweep_dir: Path, spec: dict, ns, stopping: dict) -> int:
-    """The search, then the best setting on fresh seeds (a grid sweep in <out>/final)."""
+    """The search, then the best setting on fresh seeds (a grid sweep in <out>/final). With --resume: the study as Tune
+    saved it (the searcher's state, finished settings kept), its unfinished and stopped settings run again."""
     import logging
 
     from ray import tune
@@ -716,16 +726,22 @@ def run_tune(sweep_dir: Path, spec: dict, ns, stopping: dict) -> int:
                   f"{result['global_step']:,} ({len(base['seeds'])} seeds); settings finished {done}/{t['num_samples']}",
                   flush=True)  # fmt: skip
 
-    tuner = tune.Tuner(
-        tune.with_resources(tune_trial, {"cpu": spec["cpus_per_trial"] * len(base["seeds"])}),
-        param_space={"setting": tune_space(t["space"]), "base": base, "sweep_dir": str(sweep_dir.absolute()),
-                     "report_interval": spec["report_interval"]},  # fmt: skip
-        tune_config=tune.TuneConfig(metric="eval_return", mode="max", search_alg=searcher, scheduler=scheduler,
-                                    num_samples=t["num_samples"]),  # fmt: skip
-        run_config=tune.RunConfig(name="tune", storage_path=str((sweep_dir / "tune").absolute()), verbose=0,
-                                  failure_config=tune.FailureConfig(max_failures=spec["max_failures"]),
-                                  callbacks=[Report()]),  # fmt: skip
-    )
+    trainable = tune.with_resources(tune_trial, {"cpu": spec["cpus_per_trial"] * len(base["seeds"])})
+    study = (sweep_dir / "tune" / "tune").absolute()
+    if ns.resume and tune.Tuner.can_restore(str(study)):
+        print(f"[tune] resuming the study in {study}", flush=True)
+        tuner = tune.Tuner.restore(str(study), trainable=trainable, resume_unfinished=True, resume_errored=True)
+    else:
+        tuner = tune.Tuner(
+            trainable,
+            param_space={"setting": tune_space(t["space"]), "base": base, "sweep_dir": str(sweep_dir.absolute()),
+                         "report_interval": spec["report_interval"]},  # fmt: skip
+            tune_config=tune.TuneConfig(metric="eval_return", mode="max", search_alg=searcher, scheduler=scheduler,
+                                        num_samples=t["num_samples"]),  # fmt: skip
+            run_config=tune.RunConfig(name="tune", storage_path=str((sweep_dir / "tune").absolute()), verbose=0,
+                                      failure_config=tune.FailureConfig(max_failures=spec["max_failures"]),
+                                      callbacks=[Report()]),  # fmt: skip
+        )
     results = tuner.fit()
     rows = []
     for r in results:
@@ -1011,9 +1027,6 @@ def main(argv: Optional[list] = None) -> int:
             summary = summarize(sweep_dir, spec, ns.metric or spec["metric"], spec["score_ranges"])
             print((sweep_dir / "summary.md").read_text(), end="")
             return 0 if all(t["state"] == "done" for t in summary["trials"]) else 1
-        if "tune" in spec:
-            raise UserError("--resume continues a grid sweep; a --tune study cannot be resumed (its best setting's "
-                            "re-run can: --resume --out <out>/final).")  # fmt: skip
         if ns.address is not None:
             check_address(ns.address)
     else:
