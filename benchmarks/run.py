@@ -681,6 +681,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         per_seed.append(result)
         curves[run.seed] = curve
     report = build_report(config, harness_command, per_seed, previous)
+    sweep_summary = sweep_dir(config) / "summary.json"
+    if swept(config) and sweep_summary.is_file():  # the sweep's own table: the same last-100 mean, with its interval
+        report["sweep_summary"] = json.loads(sweep_summary.read_text())["tasks"]
     config.out.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(report, indent=2) + "\n")
     plot(config, curves, report["summary"], png_path)

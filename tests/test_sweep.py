@@ -192,6 +192,8 @@ def test_the_benchmark_harness_runs_its_seeds_as_a_sweep_and_resumes_it(tmp_path
     assert again.returncode == 0 and "--resume" in again.stdout, again.stdout + again.stderr
     assert {p: p.stat().st_mtime_ns for p in sweep.rglob("events.out.*")} == before  # nothing ran twice
     assert json.loads(out.with_suffix(".json").read_text())["per_seed"] == report["per_seed"]
+    (task,) = report["sweep_summary"]  # the sweep's summary of the same seeds: its mean is the harness's
+    assert task["mean"] == pytest.approx(report["summary"]["last100_mean"]["mean"], abs=0.01)
 
 
 # ---- Ctrl-C and --resume ------------------------------------------------------------------------------------------
