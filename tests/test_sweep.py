@@ -1,7 +1,7 @@
 """tools/sweep.py: the grid and its CPU / thread assignment, bad input refused before anything runs, a tiny sweep on
 Ray Tune whose summary holds the numbers each trial logged (a failing trial marked, the others unharmed), and a
-Ctrl-C mid-sweep whose --resume runs nothing twice. Slow tier: a two-node cluster that loses a node mid-trial, and a
-tiny --tune study. Every sweep runs in a session of its own and is stopped by process group; its Ray head is the
+Ctrl-C mid-sweep whose --resume runs nothing twice. Slow tier: benchmarks/run.py through the tool, a two-node cluster
+that loses a node mid-trial, a tiny --tune study, and one stopped with Ctrl-C and resumed. Every sweep runs in a session of its own and is stopped by process group; its Ray head is the
 tool's own (a session of its own, on 127.0.0.1), stopped by the tool."""
 
 import json
@@ -166,6 +166,7 @@ def test_a_tiny_sweep_summarizes_each_trials_own_scalars_and_marks_a_failing_tri
     assert again.returncode == 1 and json.loads((out / "summary.json").read_text())["tasks"] == summary["tasks"]
 
 
+@pytest.mark.slow  # two Ray starts, about 100 s: the default tier stays under 10 minutes
 def test_the_benchmark_harness_runs_its_seeds_as_a_sweep_and_resumes_it(tmp_path):
     """benchmarks/run.py runs this project's scripts through the tool: the seeds are trials of one sweep in
     <out>_runs/sweep/ (--torch-threads N given to the harness becomes --cpus-per-trial N), its JSON reads each trial's
