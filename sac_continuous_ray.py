@@ -793,7 +793,13 @@ def main() -> None:
     if ckpt is not None:
         check_resumable(ckpt, args.resume, shapes, total)
     obs_dim, act_dim = int(np.prod(shapes["obs_shape"])), int(np.prod(act_space.shape))
-    check_memory("buffer_size", args.buffer_size, args.buffer_size * ReplayBuffer(1, obs_dim, act_dim).nbytes, "the shards")
+    nbytes = args.buffer_size * ReplayBuffer(1, obs_dim, act_dim).nbytes  # the shards' rows, all on this node
+    check_memory("buffer_size", args.buffer_size, nbytes, "the replay buffer (its shards)")
+    runs_dir = Path(args.runs_dir).absolute()  # --save-buffer: every checkpoint holds the rows (two files while it saves)
+    free = shutil.disk_usage(next(p for p in (runs_dir, *runs_dir.parents) if p.exists())).free
+    if args.save_buffer and 2 * nbytes > free:
+        raise UserError(f"--buffer-size {args.buffer_size:,} needs {2 * nbytes / 2**30:.1f} GiB of disk with --save-buffer, "
+                        f"but {runs_dir} has {free / 2**30:.1f} GiB free: lower --buffer-size.")  # fmt: skip
     ray = connect_ray(args.ray_address, args.num_rollout_workers)  # first: an unreachable cluster writes nothing
     run = Run(args, SCRIPT_NAME, ckpt, shapes, args.log_interval)
     seed_everything(args.seed, args.torch_deterministic)
@@ -830,7 +836,7 @@ def main() -> None:
     workers = [worker_class.remote(i, args.env_id, args.envs_per_worker, args.seed + 1_000 * i + state.global_step,
                                    param_server_name) for i in range(args.num_rollout_workers)]  # fmt: skip
     batches = Batches(workers, state.global_step, args.envs_per_worker)
-    buffer_mb = args.buffer_size * ReplayBuffer(1, obs_dim, act_dim).nbytes / 1e6  # the shards' own layout
+    buffer_mb = nbytes / 1e6
     print(f"ray: {args.num_rollout_workers} rollout workers x {args.envs_per_worker} envs (pids "
           f"{' '.join(map(str, batches.pids))} on nodes {' '.join((n or '-')[:8] for n in batches.nodes)}), "
           f"{args.num_buffer_shards} buffer shard(s) ({args.buffer_size:,} transitions, {buffer_mb:.1f} MB of arrays) and "

@@ -267,3 +267,23 @@ def test_more_workers_than_the_cluster_has_cpus_is_refused_at_once(monkeypatch):
     with pytest.raises(sr.UserError, match=r"--num-rollout-workers 4: .* has 3; give at most 3"):
         sr.connect_ray("10.0.0.1:6379", 4)
     assert calls == ["init", "init", "shutdown"]  # the refused run leaves the cluster
+
+
+def test_shards_the_machine_cannot_hold_are_refused_before_ray_starts(tmp_path, monkeypatch):
+    """The shards live on the driver's node: --buffer-size past its memory is refused, and with --save-buffer past the
+    free disk under --runs-dir (two copies while a checkpoint is written), before Ray or a run folder starts."""
+    import shutil
+
+    from tests.student_copy import main_in_process
+
+    monkeypatch.setattr(sr, "connect_ray", lambda *a: pytest.fail("Ray started before the sizes were checked"))
+    flags = ["--env-id", "Pendulum-v1", "--runs-dir", tmp_path / "runs"]
+    memory = r"--buffer-size 100,000,000,000: the replay buffer \(its shards\) needs .* at most [\d,]+ fit"
+    with pytest.raises(sr.UserError, match=memory):
+        main_in_process(sr, [*flags, "--buffer-size", 10**11], monkeypatch)
+    monkeypatch.setattr(sr.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 10**12 - 50e6, 50e6))
+    with pytest.raises(sr.UserError, match=r"--buffer-size 1,000,000 needs 0\.\d GiB of disk with --save-buffer"):
+        main_in_process(sr, [*flags, "--buffer-size", 10**6, "--save-buffer"], monkeypatch)
+    with pytest.raises(pytest.fail.Exception, match="Ray started"):  # without --save-buffer the disk is not asked
+        main_in_process(sr, [*flags, "--buffer-size", 10**6], monkeypatch)
+    assert not (tmp_path / "runs").exists()
