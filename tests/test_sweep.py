@@ -1,8 +1,9 @@
 """tools/sweep.py: the grid and its CPU / thread assignment, bad input refused before anything runs, a tiny sweep on
 Ray Tune whose summary holds the numbers each trial logged (a failing trial marked, the others unharmed), and a
 Ctrl-C mid-sweep whose --resume runs nothing twice. Slow tier: benchmarks/run.py through the tool, a two-node cluster
-that loses a node mid-trial, a tiny --tune study, and one stopped with Ctrl-C and resumed. Every sweep runs in a session of its own and is stopped by process group; its Ray head is the
-tool's own (a session of its own, on 127.0.0.1), stopped by the tool."""
+that loses a node mid-trial, a tiny --tune study, and one stopped with Ctrl-C and resumed. Every sweep runs in a
+session of its own and is stopped by process group; its Ray head is the tool's own (a session of its own, on
+127.0.0.1), stopped by the tool."""
 
 import json
 import os
@@ -41,6 +42,23 @@ def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple:
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # a hung driver: nothing of it outlives the test
+        except ProcessLookupError:
+            pass
+
+
+def ctrl_c_once_saved(proc: subprocess.Popen, folder: Path, pattern: str) -> tuple:
+    """Ctrl-C at a terminal (SIGINT to the driver's process group) once a file matching `pattern` exists under `folder`
+    (a trial's checkpoint); the driver's (stdout, stderr) once it has exited. Nothing of it outlives the test."""
+    try:
+        deadline = time.time() + 300
+        while not list(folder.glob(pattern)) and time.time() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        return finish(proc, timeout=300)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
@@ -210,18 +228,7 @@ def test_ctrl_c_saves_the_running_trial_and_resume_runs_nothing_twice(tmp_path):
                        "--cpus-per-trial", cpus, "--grid", "total_timesteps=256,6016,384", "--report-interval", "1",
                        "--", "--num-steps", "64", "--num-minibatches", "2", "--checkpoint-interval", "256")  # fmt: skip
     trials = out / "trials"
-    try:
-        deadline = time.time() + 300
-        while not list(trials.glob("001_*/runs/*/checkpoints/step_*.pt")) and time.time() < deadline:
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.2)
-        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C at a terminal: the driver's process group
-        out1, err1 = finish(proc, timeout=300)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    out1, err1 = ctrl_c_once_saved(proc, trials, "001_*/runs/*/checkpoints/step_*.pt")
     assert proc.returncode == 130, out1 + err1
     first, second, third = sorted(trials.iterdir())
     assert json.loads((first / "result.json").read_text())["state"] == "done"
@@ -323,18 +330,7 @@ def test_a_tune_study_stopped_with_ctrl_c_resumes_its_settings_from_their_checkp
                        "--space", "learning_rate=loguniform:1e-4:1e-2", "--num-samples", "2", "--report-interval", "1",
                        "--", "--total-timesteps", "4096", "--num-steps", "64", "--num-minibatches", "2", "--eval-interval",
                        "512", "--eval-episodes", "1", "--checkpoint-interval", "256")  # fmt: skip
-    try:
-        deadline = time.time() + 300
-        while not list(out.glob("tune_trials/*/seed1/runs/*/checkpoints/step_*.pt")) and time.time() < deadline:
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.2)
-        os.killpg(proc.pid, signal.SIGINT)
-        out1, err1 = finish(proc, timeout=300)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    out1, err1 = ctrl_c_once_saved(proc, out, "tune_trials/*/seed1/runs/*/checkpoints/step_*.pt")
     assert proc.returncode == 130, out1 + err1
     interrupted = list(out.glob("tune_trials/*/seed1/runs/*/checkpoints/interrupted_*.pt"))
     assert interrupted, list(out.rglob("*.pt"))
