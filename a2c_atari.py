@@ -559,7 +559,7 @@ def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
 
 
 # --- shared: plumbing ---
-# Flags --resume takes from the command line (those the script has); every other comes from the checkpoint.
+# Flags a --resume command may change (those the script has); a flag it leaves out, and every other, is the checkpoint's.
 RESUME_OVERRIDABLE = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
                       "runs_dir", "checkpoint_interval", "keep_checkpoints", "resume", "eval_episodes", "eval_interval",
                       "keep_best", "progress", "cuda", "torch_threads", "save_buffer", "log_interval", "async_envs",
@@ -971,13 +971,13 @@ def parse_command_line(cls, rules: dict, validate: Callable):
 
 
 def merge_resume_args(cli, saved: dict, argv: list):
-    """The checkpoint's Args but RESUME_OVERRIDABLE's; a fixed flag typed with another value is refused, not ignored.
-    Why argv: tyro cannot tell a default from a flag not given (`--x`, `--x=v`, `--no-x`)."""
+    """The checkpoint's Args, with the RESUME_OVERRIDABLE flags argv types; a fixed flag typed with another value is
+    refused. Why argv: tyro cannot tell a default from a flag left out (which keeps the run's: `--x`, `--x=v`, `--no-x`)."""
     given = {w[2:].split("=", 1)[0].replace("-", "_") for w in argv if w.startswith("--")}
     given |= {name[3:] for name in given if name.startswith("no_")}
     merged = {}
     for f in dataclasses.fields(cli):
-        keep = f.name in RESUME_OVERRIDABLE or f.name not in saved
+        keep = (f.name in RESUME_OVERRIDABLE and f.name in given) or f.name not in saved
         if not keep and f.name in given and getattr(cli, f.name) != saved[f.name]:
             raise UserError(f"--{f.name.replace('_', '-')} {getattr(cli, f.name)} conflicts with the checkpoint, which "
                             f"was trained with {saved[f.name]}: a resumed run keeps it. Drop the flag, or start a new "

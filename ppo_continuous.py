@@ -257,7 +257,7 @@ class LoopState:
 
 def main() -> None:
     args, ckpt, device = parse_command_line(Args, FLAG_RULES, validate_args)
-    shapes, act_space = probe_env(args.env_id)  # below the banner: the env exists, its actions are a bounded Box
+    shapes, act_space = probe_env(args.env_id, args.capture_video)  # below the banner: a bounded Box to act in
     obs_dim, act_dim = int(np.prod(shapes["obs_shape"])), int(np.prod(act_space.shape))
     check_memory("num_envs", args.num_envs, 8 * args.num_envs * args.num_steps * (2 * obs_dim + act_dim + 3), "the rollout")
     run = Run(args, SCRIPT_NAME, ckpt, shapes, args.batch_size)
@@ -471,10 +471,11 @@ def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
     return returns
 
 
-def probe_env(env_id: str) -> tuple[dict, gym.spaces.Box]:
+def probe_env(env_id: str, render: bool = False) -> tuple[dict, gym.spaces.Box]:
     """Make the env once, before anything starts: it must exist and act in a bounded continuous (Box) space. Returns
-    (its shapes, that space). Before MuJoCo loads: headless rendering through EGL without a display, warnings quieted."""
-    if not os.environ.get("DISPLAY"):
+    (its shapes, that space). Before MuJoCo loads: warnings quieted; if the run renders, headless through EGL without
+    a display (only then: MuJoCo fails at import where EGL is set and libEGL is missing, as on some GPU servers)."""
+    if render and not os.environ.get("DISPLAY"):
         os.environ.setdefault("MUJOCO_GL", "egl")
     quiet_mujoco_warnings()
     if re.fullmatch(r"(.+:)?(ALE/.+|.+NoFrameskip-v4)", env_id):  # the ids the Atari scripts take
@@ -503,7 +504,7 @@ def quiet_mujoco_warnings() -> None:
 # --- end shared: continuous ---
 
 # --- shared: plumbing ---
-# Flags --resume takes from the command line (those the script has); every other comes from the checkpoint.
+# Flags a --resume command may change (those the script has); a flag it leaves out, and every other, is the checkpoint's.
 RESUME_OVERRIDABLE = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
                       "runs_dir", "checkpoint_interval", "keep_checkpoints", "resume", "eval_episodes", "eval_interval",
                       "keep_best", "progress", "cuda", "torch_threads", "save_buffer", "log_interval", "async_envs",
@@ -915,13 +916,13 @@ def parse_command_line(cls, rules: dict, validate: Callable):
 
 
 def merge_resume_args(cli, saved: dict, argv: list):
-    """The checkpoint's Args but RESUME_OVERRIDABLE's; a fixed flag typed with another value is refused, not ignored.
-    Why argv: tyro cannot tell a default from a flag not given (`--x`, `--x=v`, `--no-x`)."""
+    """The checkpoint's Args, with the RESUME_OVERRIDABLE flags argv types; a fixed flag typed with another value is
+    refused. Why argv: tyro cannot tell a default from a flag left out (which keeps the run's: `--x`, `--x=v`, `--no-x`)."""
     given = {w[2:].split("=", 1)[0].replace("-", "_") for w in argv if w.startswith("--")}
     given |= {name[3:] for name in given if name.startswith("no_")}
     merged = {}
     for f in dataclasses.fields(cli):
-        keep = f.name in RESUME_OVERRIDABLE or f.name not in saved
+        keep = (f.name in RESUME_OVERRIDABLE and f.name in given) or f.name not in saved
         if not keep and f.name in given and getattr(cli, f.name) != saved[f.name]:
             raise UserError(f"--{f.name.replace('_', '-')} {getattr(cli, f.name)} conflicts with the checkpoint, which "
                             f"was trained with {saved[f.name]}: a resumed run keeps it. Drop the flag, or start a new "

@@ -375,7 +375,7 @@ def main() -> None:
     args, ckpt, device = parse_command_line(Args, FLAG_RULES, validate_args)
     speed_setup()  # speed (below the banner): before torch's first parallel op
     args.num_iterations = args.total_timesteps // args.num_envs
-    shapes, act_space = probe_env(args.env_id)
+    shapes, act_space = probe_env(args.env_id, args.capture_video)
     check_buffer_fits(args, shapes["obs_shape"], act_space.shape)  # below the banner: memory and disk hold it
     run = Run(args, SCRIPT_NAME, ckpt, shapes, args.log_interval)
     seed_everything(args.seed, args.torch_deterministic)
@@ -567,10 +567,11 @@ def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
     return returns
 
 
-def probe_env(env_id: str) -> tuple[dict, gym.spaces.Box]:
+def probe_env(env_id: str, render: bool = False) -> tuple[dict, gym.spaces.Box]:
     """Make the env once, before anything starts: it must exist and act in a bounded continuous (Box) space. Returns
-    (its shapes, that space). Before MuJoCo loads: headless rendering through EGL without a display, warnings quieted."""
-    if not os.environ.get("DISPLAY"):
+    (its shapes, that space). Before MuJoCo loads: warnings quieted; if the run renders, headless through EGL without
+    a display (only then: MuJoCo fails at import where EGL is set and libEGL is missing, as on some GPU servers)."""
+    if render and not os.environ.get("DISPLAY"):
         os.environ.setdefault("MUJOCO_GL", "egl")
     quiet_mujoco_warnings()
     if re.fullmatch(r"(.+:)?(ALE/.+|.+NoFrameskip-v4)", env_id):  # the ids the Atari scripts take
@@ -600,7 +601,7 @@ def quiet_mujoco_warnings() -> None:
 
 
 # --- shared: plumbing ---
-# Flags --resume takes from the command line (those the script has); every other comes from the checkpoint.
+# Flags a --resume command may change (those the script has); a flag it leaves out, and every other, is the checkpoint's.
 RESUME_OVERRIDABLE = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
                       "runs_dir", "checkpoint_interval", "keep_checkpoints", "resume", "eval_episodes", "eval_interval",
                       "keep_best", "progress", "cuda", "torch_threads", "save_buffer", "log_interval", "async_envs",
@@ -1012,13 +1013,13 @@ def parse_command_line(cls, rules: dict, validate: Callable):
 
 
 def merge_resume_args(cli, saved: dict, argv: list):
-    """The checkpoint's Args but RESUME_OVERRIDABLE's; a fixed flag typed with another value is refused, not ignored.
-    Why argv: tyro cannot tell a default from a flag not given (`--x`, `--x=v`, `--no-x`)."""
+    """The checkpoint's Args, with the RESUME_OVERRIDABLE flags argv types; a fixed flag typed with another value is
+    refused. Why argv: tyro cannot tell a default from a flag left out (which keeps the run's: `--x`, `--x=v`, `--no-x`)."""
     given = {w[2:].split("=", 1)[0].replace("-", "_") for w in argv if w.startswith("--")}
     given |= {name[3:] for name in given if name.startswith("no_")}
     merged = {}
     for f in dataclasses.fields(cli):
-        keep = f.name in RESUME_OVERRIDABLE or f.name not in saved
+        keep = (f.name in RESUME_OVERRIDABLE and f.name in given) or f.name not in saved
         if not keep and f.name in given and getattr(cli, f.name) != saved[f.name]:
             raise UserError(f"--{f.name.replace('_', '-')} {getattr(cli, f.name)} conflicts with the checkpoint, which "
                             f"was trained with {saved[f.name]}: a resumed run keeps it. Drop the flag, or start a new "

@@ -271,3 +271,26 @@ def test_track_offline_records_the_scalars_locally(tmp_path):
     data = records[0].read_bytes()  # wandb's binary record log: the scalar names appear as protobuf strings
     for tag in LOSS_TAGS + CHART_TAGS:
         assert data.count(tag.encode()) >= 2, f"{tag} not recorded by wandb"  # one record per logged point
+
+
+# Why by hand: what a GPU server without libEGL does (seen on one): PyOpenGL finds no EGL and MuJoCo, told to render
+# through it, fails at import. Here libEGL is hidden from the run's process by refusing to load it.
+HIDE_EGL = """import ctypes, runpy, sys
+real = ctypes.CDLL.__init__
+def init(self, name, *args, **kwargs):
+    if name and "EGL" in str(name):
+        raise OSError(f"{name}: cannot open shared object file")
+    real(self, name, *args, **kwargs)
+ctypes.CDLL.__init__ = init
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_a_run_without_video_trains_headless_where_libegl_is_missing(tmp_path):
+    env = {k: v for k, v in {**os.environ, **BASE_ENV}.items() if k not in ("MUJOCO_GL", "DISPLAY")}
+    cmd = [sys.executable, "-c", HIDE_EGL, str(ROOT / SCRIPT), "--env-id", "HalfCheetah-v4", "--total-timesteps", "256",
+           *SMALL, "--no-progress", "--runs-dir", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert max(scalars(only_run_dir(tmp_path), "losses/value_loss")) == 256

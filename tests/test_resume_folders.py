@@ -75,6 +75,20 @@ def test_the_newest_checkpoint_of_a_writable_run_folder_continues_in_it(finished
     assert ppo.resume_folder(args, ckpt) == run.resolve()
 
 
+def test_the_printed_resume_command_finishes_the_run_as_it_was_started(finished_run, tmp_path):
+    """`--resume X` alone (what Ctrl-C prints) keeps the run's --total-timesteps, --checkpoint-interval and --keep-best:
+    before, a flag a resume may change but left out took the script's default (a 256-step run resumed to 1,000,000)."""
+    run = tmp_path / "runs" / finished_run.name
+    shutil.copytree(finished_run, run)
+    proc = run_script(SCRIPT, "--resume", run / "checkpoints" / "step_0000000128.pt", "--runs-dir", tmp_path / "runs",
+                      timeout=90)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    branch = tmp_path / "runs" / f"{finished_run.name}-2"  # an older checkpoint: a new folder
+    assert max(scalars(branch, "losses/value_loss")) == 256
+    assert sorted(p.name for p in (branch / "checkpoints").glob("*.pt")) == ["best.pt", "step_0000000192.pt",
+                                                                             "step_0000000256.pt"]  # fmt: skip
+
+
 def test_a_run_folder_this_user_cannot_write_gets_a_new_folder(finished_run, tmp_path, monkeypatch, capsys):
     """Checked through os.access (what the script asks), so that it holds as root too, where chmod stops nothing."""
     run = tmp_path / "runs" / finished_run.name
