@@ -207,3 +207,23 @@ def test_check_memory_counts_the_fitting_number_from_meminfo(monkeypatch, tmp_pa
     ppo.check_memory("num_envs", 4, 1_024_000_000, "the rollout")  # exactly what is available: fits
     with pytest.raises(ppo.UserError, match=r"--num-envs 5: the rollout needs 1\.2 GiB.*1\.0 GiB of memory available: at most 4"):
         ppo.check_memory("num_envs", 5, 1_280_000_000, "the rollout")
+
+
+def test_eval_episodes_needs_no_check_against_memory_the_evaluation_does_not_grow_with_it():
+    """Why --eval-episodes has no up-front check (--num-envs and the replay buffer have): evaluation plays its episodes
+    one after another on one env, so its memory is the same for 2 episodes and for 20 (only the time grows)."""
+    import tracemalloc
+
+    import gymnasium as gym
+
+    def peak(episodes: int) -> int:
+        policy = torch.nn.Linear(3, 1)
+        tracemalloc.start()
+        returns = ppo.evaluate(policy, gym.make("Pendulum-v1"), episodes, seed=0)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert len(returns) == episodes
+        return peak
+
+    peak(1)  # warm-up: first-call allocations (imports, caches) are not the evaluation's
+    assert peak(20) < peak(2) + 64 * 1024
