@@ -187,7 +187,8 @@ def test_a_checkpoint_of_other_shapes_stops_with_a_message(tmp_path):
     (checkpoint,) = (tmp_path / "runs").rglob("step_*.pt")
     edits = [(TRUNK, TRUNK.replace("Conv2d(4, 32", "Conv2d(4, 16").replace("Conv2d(32, 64", "Conv2d(16, 64"))]
     edited = copy_alone("a2c_atari.py", tmp_path / "student", edits)
-    proc = run_copy(edited, "--resume", checkpoint, "--torch-threads", 1, "--no-progress", timeout=60)
+    # --total-timesteps: a resume keeps the finished run's, which leaves nothing to do (told before the shapes are met)
+    proc = run_copy(edited, "--resume", checkpoint, "--total-timesteps", 10, "--torch-threads", 1, "--no-progress", timeout=60)
     assert_clean_error(proc, "other shapes than this script's Agent", "network.0.weight: (32, 4, 8, 8) vs (16, 4, 8, 8)")
     proc = run_script("tools/agent.py", "eval", checkpoint, "--script", edited, timeout=120)
     assert_clean_error(proc, "other shapes than this script's Agent", "network.0.weight: (32, 4, 8, 8) vs (16, 4, 8, 8)")
