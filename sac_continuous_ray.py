@@ -1142,8 +1142,7 @@ def eval_env(env_id: str, video_dir: Optional[str] = None) -> gym.Env:
     return make_env(env_id, 0, video_dir is not None, video_dir or "")()
 
 
-def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
-             report: Callable[[int, float], None] = lambda index, episode_return: None) -> list:  # fmt: skip
+def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int, report: Callable = lambda index, ret: None) -> list:
     """The returns of `episodes` episodes of `policy` (the script's Policy: a batch of observations -> their actions)
     on `env`, seeded seed, seed + 1, ...; `report` hears of each (index, return). Closes env."""
     device, returns = next(policy.parameters()).device, []
@@ -1162,14 +1161,12 @@ def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
 
 def probe_env(env_id: str, render: bool = False) -> tuple[dict, gym.spaces.Box]:
     """Make the env once, before anything starts: it must exist and act in a bounded continuous (Box) space. Returns
-    (its shapes, that space). Before MuJoCo loads: warnings quieted; if the run renders, headless through EGL without
-    a display (only then: MuJoCo fails at import where EGL is set and libEGL is missing, as on some GPU servers)."""
-    if render and not os.environ.get("DISPLAY"):
+    (its shapes, that space). MuJoCo's warnings quieted; a run that renders without a display does it through EGL."""
+    if render and not os.environ.get("DISPLAY"):  # only then: MuJoCo told to use EGL fails at import where it is missing
         os.environ.setdefault("MUJOCO_GL", "egl")
     quiet_mujoco_warnings()
     if re.fullmatch(r"(.+:)?(ALE/.+|.+NoFrameskip-v4)", env_id):  # the ids the Atari scripts take
-        raise UserError(f"'{env_id}' is an Atari game: use ppo_atari.py or a2c_atari.py (this script takes "
-                        "continuous-action environments).")  # fmt: skip
+        raise UserError(f"'{env_id}' is an Atari game: use ppo_atari.py or a2c_atari.py (this one takes continuous actions).")
     try:  # "module:Env-v0" imports module first
         env = gym.wrappers.FlattenObservation(gym.make(env_id))
     except (gym.error.Error, ImportError) as e:
@@ -1186,10 +1183,13 @@ def probe_env(env_id: str, render: bool = False) -> tuple[dict, gym.spaces.Box]:
 def quiet_mujoco_warnings() -> None:
     """Hide MuJoCo 4's `settotalmass` warning at each -v4 load and gymnasium's "-v4 is out of date"; keep the rest."""
     warnings.filterwarnings("ignore", message=r".*The environment .* is out of date.*")
-    with suppress(ImportError):
+    try:
         import mujoco
-
-        mujoco.set_mju_user_warning(lambda m: None if "settotalmass" in m else print(f"MuJoCo warning: {m}", file=sys.stderr))
+    except ImportError:
+        return
+    except AttributeError as e:  # PyOpenGL's failure where MUJOCO_GL asks for EGL and libEGL is missing
+        raise UserError(f"MuJoCo cannot render without a display or libEGL ({e}): install libegl1, or drop --capture-video.")
+    mujoco.set_mju_user_warning(lambda m: None if "settotalmass" in m else print(f"MuJoCo warning: {m}", file=sys.stderr))
 # --- end shared: continuous ---
 
 

@@ -290,7 +290,17 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 def test_a_run_without_video_trains_headless_where_libegl_is_missing(tmp_path):
     env = {k: v for k, v in {**os.environ, **BASE_ENV}.items() if k not in ("MUJOCO_GL", "DISPLAY")}
     cmd = [sys.executable, "-c", HIDE_EGL, str(ROOT / SCRIPT), "--env-id", "HalfCheetah-v4", "--total-timesteps", "256",
-           *SMALL, "--no-progress", "--runs-dir", str(tmp_path)]  # fmt: skip
+           *SMALL, "--checkpoint-interval", "256", "--no-progress", "--runs-dir", str(tmp_path)]  # fmt: skip
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert max(scalars(only_run_dir(tmp_path), "losses/value_loss")) == 256
+    # --capture-video needs EGL here: one paragraph naming it, before any run folder (before: a PyOpenGL traceback)
+    videos = subprocess.run([*cmd[:-1], str(tmp_path / "v"), "--capture-video"], env=env, capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+    assert_clean_error(videos, "without a display or libEGL", "libegl1", "--capture-video")
+    assert not (tmp_path / "v").exists()
+    # tools/agent.py asked for a video of a checkpoint: the same paragraph (before: "the networks changed shape")
+    (checkpoint,) = only_run_dir(tmp_path).glob("checkpoints/*.pt")
+    tool = subprocess.run([sys.executable, "-c", HIDE_EGL, str(ROOT / TOOL), "eval", str(checkpoint), "--episodes", "1",
+                           "--capture-video"], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert tool.returncode != 0 and "without a display or libEGL" in tool.stderr, tool.stderr[-3000:]
