@@ -218,6 +218,7 @@ def test_the_benchmark_harness_runs_its_seeds_as_a_sweep_and_resumes_it(tmp_path
 # ---- Ctrl-C and --resume ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # ~130 s of the default tier's serial Ray group (its wall time, 9.5 of 10 minutes): CI's slow tier runs it
 def test_ctrl_c_saves_the_running_trial_and_resume_runs_nothing_twice(tmp_path):
     """One trial at a time (2 CPUs each on 2 cores): 256 steps (finishes), 6,016 (Ctrl-C once it has a checkpoint),
     384 (never starts). --resume keeps the first untouched, resumes the second from its interrupted checkpoint in its
