@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import BASE_ENV, ROOT, assert_clean_error, episode_lines, only_run_dir, run_script, scalars
+from tests.conftest import needs_mujoco_rendering
 
 SCRIPT = "ppo_continuous.py"
 TOOL = "tools/agent.py"
@@ -249,6 +250,7 @@ def test_track_without_credentials_stops_at_once(tmp_path):
 
 def test_capture_video_headless_in_training_and_eval(tmp_path):
     """InvertedPendulum's random-policy episodes last a few steps, so software EGL renders them quickly."""
+    needs_mujoco_rendering()
     env = {"MUJOCO_GL": None, "DISPLAY": None}  # the script picks EGL by itself on a headless machine
     proc = run_script(SCRIPT, "--env-id", "InvertedPendulum-v5", *SMALL, "--total-timesteps", "256", "--capture-video",
                       "--save-model", "--eval-episodes", "1", "--runs-dir", tmp_path, env=env)  # fmt: skip
@@ -297,10 +299,16 @@ def test_a_run_without_video_trains_headless_where_libegl_is_missing(tmp_path):
     # --capture-video needs EGL here: one paragraph naming it, before any run folder (before: a PyOpenGL traceback)
     videos = subprocess.run([*cmd[:-1], str(tmp_path / "v"), "--capture-video"], env=env, capture_output=True, text=True,
                             timeout=300)  # fmt: skip
-    assert_clean_error(videos, "without a display or libEGL", "libegl1", "--capture-video")
+    assert_clean_error(videos, "needs libEGL", "libegl1", "--capture-video")
     assert not (tmp_path / "v").exists()
+    # MUJOCO_GL=egl exported by the user (common on GPU servers) and no video: the message names the variable (before:
+    # "drop --capture-video", a flag the command did not have)
+    exported = subprocess.run([*cmd[:-1], str(tmp_path / "e")], env={**env, "MUJOCO_GL": "egl"}, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+    assert_clean_error(exported, "needs libEGL", "unset MUJOCO_GL")
+    assert not (tmp_path / "e").exists()
     # tools/agent.py asked for a video of a checkpoint: the same paragraph (before: "the networks changed shape")
     (checkpoint,) = only_run_dir(tmp_path).glob("checkpoints/*.pt")
     tool = subprocess.run([sys.executable, "-c", HIDE_EGL, str(ROOT / TOOL), "eval", str(checkpoint), "--episodes", "1",
                            "--capture-video"], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert tool.returncode != 0 and "without a display or libEGL" in tool.stderr, tool.stderr[-3000:]
+    assert tool.returncode != 0 and "needs libEGL" in tool.stderr, tool.stderr[-3000:]

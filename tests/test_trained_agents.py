@@ -19,7 +19,7 @@ import ppo_atari
 import ppo_continuous as ppo
 import sac_continuous as sac
 import sac_continuous_ray as sac_ray
-from tests.conftest import BASE_ENV, ROOT, only_run_dir, run_script, scalars
+from tests.conftest import BASE_ENV, ROOT, needs_mujoco_rendering, only_run_dir, run_script, scalars
 from tests.test_sac_continuous_ray_e2e import run_ray
 
 FALLING = "tests.fake_envs:FallingReturn-v0"  # return 7 for its first 6 episodes (7 steps each), then 0
@@ -220,6 +220,7 @@ def test_sac_keep_best_keeps_the_agent_before_the_return_fell_without_the_buffer
 # ---- keep-best by evaluation, the export round trip and replay, per script ----
 def test_ppo_continuous_keep_best_export_and_replay(tmp_path):
     needs_video_encoder()
+    needs_mujoco_rendering()
     proc = run_script("ppo_continuous.py", "--env-id", MUJOCO, "--num-steps", 256, "--num-minibatches", 4,
                       "--update-epochs", 2, "--total-timesteps", 1024, "--eval-interval", 256, "--eval-episodes", 2,
                       "--keep-best", "--checkpoint-interval", 0, "--torch-threads", 1, "--runs-dir", tmp_path,
@@ -285,6 +286,7 @@ def test_export_never_overwrites_and_a_failed_export_leaves_nothing(tmp_path, mo
 @pytest.mark.parametrize("script", ["sac_continuous", "sac_continuous_ray"])
 def test_sac_keep_best_export_and_replay(tmp_path, script):
     needs_video_encoder()
+    needs_mujoco_rendering()
     module = {"sac_continuous": sac, "sac_continuous_ray": sac_ray}[script]
     common = ["--env-id", MUJOCO, "--learning-starts", 100, "--batch-size", 32, "--eval-episodes", 2, "--keep-best",
               "--save-buffer", "--torch-threads", 1, "--runs-dir", tmp_path, "--no-progress"]  # fmt: skip
