@@ -85,7 +85,7 @@ def test_resume_restores_network_optimizer_counters_schedule_and_rng(tmp_path):
     assert full.returncode == 0, full.stderr
     full_dir = only_run_dir(tmp_path / "full")
     ckpt_path = full_dir / "checkpoints" / "step_0000000400.pt"
-    saved = torch.load(ckpt_path, weights_only=True)
+    saved = torch.load(ckpt_path, weights_only=True, map_location="cpu")
     assert saved["global_step"] == 400 and saved["iteration"] == 20
 
     resumed_root = tmp_path / "resumed"
@@ -106,8 +106,8 @@ def test_resume_restores_network_optimizer_counters_schedule_and_rng(tmp_path):
     lr_full, lr_resumed = scalars(full_dir, "charts/learning_rate"), scalars(copy, "charts/learning_rate")
     assert sorted(lr_resumed) == [s for s in sorted(lr_full) if s > 400]  # counters continue
     assert all(lr_resumed[s] == pytest.approx(lr_full[s]) for s in lr_resumed)  # the schedule continues
-    end_full = torch.load(full_dir / "checkpoints" / "step_0000000800.pt", weights_only=True)
-    end_resumed = torch.load(copy / "checkpoints" / "step_0000000800.pt", weights_only=True)
+    end_full = torch.load(full_dir / "checkpoints" / "step_0000000800.pt", weights_only=True, map_location="cpu")
+    end_resumed = torch.load(copy / "checkpoints" / "step_0000000800.pt", weights_only=True, map_location="cpu")
     assert end_resumed["iteration"] == 40 and end_resumed["global_step"] == 800
     # RMSprop's step count continues from the checkpoint's (a fresh optimizer would be at 20)
     assert end_resumed["optimizer"]["state"][0]["step"].item() == end_full["optimizer"]["state"][0]["step"].item() == 40
