@@ -192,7 +192,7 @@ def test_args_json_records_the_flags_and_what_they_resolved_to(tmp_path):
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = tmp_path.iterdir()
     record = json.loads((run_dir / "args.json").read_text())
-    assert record["compute"] == {"device": "cpu", "torch_threads": 1}
+    assert record["compute"] == {"device": "cuda" if torch.cuda.is_available() else "cpu", "torch_threads": 1}  # --cuda
     assert record["num_steps"] == 64 and record["env_id"] == "Pendulum-v1" and record["batch_size"] == 64
 
 

@@ -131,7 +131,7 @@ def test_edit_keeps_acting_and_training_correct(script, edit, tmp_path):
     proc = run_copy(path, *one_update(script), "--runs-dir", tmp_path / "runs", timeout=120)
     assert proc.returncode == 0, proc.stderr
     (checkpoint,) = (tmp_path / "runs").rglob("step_*.pt")
-    trained = torch.load(checkpoint, weights_only=True)["model"]
+    trained = torch.load(checkpoint, weights_only=True, map_location="cpu")["model"]
     student.seed_everything(1, True)  # main(): seed, then Agent(num_actions); nothing between draws from torch
     initial = student.Agent(NUM_ACTIONS)
     assert trained.keys() == initial.state_dict().keys()

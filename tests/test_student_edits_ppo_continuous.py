@@ -120,7 +120,7 @@ def test_edit_keeps_training_correct(edit, tmp_path):
     proc = run_copy(path, *ONE_UPDATE, "--runs-dir", tmp_path / "runs", timeout=120)
     assert proc.returncode == 0, proc.stderr
     (checkpoint,) = (tmp_path / "runs").rglob("step_*.pt")
-    trained = torch.load(checkpoint, weights_only=True)["model"]
+    trained = torch.load(checkpoint, weights_only=True, map_location="cpu")["model"]
     script.seed_everything(1, True)  # main(): seed, then Agent(obs_dim, act_dim); nothing between draws from torch
     initial = script.Agent(3, 1).state_dict()
     assert trained.keys() == initial.keys()

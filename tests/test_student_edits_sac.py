@@ -122,7 +122,7 @@ def test_edit_keeps_acting_and_training_correct(edit, tmp_path):
     proc = run_copy(path, *SHORT_RUN, "--runs-dir", tmp_path / "runs", timeout=180)
     assert proc.returncode == 0, proc.stderr
     (checkpoint,) = (tmp_path / "runs").rglob("step_*.pt")
-    ckpt = torch.load(checkpoint, weights_only=True)
+    ckpt = torch.load(checkpoint, weights_only=True, map_location="cpu")
     assert ckpt["run_state"]["grad_steps"] == STEPS and ckpt["run_state"]["actor_updates"] == STEPS - 1
     assert_every_tensor_moved(edit, ckpt["learner"], initial_learner(script, 3, 1, -2.0, 2.0), STEPS)
 
