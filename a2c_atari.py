@@ -190,7 +190,8 @@ class Agent(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(policy logits, V(obs)) of a batch of uint8 observations."""
-        hidden = self.network(obs.float() / 255.0)
+        # the frames channels-last, as main() lays out the weights: the fast layout of CPU convolutions, the same function
+        hidden = self.network(obs.contiguous(memory_format=torch.channels_last).float() / 255.0)
         return self.actor(hidden), self.critic(hidden).squeeze(-1)
 
     def get_action_and_value(self, obs: torch.Tensor, action: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, ...]:

@@ -191,8 +191,8 @@ def test_policy_plays_the_most_likely_action_and_loads_a_checkpoint(module):
 
 
 def test_a_view_on_the_channels_last_output_stops_with_a_message():
-    """A trunk that flattens with .view() cannot run on the channels-last memory main() gives the convolutions: the
-    start-up check names the module and says what to write instead."""
+    """A trunk that flattens with .view() cannot run on the channels-last memory the convolutions get (main()'s weights,
+    Agent.forward's frames): the start-up check names the module and says what to write instead."""
 
     class Trunk(torch.nn.Module):
         def __init__(self):
@@ -205,8 +205,7 @@ def test_a_view_on_the_channels_last_output_stops_with_a_message():
 
     agent = P.Agent(num_actions=4)
     agent.network = Trunk()
-    P.check_agent(agent, (4, 84, 84))  # contiguous memory: it runs
-    agent.to(memory_format=torch.channels_last)
+    agent.to(memory_format=torch.channels_last)  # as main(); Agent.forward gives the frames channels-last as well
     with pytest.raises(P.UserError, match=r"Agent.network Trunk\(\).*use \.reshape\(\) or torch\.flatten\(\)"):
         P.check_agent(agent, (4, 84, 84))
 
