@@ -595,7 +595,7 @@ def quiet_mujoco_warnings() -> None:
     except ImportError:
         return
     except AttributeError as e:  # PyOpenGL's failure where MUJOCO_GL=egl (ours or the user's) and libEGL is missing
-        raise UserError(f"MuJoCo's EGL renderer needs libEGL ({e}): install libegl1, or unset MUJOCO_GL and drop --capture-video.")
+        raise UserError(f"MuJoCo's EGL needs libEGL ({e}): install libegl1, or unset MUJOCO_GL and drop --capture-video.")
     mujoco.set_mju_user_warning(lambda m: None if "settotalmass" in m else print(f"MuJoCo warning: {m}", file=sys.stderr))
 # --- end shared: continuous ---
 
