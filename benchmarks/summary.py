@@ -85,7 +85,8 @@ def ppo_atari_breakout_1m(backend: str) -> list:
 
 
 PPO_ATARI_GYM = ppo_atari_breakout_1m("gymnasium")  # before the rewrite (seeds 1-5)
-PPO_ATARI_NOW = "ppo_atari_Breakout_1M_rewrite.json"  # gymnasium's Atari wrappers (seeds 1-2)
+PPO_ATARI_NOW = ["ppo_atari_Breakout_1M_channels_last.json",  # gymnasium's Atari wrappers, channels-last frames
+                 "ppo_atari_Breakout_1M_channels_last_seeds34.json"]  # seeds 1-2, 3-4
 ROWS = [
     Row("ppo_continuous.py", "HalfCheetah-v4", "1M steps", "", PPO_HC_RUNS,
         Comparison("published", "CleanRL `ppo_continuous_action.py`, published", [PPO_HC], seeds=3)),
@@ -103,11 +104,11 @@ ROWS = [
     Row("sac_continuous.py", "Hopper-v4", "200k steps", "", [f"sac_continuous_Hopper-v4_200k_seed{s}.json" for s in (1, 2)],
         Comparison("runs", "CleanRL `sac_continuous_action.py`, run here",
                    [f"reference_sac_continuous_action_Hopper-v4_200k_seed{s}.json" for s in (1, 2)]), smooth=10),
-    Row("ppo_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "", [PPO_ATARI_NOW],
+    Row("ppo_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "", PPO_ATARI_NOW,
         Comparison("published", "CleanRL `ppo_atari.py`, run here", ["ppo_atari_Breakout_1M_fp32_gymnasium.json"], seeds=1),
         smooth=100),
     Row("ppo_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "(before the rewrite: hand-written Atari wrappers)",
-        PPO_ATARI_GYM, Comparison("runs", "`ppo_atari.py` after the rewrite, run here", [PPO_ATARI_NOW]), smooth=100),
+        PPO_ATARI_GYM, Comparison("runs", "`ppo_atari.py` after the rewrite, run here", PPO_ATARI_NOW), smooth=100),
     Row("a2c_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "", ["a2c_atari_Breakout_1M_fp32.json"],
         Comparison("runs", "Stable-Baselines3 `A2C` with the zoo's recipe, run here",
                    ["sb3_a2c_zoo_BreakoutNoFrameskip-v4_1M.json"]), smooth=100),
