@@ -86,8 +86,8 @@ def test_a_step_repeats_the_action_4_frames_and_pools_the_last_two():
     state = ale.cloneState()
     frames, total = [], 0.0
     for _ in range(4):  # by hand: the same action 4 times on the emulator
-        obs, reward, *_ = preprocessing.env.step(3)
-        frames.append(obs)
+        _, reward, *_ = preprocessing.env.step(3)
+        frames.append(ale.getScreenGrayscale())
         total += reward
     ale.restoreState(state)
     del log.actions[:]
@@ -96,6 +96,25 @@ def test_a_step_repeats_the_action_4_frames_and_pools_the_last_two():
     pooled = cv2.resize(np.maximum(frames[2], frames[3]), (84, 84), interpolation=cv2.INTER_AREA)
     np.testing.assert_array_equal(stacked[-1], pooled)
     assert not np.array_equal(frames[2], frames[3])  # the max is a real pooling here, not a copy of one frame
+
+
+def test_the_inner_env_returns_its_ram_and_the_observations_are_the_screens():
+    """make_env's speed line: the emulator's env returns its 128-byte RAM for each frame (AtariPreprocessing drops it
+    and reads the screens itself), and the observations are those of the same chain returning screens."""
+    fast, _, preprocessing = chain()
+    plain = P.make_env(GAME, 0, False, "")()
+    plain.unwrapped._obs_type = "grayscale"
+    rng = np.random.default_rng(0)
+    for env in (fast, plain):
+        env.reset(seed=5)
+    for _ in range(300):
+        action = int(rng.integers(4))
+        a, b = fast.step(action), plain.step(action)
+        np.testing.assert_array_equal(a[0], b[0])
+        assert a[1:4] == b[1:4]
+        if a[2] or a[3]:
+            np.testing.assert_array_equal(fast.reset()[0], plain.reset()[0])
+    assert preprocessing.env.step(0)[0].shape == (128,)
 
 
 def test_life_loss_ends_a_learning_episode_but_not_the_game_and_the_score_spans_all_lives():
