@@ -329,6 +329,12 @@ def run_as_sweep(config: Config) -> list[SeedRun]:
         at = extra.index("--torch-threads")
         cpus, extra = int(extra[at + 1]), extra[:at] + extra[at + 2 :]
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    # the sweep reserves --torch-threads CPUs per seed and runs as many seeds as the cores hold: --parallel must agree,
+    # or the seeds would share the cores in another way than the JSON records (it says config.parallel)
+    at_once = min(len(config.seeds), max(1, cores // cpus)) if cpus else None
+    if at_once is not None and at_once != min(len(config.seeds), config.parallel):
+        raise SystemExit(f"run.py: --torch-threads {cpus} on {cores} cores runs {at_once} seed(s) at once, not --parallel "
+                         f"{config.parallel}: give --parallel {at_once}, or --torch-threads {max(1, cores // config.parallel)}.")
     cpus = cpus or max(1, cores // config.parallel)
     out = sweep_dir(config)
     if (out / "sweep.json").is_file():

@@ -4,6 +4,7 @@ simulator_divergence.py."""
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -255,6 +256,20 @@ def test_fake_training_two_seeds_end_to_end(tmp_path):
     again = json.loads(out.with_suffix(".json").read_text())
     assert again["per_seed"] == report["per_seed"]
     assert again["runs_harness_command"] == report["harness_command"]
+
+
+def test_parallel_that_the_sweep_would_not_honour_is_refused(tmp_path, capsys):
+    # the sweep reserves --torch-threads CPUs per seed: on 2+ cores, `--parallel 1 -- --torch-threads 1` ran two seeds
+    # at once while the JSON said one (sac_continuous_ray's 150k runs of 2026-11-27)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if cores < 2:
+        pytest.skip("needs 2 cores: on one, one thread per seed is one seed at a time")
+    out = tmp_path / "results" / "ppo"
+    argv = ["--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--seeds", "1", "2", "--total-timesteps", "2048",
+            "--out", str(out), "--parallel", "1", "--", "--torch-threads", "1"]  # fmt: skip
+    with pytest.raises(SystemExit, match=r"runs 2 seed\(s\) at once, not --parallel 1: give --parallel 2"):
+        bench.main(argv)
+    assert not (out.parent / "ppo_runs" / "sweep").exists() and not out.with_suffix(".json").exists()
 
 
 def test_runs_in_cwd_for_a_script_without_runs_dir(tmp_path, monkeypatch):
