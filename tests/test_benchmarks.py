@@ -258,7 +258,7 @@ def test_fake_training_two_seeds_end_to_end(tmp_path):
     assert again["runs_harness_command"] == report["harness_command"]
 
 
-def test_parallel_that_the_sweep_would_not_honour_is_refused(tmp_path, capsys):
+def test_parallel_that_the_sweep_would_not_honour_is_refused(tmp_path):
     # the sweep reserves --torch-threads CPUs per seed: on 2+ cores, `--parallel 1 -- --torch-threads 1` ran two seeds
     # at once while the JSON said one (sac_continuous_ray's 150k runs of 2026-11-27)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
