@@ -290,3 +290,28 @@ def test_the_tag_check_catches_a_wrong_tag(tmp_path_factory):
     # other scripts' tags (SAC's, the Ray driver's) are not this run's
     assert unwritten({"charts/weight_staleness", "losses/alpha_loss"}, written) == ["charts/weight_staleness",
                                                                                       "losses/alpha_loss"]  # fmt: skip
+
+
+# ---- the speed each page states is the one benchmarks/results/speed_vs_reference.json holds now ----
+SPEED_JSON = ROOT / "benchmarks" / "results" / "speed_vs_reference.json"
+
+
+def speed_paragraph(page: str) -> str:
+    """The page's paragraph that starts with **Speed** (empty if none)."""
+    paragraphs = re.split(r"\n\s*\n", page)
+    return next((p for p in paragraphs if p.startswith("**Speed**")), "")
+
+
+@pytest.mark.parametrize("script", ["ppo_continuous", "ppo_atari", "a2c_atari", "sac_continuous"])
+def test_the_speed_a_page_states_is_the_measured_one(script):
+    entry = json.loads(SPEED_JSON.read_text())[f"{script}.py"]
+    paragraph = " ".join(speed_paragraph((ROOT / "docs" / f"{script}.md").read_text()).split())
+    assert paragraph, f"docs/{script}.md has no **Speed** paragraph"
+    for figure in (f"{entry['ours_sps']:,.0f}", f"{entry['reference_sps']:,.0f}", f"{entry['ratio']:.2f}×",
+                   f"{entry['reps']} reps"):  # fmt: skip
+        assert figure in paragraph, f"docs/{script}.md's **Speed** paragraph lacks {figure!r}: {paragraph[:200]}"
+
+
+def test_the_speed_check_catches_a_stale_figure():
+    page = "text\n\n**Speed** (5 reps): 586 steps per second against 447, **1.31×**.\n\nmore"
+    assert "586" in speed_paragraph(page) and "1.53×" not in speed_paragraph(page)
