@@ -87,8 +87,9 @@ def ppo_atari_breakout_1m(backend: str) -> list:
 
 PPO_ATARI_GYM = ppo_atari_breakout_1m("gymnasium")  # before the rewrite (seeds 1-5)
 PPO_ATARI_NOW = ["ppo_atari_Breakout_1M_channels_last.json",  # gymnasium's Atari wrappers, channels-last frames
-                 "ppo_atari_Breakout_1M_channels_last_seeds34.json",  # seeds 1-2, 3-4, 5-6
-                 "ppo_atari_Breakout_1M_channels_last_seeds56.json"]
+                 "ppo_atari_Breakout_1M_channels_last_seeds34.json",  # seeds 1-2, 3-4, 5-6, 7-8
+                 "ppo_atari_Breakout_1M_channels_last_seeds56.json",
+                 "ppo_atari_Breakout_1M_channels_last_seeds78.json"]
 ROWS = [
     Row("ppo_continuous.py", "HalfCheetah-v4", "1M steps", "", PPO_HC_RUNS,
         Comparison("published", "CleanRL `ppo_continuous_action.py`, published", [PPO_HC], seeds=3)),
