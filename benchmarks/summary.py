@@ -72,7 +72,8 @@ SAC_REFERENCE_150K = Comparison(
 SAC_150K = ["sac_continuous_HalfCheetah-v4_150k_zen3_f32_1c1a44c.json", "sac_continuous_HalfCheetah-v4_150k_xeon_f32_seeds34.json"]
 SAC_150K_NOW = ["sac_continuous_HalfCheetah-v4_150k_two_critics.json",  # the critics as two nn.Sequential (seeds 1-2)
                 "sac_continuous_HalfCheetah-v4_150k_two_critics_seeds34.json",
-                "sac_continuous_HalfCheetah-v4_150k_two_critics_seeds56.json"]  # seeds 3-4, 5-6
+                "sac_continuous_HalfCheetah-v4_150k_two_critics_seeds56.json",  # seeds 3-4, 5-6, 7-8
+                "sac_continuous_HalfCheetah-v4_150k_two_critics_seeds78.json"]
 PPO_HC = "ppo_continuous_HalfCheetah-v4_1M_torch_rollout.json"  # the rollout samples Agent.distribution (seeds 1-3)
 PPO_HC_RUNS = [PPO_HC, "ppo_continuous_HalfCheetah-v4_1M_torch_rollout_seeds45.json"]
 SAC_1M = "sac_continuous_HalfCheetah-v4_1M_xeon_f32.json"
