@@ -86,12 +86,15 @@ def ppo_atari_breakout_1m(backend: str) -> list:
     ]
 
 
-PPO_ATARI_GYM = ppo_atari_breakout_1m("gymnasium") + [  # before the rewrite: seeds 1-5 on an Intel Xeon,
-    "ppo_atari_Breakout_1M_handwritten_epyc.json", "ppo_atari_Breakout_1M_handwritten_epyc_seeds34.json"]  # 1-4 on an EPYC
+PPO_ATARI_GYM = ppo_atari_breakout_1m("gymnasium") + [  # before the rewrite: seeds 1-5 on an Intel Xeon, 1-6 on an EPYC
+    "ppo_atari_Breakout_1M_handwritten_epyc.json", "ppo_atari_Breakout_1M_handwritten_epyc_seeds34.json",
+    "ppo_atari_Breakout_1M_handwritten_epyc_seeds56.json"]
 PPO_ATARI_NOW = ["ppo_atari_Breakout_1M_channels_last.json",  # gymnasium's Atari wrappers, channels-last frames
-                 "ppo_atari_Breakout_1M_channels_last_seeds34.json",  # seeds 1-2, 3-4, 5-6, 7-8
+                 "ppo_atari_Breakout_1M_channels_last_seeds34.json",  # seeds 1-2, 3-4, 5-6, 7-8, 9, 10
                  "ppo_atari_Breakout_1M_channels_last_seeds56.json",
-                 "ppo_atari_Breakout_1M_channels_last_seeds78.json"]
+                 "ppo_atari_Breakout_1M_channels_last_seeds78.json",
+                 "ppo_atari_Breakout_1M_channels_last_seed9.json",
+                 "ppo_atari_Breakout_1M_channels_last_seed10.json"]
 ROWS = [
     Row("ppo_continuous.py", "HalfCheetah-v4", "1M steps", "", PPO_HC_RUNS,
         Comparison("published", "CleanRL `ppo_continuous_action.py`, published", [PPO_HC], seeds=3)),
@@ -112,7 +115,7 @@ ROWS = [
         Comparison("published", "CleanRL `ppo_atari.py`, run here", ["ppo_atari_Breakout_1M_fp32_gymnasium.json"], seeds=1),
         smooth=100),
     Row("ppo_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps",
-        "(before the rewrite: hand-written Atari wrappers; seeds 1-5 on a Xeon, 1-4 again on an EPYC)",
+        "(before the rewrite: hand-written Atari wrappers; seeds 1-5 on a Xeon, 1-6 on an EPYC)",
         PPO_ATARI_GYM, Comparison("runs", "`ppo_atari.py` after the rewrite, run here", PPO_ATARI_NOW), smooth=100),
     Row("a2c_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "", ["a2c_atari_Breakout_1M_fp32.json"],
         Comparison("runs", "Stable-Baselines3 `A2C` with the zoo's recipe, run here",
