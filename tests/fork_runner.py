@@ -8,6 +8,7 @@ handlers run at exit. Scripts that start Ray are not run this way (tests.conftes
 """
 
 import atexit
+import contextlib
 import io
 import os
 import pickle
@@ -139,14 +140,20 @@ def run_forked(script: Path, args: list, cwd: Path, env: dict, timeout: float, h
         send(proc.stdin, (str(script), list(args), str(cwd), dict(env), out_path, err_path, [str(p) for p in hidden]))
         pid = receive(proc.stdout)
         ready, stopped = wait_or_stop(lambda t: bool(select.select([proc.stdout], [], [], t)[0]), timeout, stop_when,
-                                      lambda: os.kill(pid, signal.SIGINT))  # fmt: skip
+                                      lambda: signal_child(pid, signal.SIGINT))  # fmt: skip
         if not ready:
-            os.kill(pid, signal.SIGKILL)
-        returncode = receive(proc.stdout)
+            signal_child(pid, signal.SIGKILL)
+        returncode = receive(proc.stdout)  # always read: a reply left unread would answer the next run's request
         out, err = (Path(p).read_text(errors="backslashreplace") if os.path.exists(p) else "" for p in (out_path, err_path))
     if not ready:
         raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err)
     return stopped_or_done(subprocess.CompletedProcess(cmd, returncode, out, err), stopped)
+
+
+def signal_child(pid: int, sig: int) -> None:
+    """Signal a forked run; one that ended in the meantime (the server has reaped it) has nothing left to stop."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
 
 
 def run_fresh(cmd: list, cwd: Path, env: dict, timeout: float, stop_when=None, started: list = None,

@@ -87,3 +87,29 @@ def test_stop_when_sends_ctrl_c_once_it_holds_and_the_stopped_run_counts_as_done
     assert time.monotonic() - start < 15, "stopped within a few polls, not at the end (60 s)"
     steps = [int(line.split()[1]) for line in proc.stdout.splitlines() if line.startswith("step")]
     assert 5 <= steps[-1] < 100
+
+
+ENDS_ALONE = '''
+import time
+time.sleep(3)  # past the first poll (POLL_S = 2 s), so stop_when is asked while the run still goes
+open("ended", "w").write("")
+'''
+
+
+def test_a_run_that_ends_while_stop_when_decides_is_no_error_and_the_server_stays_in_step(tmp_path):
+    """The race of a learning test whose run finishes just as it reaches the threshold: by the time stop_when says
+    stop, the server has reaped the child, so the Ctrl-C finds no process. That must not raise, and the server's
+    reply (the exit code) must still be read, or the next run would take it for its pid."""
+    script = tmp_path / "ends_alone.py"
+    script.write_text(ENDS_ALONE)
+
+    def ended_and_reaped() -> bool:
+        while not (tmp_path / "ended").exists():
+            time.sleep(0.05)
+        time.sleep(1.0)  # the child exits and the server reaps it
+        return True
+
+    proc = run_forked(script, [], tmp_path, dict(os.environ), timeout=60, stop_when=ended_and_reaped)
+    assert proc.returncode == 0 and proc.stopped, proc
+    again = run_forked(script, [], tmp_path, dict(os.environ), timeout=60)
+    assert again.returncode == 0 and not again.stopped, again  # the next run reads its own replies
