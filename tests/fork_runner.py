@@ -139,11 +139,17 @@ def run_forked(script: Path, args: list, cwd: Path, env: dict, timeout: float, h
         out_path, err_path = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
         send(proc.stdin, (str(script), list(args), str(cwd), dict(env), out_path, err_path, [str(p) for p in hidden]))
         pid = receive(proc.stdout)
-        ready, stopped = wait_or_stop(lambda t: bool(select.select([proc.stdout], [], [], t)[0]), timeout, stop_when,
-                                      lambda: signal_child(pid, signal.SIGINT))  # fmt: skip
-        if not ready:
+        try:
+            ready, stopped = wait_or_stop(lambda t: bool(select.select([proc.stdout], [], [], t)[0]), timeout, stop_when,
+                                          lambda: signal_child(pid, signal.SIGINT))  # fmt: skip
+            if not ready:
+                signal_child(pid, signal.SIGKILL)
+            returncode = receive(proc.stdout)
+        except BaseException:  # the exit-code reply is left unread and would answer the next run's request: a new server
             signal_child(pid, signal.SIGKILL)
-        returncode = receive(proc.stdout)  # always read: a reply left unread would answer the next run's request
+            proc.kill()
+            proc.wait()
+            raise
         out, err = (Path(p).read_text(errors="backslashreplace") if os.path.exists(p) else "" for p in (out_path, err_path))
     if not ready:
         raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err)

@@ -104,7 +104,8 @@ def test_a_run_that_ends_while_stop_when_decides_is_no_error_and_the_server_stay
     script.write_text(ENDS_ALONE)
 
     def ended_and_reaped() -> bool:
-        while not (tmp_path / "ended").exists():
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "ended").exists() and time.monotonic() < deadline:  # bounded: a crashed run fails below
             time.sleep(0.05)
         time.sleep(1.0)  # the child exits and the server reaps it
         return True
@@ -113,3 +114,18 @@ def test_a_run_that_ends_while_stop_when_decides_is_no_error_and_the_server_stay
     assert proc.returncode == 0 and proc.stopped, proc
     again = run_forked(script, [], tmp_path, dict(os.environ), timeout=60)
     assert again.returncode == 0 and not again.stopped, again  # the next run reads its own replies
+
+
+def test_a_stop_when_that_raises_leaves_the_next_run_its_own_replies(tmp_path, probe):
+    """Any error between a run's start and its exit code (here stop_when raising) would leave that reply unread, and
+    the next run would read it as its pid: the server is replaced instead."""
+    script = tmp_path / "stoppable.py"
+    script.write_text(STOPPABLE)
+
+    def broken() -> bool:
+        raise RuntimeError("stop_when failed")
+
+    with pytest.raises(RuntimeError, match="stop_when failed"):
+        run_forked(script, [], tmp_path, dict(os.environ), timeout=60, stop_when=broken)
+    again = run_forked(probe, ["3"], tmp_path, dict(os.environ), timeout=60)
+    assert again.returncode == 3 and "argv ['3']" in again.stdout, again
