@@ -43,6 +43,7 @@ SCRIPT_NAME = "ppo_atari"  # written into checkpoints; a checkpoint of another s
 class Args:
     """PPO on Atari (pixels, discrete actions): trains an agent and logs to TensorBoard.
     --resume CKPT continues the run of checkpoint CKPT; `python tools/agent.py eval|export CKPT` plays or exports it."""
+
     # --- algorithm ---
     env_id: str = "BreakoutNoFrameskip-v4"  # the game: GameNoFrameskip-v4, or ALE/Game-v5 (sticky actions, p=0.25)
     total_timesteps: int = 10_000_000  # env steps to train for, summed over all envs (an env step is 4 emulator frames)
@@ -95,6 +96,8 @@ def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias_const: float = 
     torch.nn.init.orthogonal_(layer.weight, std)
     torch.nn.init.constant_(layer.bias, bias_const)
     return layer
+
+
 # --- end shared: layer-init ---
 
 
@@ -111,8 +114,14 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Call
         render_mode = "rgb_array" if capture_video and idx == 0 else None
         # frameskip=1: AtariPreprocessing skips frames (v5's own skip would come on top); sticky actions: the id's own;
         # ALE truncates a game at 108,000 frames (30 minutes of play at 60 fps)
-        env = gym.make(env_id, obs_type="grayscale", frameskip=1, max_num_frames_per_episode=108_000, render_mode=render_mode,
-                       disable_env_checker=True)  # the checker would flag the RAM below
+        env = gym.make(
+            env_id,
+            obs_type="grayscale",
+            frameskip=1,
+            max_num_frames_per_episode=108_000,
+            render_mode=render_mode,
+            disable_env_checker=True,
+        )  # the checker would flag the RAM below
         if render_mode is not None:
             env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
         # 1..30 NOOPs after a reset (each game starts in another state); each action held for 4 frames, returning
@@ -187,11 +196,16 @@ class Agent(nn.Module):
     def __init__(self, num_actions: int):
         super().__init__()
         self.network = nn.Sequential(
-            layer_init(nn.Conv2d(4, 32, 8, stride=4)), nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
-            nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU(),
-        )  # fmt: skip
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
+        )
         self.actor = layer_init(nn.Linear(512, num_actions), std=0.01)
         self.critic = layer_init(nn.Linear(512, 1), std=1.0)
 
@@ -218,12 +232,22 @@ def next_step_targets(values: np.ndarray, last_value: np.ndarray, reset_steps: n
     next_values = np.concatenate([values[1:], last_value[None]], axis=0)
     real = np.flatnonzero(~reset_steps.reshape(-1))
     return next_values, real
+
+
 # --- end shared: atari ---
+
 
 # ---- algorithm helpers: no globals, tensors / arrays in and out (the tests import them) ----
 # --- shared: ppo ---
-def compute_gae(rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray, terminations: np.ndarray,
-                truncations: np.ndarray, gamma: float, gae_lambda: float) -> np.ndarray:  # fmt: skip
+def compute_gae(
+    rewards: np.ndarray,
+    values: np.ndarray,
+    next_values: np.ndarray,
+    terminations: np.ndarray,
+    truncations: np.ndarray,
+    gamma: float,
+    gae_lambda: float,
+) -> np.ndarray:
     """Generalized Advantage Estimation over a (num_steps, num_envs) rollout, all arrays "after step t"; next_values[t]
     is V of transition t's true next state (V(final obs) where the episode ended at t):
         delta_t = r_t + gamma * (1 - terminated_t) * V(s_{t+1}) - V(s_t)
@@ -240,9 +264,16 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray
     return advantages
 
 
-def ppo_losses(new_logprob: torch.Tensor, old_logprob: torch.Tensor, advantages: torch.Tensor, new_values: torch.Tensor,
-               old_values: torch.Tensor, returns: torch.Tensor, clip_coef: float,
-               clip_vloss: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+def ppo_losses(
+    new_logprob: torch.Tensor,
+    old_logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    new_values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    clip_coef: float,
+    clip_vloss: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The clipped-surrogate policy loss and the (optionally clipped) value loss; also log(ratio) for diagnostics."""
     log_ratio = new_logprob - old_logprob
     ratio = log_ratio.exp()
@@ -260,6 +291,8 @@ def kl_diagnostics(log_ratio: torch.Tensor, clip_coef: float) -> torch.Tensor:
     http://joschu.net/blog/kl-approx.html: k1 = -log r, k3 = (r - 1) - log r."""
     ratio = log_ratio.exp()
     return torch.stack([(-log_ratio).mean(), ((ratio - 1) - log_ratio).mean(), ((ratio - 1).abs() > clip_coef).float().mean()])
+
+
 # --- end shared: ppo ---
 
 
@@ -273,6 +306,8 @@ def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
 def annealed(iteration: int, num_iterations: int, value: float) -> float:
     """Linear decay from `value` at iteration 1 to value/num_iterations at the last iteration."""
     return (1.0 - (iteration - 1.0) / num_iterations) * value
+
+
 # --- end shared: diagnostics-and-schedules ---
 
 
@@ -334,15 +369,16 @@ def main() -> None:
                 _, last_value = agent(torch.from_numpy(next_obs).to(device))
             values = values_buf.numpy()
             next_values, real = next_step_targets(values, last_value.cpu().numpy(), reset_step_buf)
-            advantages = compute_gae(rewards_buf, values, next_values, terminations_buf, truncations_buf,
-                                     args.gamma, args.gae_lambda)  # fmt: skip
+            advantages = compute_gae(
+                rewards_buf, values, next_values, terminations_buf, truncations_buf, args.gamma, args.gae_lambda
+            )
             returns = advantages + values
 
             # flatten (num_steps, num_envs) -> batch, keeping only the real transitions (not the reset steps)
             b_obs, b_actions, b_logprobs, b_values, b_advantages, b_returns = (
                 torch.as_tensor(x).flatten(0, 1)[real].to(device)
                 for x in (obs_buf, actions_buf, logprobs_buf, values_buf, advantages, returns)
-            )  # fmt: skip
+            )
             # the reset steps leave the batch a few samples short: each epoch leaves out another random remainder
             minibatch_size = len(real) // args.num_minibatches
 
@@ -358,8 +394,16 @@ def main() -> None:
                     mb_advantages = b_advantages[idx]
                     if args.norm_adv:
                         mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
-                    pg_loss, v_loss, log_ratios[mb] = ppo_losses(new_logprob, b_logprobs[idx], mb_advantages, new_values,
-                                                                 b_values[idx], b_returns[idx], clip_coef, args.clip_vloss)
+                    pg_loss, v_loss, log_ratios[mb] = ppo_losses(
+                        new_logprob,
+                        b_logprobs[idx],
+                        mb_advantages,
+                        new_values,
+                        b_values[idx],
+                        b_returns[idx],
+                        clip_coef,
+                        args.clip_vloss,
+                    )
                     # L = L^CLIP - c_ent * H + c_v * L^V
                     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
                     optimizer.zero_grad()
@@ -390,25 +434,41 @@ def main() -> None:
 
 # Every numeric flag and the range it must lie in (checked before anything starts)
 FLAG_RULES = {
-    "total_timesteps": ">= 1", "learning_rate": "> 0", "num_envs": ">= 1", "num_steps": ">= 1", "gamma": "in [0, 1]",
-    "gae_lambda": "in [0, 1]", "num_minibatches": ">= 1", "update_epochs": ">= 1", "clip_coef": "> 0", "target_kl": "> 0",
-    "ent_coef": ">= 0", "vf_coef": ">= 0", "max_grad_norm": "> 0",
-}  # fmt: skip
+    "total_timesteps": ">= 1",
+    "learning_rate": "> 0",
+    "num_envs": ">= 1",
+    "num_steps": ">= 1",
+    "gamma": "in [0, 1]",
+    "gae_lambda": "in [0, 1]",
+    "num_minibatches": ">= 1",
+    "update_epochs": ">= 1",
+    "clip_coef": "> 0",
+    "target_kl": "> 0",
+    "ent_coef": ">= 0",
+    "vf_coef": ">= 0",
+    "max_grad_norm": "> 0",
+}
 
 
 def validate_args(args: Args) -> None:
     """What single-flag rules cannot say: sizes that must fit together."""
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches != 0:
-        raise UserError(f"num_minibatches ({args.num_minibatches}) must divide the batch size num_envs * num_steps = "
-                        f"{args.num_envs} * {args.num_steps} = {batch_size}.")  # fmt: skip
+        raise UserError(
+            f"num_minibatches ({args.num_minibatches}) must divide the batch size num_envs * num_steps = "
+            f"{args.num_envs} * {args.num_steps} = {batch_size}."
+        )
     if args.total_timesteps < batch_size:
-        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one batch (num_envs * num_steps = "
-                        f"{batch_size}): no update would run. Raise --total-timesteps or lower --num-steps.")  # fmt: skip
+        raise UserError(
+            f"total_timesteps ({args.total_timesteps}) is below one batch (num_envs * num_steps = "
+            f"{batch_size}): no update would run. Raise --total-timesteps or lower --num-steps."
+        )
     minibatch = batch_size // args.num_minibatches
     if args.norm_adv and minibatch < 2:
-        raise UserError(f"--norm-adv divides by the advantages' standard deviation over a minibatch, undefined for a "
-                        f"minibatch of {minibatch}: raise --num-envs or --num-steps, or leave --norm-adv off.")  # fmt: skip
+        raise UserError(
+            f"--norm-adv divides by the advantages' standard deviation over a minibatch, undefined for a "
+            f"minibatch of {minibatch}: raise --num-envs or --num-steps, or leave --norm-adv off."
+        )
 
 
 # --- shared: atari-run ---
@@ -420,9 +480,11 @@ def parse_atari_id(env_id: str) -> tuple[str, float]:
     sticky-action probability (v5 repeats the previous action with p=0.25, Machado et al. 2018; v4 never does)."""
     match = ATARI_ID.match(env_id)
     if match is None:
-        raise UserError(f"'{env_id}' is not an Atari id this script takes: use GameNoFrameskip-v4 (e.g. "
-                        "BreakoutNoFrameskip-v4) or ALE/Game-v5 (e.g. ALE/Breakout-v5). For continuous-action tasks "
-                        "(MuJoCo, Pendulum) use ppo_continuous.py, sac_continuous.py or sac_continuous_ray.py.")  # fmt: skip
+        raise UserError(
+            f"'{env_id}' is not an Atari id this script takes: use GameNoFrameskip-v4 (e.g. "
+            "BreakoutNoFrameskip-v4) or ALE/Game-v5 (e.g. ALE/Breakout-v5). For continuous-action tasks "
+            "(MuJoCo, Pendulum) use ppo_continuous.py, sac_continuous.py or sac_continuous_ray.py."
+        )
     return (match["v4"], 0.0) if match["v4"] else (match["v5"], 0.25)
 
 
@@ -432,8 +494,9 @@ def check_atari_env(env_id: str) -> None:
     try:
         import ale_py
     except ImportError:
-        raise UserError("ale-py is not installed: run the README's commands (`uv run --all-extras ...`), or "
-                        "`pip install ale-py`.") from None  # fmt: skip
+        raise UserError(
+            "ale-py is not installed: run the README's commands (`uv run --all-extras ...`), or `pip install ale-py`."
+        ) from None
     gym.register_envs(ale_py)  # gymnasium 1.x no longer finds the ALE envs by itself
     try:
         gym.spec(env_id)
@@ -490,20 +553,29 @@ def check_agent(agent: nn.Module, obs_shape: tuple, ckpt: Optional[dict] = None,
         fix = f"Set its {size} to {shape[dim]} (now {getattr(layer, size)}), or change" if size and shape else "Change it or"
         fix += " the layers before it, so that each layer's output fits the next one's input."
         if "view size is not compatible" in str(e):  # .view() of the convolutions' channels-last output
-            fix = ("main() keeps the convolutions in channels-last memory (faster), which .view() cannot flatten: use "
-                   ".reshape() or torch.flatten() there instead.")  # fmt: skip
-        raise UserError(f"the network no longer runs on {obs_shape} frames: {where} {type(layer).__name__}"
-                        f"({layer.extra_repr()}) fails on its input{f' of shape {shape}' if shape else ''} "
-                        f"({str(e).splitlines()[0]}). {fix}") from None
+            fix = (
+                "main() keeps the convolutions in channels-last memory (faster), which .view() cannot flatten: use "
+                ".reshape() or torch.flatten() there instead."
+            )
+        raise UserError(
+            f"the network no longer runs on {obs_shape} frames: {where} {type(layer).__name__}"
+            f"({layer.extra_repr()}) fails on its input{f' of shape {shape}' if shape else ''} "
+            f"({str(e).splitlines()[0]}). {fix}"
+        ) from None
     if ckpt is None:
         return
     mine, saved = agent.state_dict(), ckpt["model"]
-    differ = [f"{k}: {tuple(saved[k].shape) if k in saved else 'none'} vs {tuple(v.shape)}" for k, v in mine.items()
-              if k not in saved or saved[k].shape != v.shape] + [f"{k}: not in Agent" for k in saved.keys() - mine.keys()]
+    differ = [
+        f"{k}: {tuple(saved[k].shape) if k in saved else 'none'} vs {tuple(v.shape)}"
+        for k, v in mine.items()
+        if k not in saved or saved[k].shape != v.shape
+    ] + [f"{k}: not in Agent" for k in saved.keys() - mine.keys()]
     if differ:
-        raise UserError(f"checkpoint '{path}' holds weights of other shapes than this script's Agent (checkpoint vs "
-                        f"Agent, {'; '.join(differ[:3])}{'; ...' if len(differ) > 3 else ''}). Undo the edits to Agent "
-                        "to use this checkpoint, or start a new run.")  # fmt: skip
+        raise UserError(
+            f"checkpoint '{path}' holds weights of other shapes than this script's Agent (checkpoint vs "
+            f"Agent, {'; '.join(differ[:3])}{'; ...' if len(differ) > 3 else ''}). Undo the edits to Agent "
+            "to use this checkpoint, or start a new run."
+        )
 
 
 class Policy(nn.Module):
@@ -555,8 +627,9 @@ def player(policy: nn.Module, env_id: str, seed: int) -> Callable:
     return lambda episodes, video_dir=None: evaluate(policy, eval_env(env_id, video_dir), episodes, seed)
 
 
-def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
-             report: Callable[[int, float], None] = lambda i, r: None) -> list[float]:  # fmt: skip
+def evaluate(
+    policy: nn.Module, env: gym.Env, episodes: int, seed: int, report: Callable[[int, float], None] = lambda i, r: None
+) -> list[float]:
     """Plays `episodes` full games with `policy` on `env` (eval_env's), stepped as the rollout steps its envs (a game
     that loops without scoring ends at the 108k-frame limit); returns each game's unclipped score over all its lives
     (`report` hears of each game). Closes env."""
@@ -573,16 +646,40 @@ def evaluate(policy: nn.Module, env: gym.Env, episodes: int, seed: int,
             report(len(returns) - 1, game_return)
     envs.close()
     return returns
+
+
 # --- end shared: atari-run ---
 
 
 # --- shared: plumbing ---
 # Flags a --resume command may change (those the script has); a flag it leaves out, and every other, is the checkpoint's.
-RESUME_OVERRIDABLE = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
-                      "runs_dir", "checkpoint_interval", "keep_checkpoints", "resume", "eval_episodes", "eval_interval",
-                      "keep_best", "progress", "cuda", "torch_threads", "save_buffer", "log_interval", "async_envs",
-                      "num_rollout_workers", "envs_per_worker", "weight_sync_interval", "worker_batch_steps",
-                      "ray_address", "pause_learner")  # fmt: skip
+RESUME_OVERRIDABLE = (
+    "total_timesteps",
+    "track",
+    "wandb_project_name",
+    "wandb_entity",
+    "capture_video",
+    "save_model",
+    "runs_dir",
+    "checkpoint_interval",
+    "keep_checkpoints",
+    "resume",
+    "eval_episodes",
+    "eval_interval",
+    "keep_best",
+    "progress",
+    "cuda",
+    "torch_threads",
+    "save_buffer",
+    "log_interval",
+    "async_envs",
+    "num_rollout_workers",
+    "envs_per_worker",
+    "weight_sync_interval",
+    "worker_batch_steps",
+    "ray_address",
+    "pause_learner",
+)
 MAY_BE_NAN = ("losses/explained_variance",)  # NaN by definition when all returns are equal: not a broken run
 NON_FINITE_FLAGS = ("learning_rate", "policy_lr", "q_lr", "max_grad_norm", "num_minibatches", "norm_adv", "norm_obs")
 CHECKPOINT = re.compile(r"(step|interrupted|final)_(\d{10})\.pt")  # the names runs write; no other file is pruned
@@ -598,12 +695,17 @@ class Run:
         if ckpt is not None:
             check_checkpoint_matches(ckpt, args.resume, script, shapes)
             if ckpt["iteration"] >= args.num_iterations:
-                raise UserError(f"checkpoint '{args.resume}' is at iteration {ckpt['iteration']} (step "
-                                f"{ckpt['global_step']}), the last of --total-timesteps {args.total_timesteps}: "
-                                "nothing left to do. Raise --total-timesteps.")  # fmt: skip
+                raise UserError(
+                    f"checkpoint '{args.resume}' is at iteration {ckpt['iteration']} (step "
+                    f"{ckpt['global_step']}), the last of --total-timesteps {args.total_timesteps}: "
+                    "nothing left to do. Raise --total-timesteps."
+                )
         self.dir = None if ckpt is None else resume_folder(args, ckpt)
-        base = ckpt["run_name"] if ckpt else f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__" \
-            f"{args.seed}__{int(time.time())}"  # fmt: skip
+        base = (
+            ckpt["run_name"]
+            if ckpt
+            else f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        )
         Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
         for n in range(1, 1000) if self.dir is None else ():  # exclusively: runs started in the same second get two
             self.dir = Path(args.runs_dir) / (base if n == 1 else f"{base}-{n}")
@@ -615,17 +717,27 @@ class Run:
         if args.track:  # wandb mirrors the TensorBoard scalars: initialized before the writer
             import wandb
 
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=vars(args), name=self.name, dir=str(self.dir), save_code=True)  # fmt: skip
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=vars(args),
+                name=self.name,
+                dir=str(self.dir),
+                save_code=True,
+            )
         from torch.utils.tensorboard import SummaryWriter
 
         # on resume, purge_step hides events logged after the checkpoint: one continuous curve
         self.writer = SummaryWriter(str(self.dir), purge_step=ckpt["global_step"] + 1 if in_place else None)
         if not in_place:  # a run resumed in its folder keeps the first start's args.json and hyperparameter table
-            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in
-                                                                                         vars(args).items()))  # fmt: skip
-            compute = {"device": "cuda" if torch.cuda.is_available() and args.cuda else "cpu",
-                       "torch_threads": torch.get_num_threads()}  # fmt: skip
+            self.writer.add_text(
+                "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+            )
+            compute = {
+                "device": "cuda" if torch.cuda.is_available() and args.cuda else "cpu",
+                "torch_threads": torch.get_num_threads(),
+            }
             (self.dir / "args.json").write_text(json.dumps({**dataclasses.asdict(args), "compute": compute}, indent=2))
         print(f"run: {self.dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
         self.recent_returns, self.phase_time = [], {}  # the last 10 episodes' returns; seconds per run.timer phase
@@ -647,9 +759,11 @@ class Run:
             try:  # an edited network (a layer, a width) no longer fits the checkpoint's weights
                 getattr(part, "load_state_dict", lambda saved: load_plain(part, saved))(self.ckpt[name])
             except (RuntimeError, KeyError, ValueError) as e:
-                raise UserError(f"checkpoint '{self.args.resume}' does not fit this script's {name} "
-                                f"({str(e).splitlines()[-1].strip()}): the script changed since it was saved. Resume with "
-                                "the script as it was, or start a new run without --resume.") from None  # fmt: skip
+                raise UserError(
+                    f"checkpoint '{self.args.resume}' does not fit this script's {name} "
+                    f"({str(e).splitlines()[-1].strip()}): the script changed since it was saved. Resume with "
+                    "the script as it was, or start a new run without --resume."
+                ) from None
         if not (exact := all(getattr(part, "exact", True) for part in parts.values())):
             print(f"warning: {self.args.env_id}'s simulator state cannot be captured; its envs restart from a reset.")
         load_plain(state, self.ckpt["run_state"], exact)
@@ -738,16 +852,29 @@ class Run:
 
     def checkpoint(self, best: bool = False) -> dict:
         """The checkpoint as plain data; for best.pt a copy, without the parts that `holds_replay_buffer`."""
-        state = {"format": 1, "script": self.script, "run_name": self.name, "args": dataclasses.asdict(self.args),
-                 "global_step": self.state.global_step, "iteration": self.state.iteration, **self.shapes,
-                 **{name: None if best and getattr(part, "holds_replay_buffer", False)
-                    else part.state_dict() if hasattr(part, "state_dict") else to_plain(part)
-                    for name, part in self.parts.items()},
-                 "run_state": {**to_plain(self.state), "recent_returns": list(self.recent_returns),
-                               "best_score": self.best_score},
-                 # torch's RNGs: the scripts draw every random number from torch, or from the envs' own (env-state)
-                 "rng_states": {"torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state_all()}
-                                                                   if torch.cuda.is_available() else {})}}  # fmt: skip
+        state = {
+            "format": 1,
+            "script": self.script,
+            "run_name": self.name,
+            "args": dataclasses.asdict(self.args),
+            "global_step": self.state.global_step,
+            "iteration": self.state.iteration,
+            **self.shapes,
+            **{
+                name: None
+                if best and getattr(part, "holds_replay_buffer", False)
+                else part.state_dict()
+                if hasattr(part, "state_dict")
+                else to_plain(part)
+                for name, part in self.parts.items()
+            },
+            "run_state": {**to_plain(self.state), "recent_returns": list(self.recent_returns), "best_score": self.best_score},
+            # torch's RNGs: the scripts draw every random number from torch, or from the envs' own (env-state)
+            "rng_states": {
+                "torch": torch.get_rng_state(),
+                **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}),
+            },
+        }
         return copy.deepcopy(state) if best else state
 
     def save(self, kind: str) -> Path:
@@ -788,8 +915,11 @@ class Run:
         self.saving = True
         if self.stopped:
             path = self.save("interrupted")
-            print(f"interrupted: saved step {self.state.global_step} (iteration {self.state.iteration}) to {path}\n"
-                  f"resume with: {resume_command(path)}", file=sys.stderr)  # fmt: skip
+            print(
+                f"interrupted: saved step {self.state.global_step} (iteration {self.state.iteration}) to {path}\n"
+                f"resume with: {resume_command(path)}",
+                file=sys.stderr,
+            )
             self.close()
             sys.exit(130)
         self.offer_training_return()
@@ -820,16 +950,29 @@ class Run:
     def non_finite(self, quantity: str, cause: str) -> None:
         """Stop on the first NaN / Inf, saving nothing: one paragraph (what, when, likely causes, how to resume), exit 3."""
         args, state = self.args, self.state
-        newest = max((p for p in self.ckpt_dir.glob("*.pt") if CHECKPOINT.fullmatch(p.name)), key=lambda p: p.stat().st_mtime,
-                     default=None)  # fmt: skip
+        newest = max(
+            (p for p in self.ckpt_dir.glob("*.pt") if CHECKPOINT.fullmatch(p.name)),
+            key=lambda p: p.stat().st_mtime,
+            default=None,
+        )
         flags = ", ".join(f"--{f.replace('_', '-')} {getattr(args, f)}" for f in NON_FINITE_FLAGS if hasattr(args, f))
-        print(f"error: non-finite value (NaN or Inf) in {quantity} at env step {state.global_step} (iteration "
-              f"{state.iteration}): the run stopped and saved nothing of this state. Likely cause: " + (
-              f"the environment ({args.env_id}): a custom env's bug, or a simulator made unstable" if cause == "env" else
-              f"a step too large for these settings: {flags} (a lower learning rate, a larger batch or normalization "
-              "usually help)") + (f". The newest checkpoint from before it, {newest}, is untouched: resume it with "
-              f"`{resume_command(newest)}` once the cause is fixed." if newest else
-              ". No checkpoint was written before it (--checkpoint-interval sets how often)."), file=sys.stderr)  # fmt: skip
+        print(
+            f"error: non-finite value (NaN or Inf) in {quantity} at env step {state.global_step} (iteration "
+            f"{state.iteration}): the run stopped and saved nothing of this state. Likely cause: "
+            + (
+                f"the environment ({args.env_id}): a custom env's bug, or a simulator made unstable"
+                if cause == "env"
+                else f"a step too large for these settings: {flags} (a lower learning rate, a larger batch or normalization "
+                "usually help)"
+            )
+            + (
+                f". The newest checkpoint from before it, {newest}, is untouched: resume it with "
+                f"`{resume_command(newest)}` once the cause is fixed."
+                if newest
+                else ". No checkpoint was written before it (--checkpoint-interval sets how often)."
+            ),
+            file=sys.stderr,
+        )
         self.close()
         sys.exit(3)
 
@@ -847,11 +990,15 @@ def resume_folder(args, ckpt: dict) -> Optional[Path]:
     """The checkpoint's run folder; None (a new one under --runs-dir) if it is none, is not writable, or has later ones."""
     folder, step = Path(args.resume).resolve().parent, ckpt["global_step"]
     later = sorted(p.name for p in folder.glob("*.pt") if CHECKPOINT.fullmatch(p.name) and int(p.stem[-10:]) > step)
-    why = ("is not in a run folder" if folder.name != "checkpoints" or not (folder.parent / "args.json").is_file() else
-           "sits in a run folder this user cannot write" if not all(os.access(f, os.W_OK | os.X_OK) for f in (folder,
-                                                                                                   folder.parent)) else
-           f"is older than checkpoints saved later in its folder ({', '.join(later)}), which stay as they are"
-           if later else None)  # fmt: skip
+    why = (
+        "is not in a run folder"
+        if folder.name != "checkpoints" or not (folder.parent / "args.json").is_file()
+        else "sits in a run folder this user cannot write"
+        if not all(os.access(f, os.W_OK | os.X_OK) for f in (folder, folder.parent))
+        else f"is older than checkpoints saved later in its folder ({', '.join(later)}), which stay as they are"
+        if later
+        else None
+    )
     if why is not None:
         print(f"note: '{args.resume}' {why}: the resumed run writes into a new run folder under '{args.runs_dir}'.")
     return None if why else folder.parent
@@ -859,8 +1006,14 @@ def resume_folder(args, ckpt: dict) -> Optional[Path]:
 
 def to_plain(obj) -> dict:
     """An object's attributes as plain data that loads with weights_only=True (numpy arrays and scalars: tensors; copies)."""
-    return {name: torch.from_numpy(np.array(v)) if isinstance(v, (np.ndarray, np.generic)) else v.detach().cpu().clone()
-            if isinstance(v, torch.Tensor) else v for name, v in vars(obj).items()}  # fmt: skip
+    return {
+        name: torch.from_numpy(np.array(v))
+        if isinstance(v, (np.ndarray, np.generic))
+        else v.detach().cpu().clone()
+        if isinstance(v, torch.Tensor)
+        else v
+        for name, v in vars(obj).items()
+    }
 
 
 def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
@@ -874,7 +1027,7 @@ def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
 
 def first_non_finite(obj, path: str = "") -> Optional[str]:
     """The dotted path to the first NaN / Inf in obj (tensors, arrays, numbers, nested), or None."""
-    if isinstance(obj, (np.ndarray, float)) and getattr(obj, "dtype", None) != object:  # a float: a logged number
+    if isinstance(obj, (np.ndarray, float)) and getattr(obj, "dtype", None) != np.dtype(object):  # a float: a logged number
         return path if np.asarray(obj).dtype.kind in "fc" and not np.isfinite(obj).all() else None
     if isinstance(obj, torch.Tensor):
         return path if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else None
@@ -911,8 +1064,9 @@ def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
     try:  # why the CPU: RNG and env states must be CPU tensors; modules copy their weights to their own device
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
-        raise UserError(f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint "
-                        f"({type(e).__name__}).") from None  # fmt: skip
+        raise UserError(
+            f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint ({type(e).__name__})."
+        ) from None
     if not isinstance(state, dict) or "format" not in state or "args" not in state:
         raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
     return state
@@ -924,16 +1078,20 @@ def check_checkpoint_matches(ckpt: dict, path: str, script: str, shapes: dict) -
         raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script', 'another script')}.py, not {script}.py.")
     if (saved := {k: ckpt.get(k) for k in shapes}) != shapes:
         describe = lambda d: ", ".join(f"{k} {tuple(v) if isinstance(v, list) else v}" for k, v in d.items())  # noqa: E731
-        raise UserError(f"checkpoint '{path}' was made for {ckpt['args']['env_id']} ({describe(saved)}), which does not "
-                        f"fit this env ({describe(shapes)}).")  # fmt: skip
+        raise UserError(
+            f"checkpoint '{path}' was made for {ckpt['args']['env_id']} ({describe(saved)}), which does not "
+            f"fit this env ({describe(shapes)})."
+        )
 
 
 def check_memory(flag: str, value: int, needed: float, what: str) -> None:
     """Refuse `--flag value` if `what` needs more bytes than the memory available (Linux), not be killed as it fills."""
     info = Path("/proc/meminfo").read_text().split() if Path("/proc/meminfo").is_file() else ["MemAvailable:", "inf"]
     if needed > (available := float(info[info.index("MemAvailable:") + 1]) * 1024):
-        raise UserError(f"--{flag.replace('_', '-')} {value:,}: {what} needs {needed / 2**30:.1f} GiB, but this machine has "
-                        f"{available / 2**30:.1f} GiB of memory available: at most {int(value * available / needed):,} fit.")
+        raise UserError(
+            f"--{flag.replace('_', '-')} {value:,}: {what} needs {needed / 2**30:.1f} GiB, but this machine has "
+            f"{available / 2**30:.1f} GiB of memory available: at most {int(value * available / needed):,} fit."
+        )
 
 
 def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
@@ -943,11 +1101,23 @@ def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
         old.unlink()
 
 
-RULES = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0, ">= 1": lambda v: v >= 1, "in [0, 1]": lambda v: 0 <= v <= 1,
-         "in (0, 1]": lambda v: 0 < v <= 1, "in [0, 1)": lambda v: 0 <= v < 1}  # fmt: skip
+RULES = {
+    "> 0": lambda v: v > 0,
+    ">= 0": lambda v: v >= 0,
+    ">= 1": lambda v: v >= 1,
+    "in [0, 1]": lambda v: 0 <= v <= 1,
+    "in (0, 1]": lambda v: 0 < v <= 1,
+    "in [0, 1)": lambda v: 0 <= v < 1,
+}
 # the run flags every script has, with their rules; each script's FLAG_RULES adds its own
-RUN_RULES = {"seed": ">= 0", "torch_threads": ">= 0", "checkpoint_interval": ">= 0", "keep_checkpoints": ">= 1",
-             "eval_episodes": ">= 1", "eval_interval": ">= 0"}  # fmt: skip
+RUN_RULES = {
+    "seed": ">= 0",
+    "torch_threads": ">= 0",
+    "checkpoint_interval": ">= 0",
+    "keep_checkpoints": ">= 1",
+    "eval_episodes": ">= 1",
+    "eval_interval": ">= 0",
+}
 
 
 def check_flags(args, rules: dict) -> None:
@@ -963,10 +1133,15 @@ def parse_command_line(cls, rules: dict, validate: Callable):
     """(args, the --resume checkpoint or None, device), all checked before anything starts; torch's threads set."""
     args = tyro.cli(cls)
     netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))  # never wait at wandb's login prompt
-    if args.track and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun") and not (
-            os.environ.get("WANDB_API_KEY") or netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")):
-        raise UserError("--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
-                        "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`).")  # fmt: skip
+    if (
+        args.track
+        and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun")
+        and not (os.environ.get("WANDB_API_KEY") or netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace"))
+    ):
+        raise UserError(
+            "--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
+            "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`)."
+        )
     # 0: a thread per usable core (taskset, cgroups); runs sharing a machine must split them, or slow each other severalfold
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     torch.set_num_threads(args.torch_threads or cores)
@@ -974,16 +1149,20 @@ def parse_command_line(cls, rules: dict, validate: Callable):
     if args.resume:
         ckpt, argv = load_checkpoint(args.resume, "--resume"), sys.argv[1:]
         if ":" in str(ckpt["args"].get("env_id")) and not any(w.startswith("--env-id") for w in argv):  # it imports nothing
-            raise UserError(f"checkpoint '{args.resume}' names the env '{ckpt['args']['env_id']}', which imports a "
-                            "module: give the same --env-id on the command line to allow it.")  # fmt: skip
+            raise UserError(
+                f"checkpoint '{args.resume}' names the env '{ckpt['args']['env_id']}', which imports a "
+                "module: give the same --env-id on the command line to allow it."
+            )
         args = merge_resume_args(args, ckpt["args"], argv)
     check_flags(args, rules)
     existing = Path(args.runs_dir).absolute()
     while not os.path.lexists(existing):  # made at the start of the run; what exists of it must be a writable folder
         existing = existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"--runs-dir '{args.runs_dir}': run folders are made in it, but '{existing}' is " +
-                        ("not writable (no permission)." if existing.is_dir() else "not a folder."))  # fmt: skip
+        raise UserError(
+            f"--runs-dir '{args.runs_dir}': run folders are made in it, but '{existing}' is "
+            + ("not writable (no permission)." if existing.is_dir() else "not a folder.")
+        )
     validate(args)
     return args, ckpt, device
 
@@ -997,9 +1176,11 @@ def merge_resume_args(cli, saved: dict, argv: list):
     for f in dataclasses.fields(cli):
         keep = (f.name in RESUME_OVERRIDABLE and f.name in given) or f.name not in saved
         if not keep and f.name in given and getattr(cli, f.name) != saved[f.name]:
-            raise UserError(f"--{f.name.replace('_', '-')} {getattr(cli, f.name)} conflicts with the checkpoint, which "
-                            f"was trained with {saved[f.name]}: a resumed run keeps it. Drop the flag, or start a new "
-                            "run.")  # fmt: skip
+            raise UserError(
+                f"--{f.name.replace('_', '-')} {getattr(cli, f.name)} conflicts with the checkpoint, which "
+                f"was trained with {saved[f.name]}: a resumed run keeps it. Drop the flag, or start a new "
+                "run."
+            )
         merged[f.name] = getattr(cli, f.name) if keep else saved[f.name]
     return type(cli)(**merged)
 
@@ -1025,6 +1206,8 @@ def seed_everything(seed: int, torch_deterministic: bool) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
     torch.backends.cudnn.deterministic = torch_deterministic
+
+
 # --- end shared: plumbing ---
 
 

@@ -43,6 +43,7 @@ SCRIPT_NAME = "sac_continuous"  # written into checkpoints; a checkpoint of anot
 class Args:
     """SAC for continuous actions (MuJoCo, classic control): trains an agent and logs to TensorBoard.
     --resume CKPT continues the run of checkpoint CKPT; `python tools/agent.py eval|export CKPT` plays or exports it."""
+
     # --- algorithm ---
     env_id: str = "HalfCheetah-v4"  # gymnasium env id with continuous actions (MuJoCo, classic control)
     total_timesteps: int = 1_000_000  # env steps to train for, summed over all envs
@@ -87,10 +88,20 @@ class Args:
 
 # Every numeric flag and the range it must lie in (checked before anything starts; see check_flags)
 FLAG_RULES = {
-    "total_timesteps": ">= 1", "num_envs": ">= 1", "buffer_size": ">= 1", "gamma": "in [0, 1]", "tau": "in (0, 1]",
-    "batch_size": ">= 1", "learning_starts": ">= 0", "policy_lr": "> 0", "q_lr": "> 0", "policy_frequency": ">= 1",
-    "target_network_frequency": ">= 1", "alpha": ">= 0", "log_interval": ">= 1",
-}  # fmt: skip
+    "total_timesteps": ">= 1",
+    "num_envs": ">= 1",
+    "buffer_size": ">= 1",
+    "gamma": "in [0, 1]",
+    "tau": "in (0, 1]",
+    "batch_size": ">= 1",
+    "learning_starts": ">= 0",
+    "policy_lr": "> 0",
+    "q_lr": "> 0",
+    "policy_frequency": ">= 1",
+    "target_network_frequency": ">= 1",
+    "alpha": ">= 0",
+    "log_interval": ">= 1",
+}
 
 
 def validate_args(args: Args) -> None:
@@ -98,11 +109,15 @@ def validate_args(args: Args) -> None:
     if args.total_timesteps < args.num_envs:
         raise UserError(f"total_timesteps ({args.total_timesteps}) is below one vector step (num_envs = {args.num_envs}).")
     if args.learning_starts > args.total_timesteps:
-        raise UserError(f"learning_starts ({args.learning_starts}) is above total_timesteps ({args.total_timesteps}): "
-                        "no update would run. Lower --learning-starts or raise --total-timesteps.")  # fmt: skip
+        raise UserError(
+            f"learning_starts ({args.learning_starts}) is above total_timesteps ({args.total_timesteps}): "
+            "no update would run. Lower --learning-starts or raise --total-timesteps."
+        )
     if args.batch_size > args.buffer_size:
-        raise UserError(f"batch_size ({args.batch_size}) is larger than buffer_size ({args.buffer_size}). "
-                        "Lower --batch-size or raise --buffer-size.")  # fmt: skip
+        raise UserError(
+            f"batch_size ({args.batch_size}) is larger than buffer_size ({args.buffer_size}). "
+            "Lower --batch-size or raise --buffer-size."
+        )
 
 
 # --- shared: sac-algorithm ---
@@ -151,8 +166,9 @@ def q_values(critics: nn.ModuleList, obs: torch.Tensor, action: torch.Tensor) ->
     return torch.stack([critic(x).squeeze(-1) for critic in critics])
 
 
-def squashed_gaussian(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor, action_scale: torch.Tensor,
-                      action_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def squashed_gaussian(
+    mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor, action_scale: torch.Tensor, action_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Reparameterized sample a = tanh(u) * scale + bias, u = mean + std * noise, and its log-density summed over
     action dimensions (change of variables, SAC paper appendix C; exact, without the reference's 1e-6: docs page):
         log pi(a|s) = log N(u; mean, std) - sum_i [log scale_i + log(1 - tanh(u_i)^2)]
@@ -166,8 +182,14 @@ def squashed_gaussian(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Te
     return torch.addcmul(action_bias, torch.tanh(u), action_scale), (minus_log_slope - log_std).sum(-1) - constant
 
 
-def soft_q_target(rewards: torch.Tensor, terminated: torch.Tensor, next_q: torch.Tensor, next_log_prob: torch.Tensor,
-                  alpha: torch.Tensor, gamma: float) -> torch.Tensor:  # fmt: skip
+def soft_q_target(
+    rewards: torch.Tensor,
+    terminated: torch.Tensor,
+    next_q: torch.Tensor,
+    next_log_prob: torch.Tensor,
+    alpha: torch.Tensor,
+    gamma: float,
+) -> torch.Tensor:
     """y = r + gamma * (1 - terminated) * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s')),  a' ~ pi(.|s').
     `next_q` is the target critics' (2, batch) output. Only a termination stops bootstrapping: at a time-limit
     truncation s' is the true final observation and the value beyond it is real."""
@@ -242,8 +264,14 @@ class Learner:
         return self.log_alpha.detach().exp() if self.fixed_alpha is None else self.fixed_alpha
 
     def parts(self) -> dict:  # what a checkpoint holds (Run.attach: state_dict / load_state_dict)
-        parts = {"actor": self.actor, "qf": self.qf, "qf_target": self.qf_target, "actor_optimizer": self.actor_optimizer,
-                 "q_optimizer": self.q_optimizer, "alpha_optimizer": self.alpha_optimizer}  # fmt: skip
+        parts = {
+            "actor": self.actor,
+            "qf": self.qf,
+            "qf_target": self.qf_target,
+            "actor_optimizer": self.actor_optimizer,
+            "q_optimizer": self.q_optimizer,
+            "alpha_optimizer": self.alpha_optimizer,
+        }
         return {name: part for name, part in parts.items() if part is not None}
 
     def state_dict(self) -> dict:
@@ -254,8 +282,10 @@ class Learner:
             try:
                 part.load_state_dict(state[name])
             except (RuntimeError, ValueError, KeyError) as e:  # an edited network, or a checkpoint of an older build
-                raise UserError(f"the checkpoint's {name} does not fit this script's ({' '.join(str(e).split())[:160]}...). "
-                                "Resume it with the script that wrote it, or undo the edit to Actor / q_network.") from None
+                raise UserError(
+                    f"the checkpoint's {name} does not fit this script's ({' '.join(str(e).split())[:160]}...). "
+                    "Resume it with the script that wrote it, or undo the edit to Actor / q_network."
+                ) from None
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
 
@@ -334,6 +364,8 @@ def env_step(envs: gym.vector.VectorEnv, actions: np.ndarray, episode_return: np
     real_next = true_next_obs(raw_obs, ended, infos)
     episode_return, episode_length = np.where(ended, 0.0, episode_return), np.where(ended, 0, episode_length)
     return raw_obs, real_next, rewards, terminations, episode_return, episode_length, finished
+
+
 # --- end shared: sac-algorithm ---
 
 
@@ -349,6 +381,8 @@ def true_next_obs(raw_obs: np.ndarray, episode_ended: np.ndarray, infos: dict) -
     for i in np.flatnonzero(episode_ended):
         real[i] = infos["final_obs"][i]
     return real
+
+
 # --- end shared: episode-boundaries ---
 
 
@@ -381,21 +415,29 @@ def main() -> None:
     seed_everything(args.seed, args.torch_deterministic)
 
     # SAME_STEP autoreset: a finished episode's last obs is in infos["final_obs"] (NEXT_STEP, the default, wastes a step)
-    envs = gym.vector.SyncVectorEnv([make_env(args.env_id, i, args.capture_video, str(run.dir / "videos"))
-                                     for i in range(args.num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    envs = gym.vector.SyncVectorEnv(
+        [make_env(args.env_id, i, args.capture_video, str(run.dir / "videos")) for i in range(args.num_envs)],
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+    )
     obs_dim, act_dim = int(np.prod(shapes["obs_shape"])), int(np.prod(act_space.shape))
     learner = Learner(obs_dim, act_dim, act_space.low, act_space.high, args, device)
     buffer = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
     print(f"replay buffer: {args.buffer_size:,} transitions, {buffer.nbytes / 1e6:.1f} MB of arrays")
 
-    state = LoopState(raw_obs=envs.reset(seed=args.seed)[0], episode_return=np.zeros(args.num_envs),
-                      episode_length=np.zeros(args.num_envs, np.int64), updates_start=args.learning_starts,
-                      loss_sums=torch.zeros(4, device=device), actor_sums=torch.zeros(3, device=device))  # fmt: skip
+    state = LoopState(
+        raw_obs=envs.reset(seed=args.seed)[0],
+        episode_return=np.zeros(args.num_envs),
+        episode_length=np.zeros(args.num_envs, np.int64),
+        updates_start=args.learning_starts,
+        loss_sums=torch.zeros(4, device=device),
+        actor_sums=torch.zeros(3, device=device),
+    )
     run.attach(state, envs, learner=learner, env_states=EnvStates(envs), replay_buffer=BufferPart(buffer, args.save_buffer))
     if ckpt is not None and ckpt["replay_buffer"] is None:  # resumed without a buffer: updates pause until it refills
         state.updates_start = refill_before_updating(state.global_step, args.learning_starts)
-    run.play = lambda episodes, video_dir=None: evaluate(learner.policy, eval_env(args.env_id, video_dir), episodes,
-                                                         args.seed + 10_000)  # fmt: skip
+    run.play = lambda episodes, video_dir=None: evaluate(
+        learner.policy, eval_env(args.env_id, video_dir), episodes, args.seed + 10_000
+    )
     freeze_startup_objects()  # speed (below the banner): everything set up so far lives to the end of the run
 
     for iteration in run.iterations(state, args.num_iterations):  # between steps: checkpoints, Ctrl-C, progress
@@ -408,8 +450,9 @@ def main() -> None:
             else:
                 actions = learner.policy.act(state.raw_obs, torch.randn((args.num_envs, act_dim)))
             obs = state.raw_obs
-            (state.raw_obs, real_next_obs, rewards, terminations, state.episode_return, state.episode_length,
-             finished) = env_step(envs, actions, state.episode_return, state.episode_length)
+            (state.raw_obs, real_next_obs, rewards, terminations, state.episode_return, state.episode_length, finished) = (
+                env_step(envs, actions, state.episode_return, state.episode_length)
+            )
             state.global_step += args.num_envs
             # store terminations, not truncations: a time limit is not a terminal state (next obs = true final obs)
             buffer.add(obs, real_next_obs, actions, rewards, terminations)
@@ -433,12 +476,26 @@ def main() -> None:
             actor_updates = state.actor_updates - state.logged_actor_updates
             if grad_steps > 0:
                 q1, q2, loss1, loss2 = (state.loss_sums / grad_steps).tolist()
-                run.log(state.global_step, {"losses/qf1_values": q1, "losses/qf2_values": q2, "losses/qf1_loss": loss1,
-                                            "losses/qf2_loss": loss2, "losses/qf_loss": (loss1 + loss2) / 2.0})  # fmt: skip
+                run.log(
+                    state.global_step,
+                    {
+                        "losses/qf1_values": q1,
+                        "losses/qf2_values": q2,
+                        "losses/qf1_loss": loss1,
+                        "losses/qf2_loss": loss2,
+                        "losses/qf_loss": (loss1 + loss2) / 2.0,
+                    },
+                )
             if actor_updates > 0:
                 actor_loss, alpha, alpha_loss = (state.actor_sums / actor_updates).tolist()
-                run.log(state.global_step, {"losses/actor_loss": actor_loss, "losses/alpha": alpha,
-                                            **({"losses/alpha_loss": alpha_loss} if args.autotune else {})})  # fmt: skip
+                run.log(
+                    state.global_step,
+                    {
+                        "losses/actor_loss": actor_loss,
+                        "losses/alpha": alpha,
+                        **({"losses/alpha_loss": alpha_loss} if args.autotune else {}),
+                    },
+                )
             state.loss_sums.zero_()
             state.actor_sums.zero_()
             state.logged_grad_steps, state.logged_actor_updates = state.grad_steps, state.actor_updates
@@ -448,6 +505,7 @@ def main() -> None:
 
 # === Plumbing: runs, checkpoints, errors, speed set-up; not needed to follow the algorithm ===
 # Checkpoints, resume, logging, flag checks, the env probe, the networks' check, speed (`shared:`: tools/sync_shared.py)
+
 
 # --- shared: sac-run ---
 class BufferPart:
@@ -461,8 +519,16 @@ class BufferPart:
 
     def state_dict(self) -> Optional[dict]:
         b = self.buffer
-        return {"capacity": b.capacity, "pos": b.pos, "size": b.size,
-                **{k: torch.from_numpy(v[: b.size].copy()) for k, v in b.arrays.items()}} if self.save else None  # fmt: skip
+        return (
+            {
+                "capacity": b.capacity,
+                "pos": b.pos,
+                "size": b.size,
+                **{k: torch.from_numpy(v[: b.size].copy()) for k, v in b.arrays.items()},
+            }
+            if self.save
+            else None
+        )
 
     def load_state_dict(self, state: Optional[dict]) -> None:  # None: saved without the buffer, which stays empty
         if state is not None:
@@ -474,8 +540,11 @@ class BufferPart:
 def refill_before_updating(global_step: int, learning_starts: int) -> int:
     """Resumed without a replay buffer: the step from which updates go on (learning_starts, >= 1, steps on), in a warning."""
     start = global_step + max(learning_starts, 1)
-    print(f"warning: no replay buffer in the checkpoint (saved without --save-buffer): the buffer starts empty, and updates "
-          f"pause until it holds {learning_starts} new transitions (step {start}); acting goes on.", file=sys.stderr)
+    print(
+        f"warning: no replay buffer in the checkpoint (saved without --save-buffer): the buffer starts empty, and updates "
+        f"pause until it holds {learning_starts} new transitions (step {start}); acting goes on.",
+        file=sys.stderr,
+    )
     return start
 
 
@@ -496,8 +565,10 @@ def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_d
         ("Actor", actor, (obs,), f"obs_dim = {obs_dim}", f"2 * act_dim = {2 * act_dim} (mean, log-std)", [(64, act_dim)] * 2),
         ("q_network", q_values, (critics, obs, actions), f"obs_dim + act_dim = {obs_dim + act_dim}", "1 (Q)", [(2, 64)]),
     ):
-        sizes = (f"Each layer's input size must be the previous layer's output size, the first one's {first}, and the "
-                 f"last layer's output size {last}.")  # fmt: skip
+        sizes = (
+            f"Each layer's input size must be the previous layer's output size, the first one's {first}, and the "
+            f"last layer's output size {last}."
+        )
         try:
             with torch.no_grad():
                 out = network(*inputs)
@@ -505,8 +576,10 @@ def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_d
             raise UserError(f"{name} cannot map its inputs to its outputs ({str(e).splitlines()[0]}). {sizes}") from None
         shapes = [tuple(t.shape) for t in (out if isinstance(out, tuple) else [out])]
         if shapes != expected:
-            raise UserError(f"{name} maps 64 inputs to outputs of shape {', '.join(map(str, shapes))}, not "
-                            f"{', '.join(map(str, expected))}. {sizes}")  # fmt: skip
+            raise UserError(
+                f"{name} maps 64 inputs to outputs of shape {', '.join(map(str, shapes))}, not "
+                f"{', '.join(map(str, expected))}. {sizes}"
+            )
 
 
 def speed_setup() -> None:
@@ -527,6 +600,8 @@ def freeze_startup_objects() -> None:
     gc.collect()
     gc.freeze()
     atexit.register(gc.unfreeze)
+
+
 # --- end shared: sac-run ---
 
 
@@ -539,8 +614,10 @@ def check_buffer_fits(args, obs_shape: tuple, act_shape: tuple) -> None:
     runs_dir = Path(args.runs_dir).absolute()
     disk = shutil.disk_usage(next(p for p in (runs_dir, *runs_dir.parents) if p.exists())).free  # the folder, or above
     if args.save_buffer and 2 * nbytes > disk:
-        raise UserError(f"--buffer-size {args.buffer_size:,} needs {2 * nbytes / 2**30:.1f} GiB of disk with --save-buffer, "
-                        f"but {runs_dir} has {disk / 2**30:.1f} GiB free: lower --buffer-size.")  # fmt: skip
+        raise UserError(
+            f"--buffer-size {args.buffer_size:,} needs {2 * nbytes / 2**30:.1f} GiB of disk with --save-buffer, "
+            f"but {runs_dir} has {disk / 2**30:.1f} GiB free: lower --buffer-size."
+        )
 
 
 # --- shared: continuous ---
@@ -581,9 +658,11 @@ def probe_env(env_id: str, render: bool = False) -> tuple[dict, gym.spaces.Box]:
     env.close()
     space = env.action_space
     if not isinstance(space, gym.spaces.Box) or not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
-        raise UserError(f"{env_id}'s action space {space} is not a bounded Box: this script needs continuous actions "
-                        "within bounds (e.g. Pendulum-v1, HalfCheetah-v4). This project's discrete-action scripts, "
-                        "ppo_atari.py and a2c_atari.py, take Atari games only.")  # fmt: skip
+        raise UserError(
+            f"{env_id}'s action space {space} is not a bounded Box: this script needs continuous actions "
+            "within bounds (e.g. Pendulum-v1, HalfCheetah-v4). This project's discrete-action scripts, "
+            "ppo_atari.py and a2c_atari.py, take Atari games only."
+        )
     return {"obs_shape": list(env.observation_space.shape), "act_shape": list(space.shape)}, space
 
 
@@ -597,16 +676,40 @@ def quiet_mujoco_warnings() -> None:
     except AttributeError as e:  # PyOpenGL's failure where MUJOCO_GL=egl (ours or the user's) and libEGL is missing
         raise UserError(f"MuJoCo's EGL needs libEGL ({e}): install libegl1, or unset MUJOCO_GL and drop --capture-video.")
     mujoco.set_mju_user_warning(lambda m: None if "settotalmass" in m else print(f"MuJoCo warning: {m}", file=sys.stderr))
+
+
 # --- end shared: continuous ---
 
 
 # --- shared: plumbing ---
 # Flags a --resume command may change (those the script has); a flag it leaves out, and every other, is the checkpoint's.
-RESUME_OVERRIDABLE = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
-                      "runs_dir", "checkpoint_interval", "keep_checkpoints", "resume", "eval_episodes", "eval_interval",
-                      "keep_best", "progress", "cuda", "torch_threads", "save_buffer", "log_interval", "async_envs",
-                      "num_rollout_workers", "envs_per_worker", "weight_sync_interval", "worker_batch_steps",
-                      "ray_address", "pause_learner")  # fmt: skip
+RESUME_OVERRIDABLE = (
+    "total_timesteps",
+    "track",
+    "wandb_project_name",
+    "wandb_entity",
+    "capture_video",
+    "save_model",
+    "runs_dir",
+    "checkpoint_interval",
+    "keep_checkpoints",
+    "resume",
+    "eval_episodes",
+    "eval_interval",
+    "keep_best",
+    "progress",
+    "cuda",
+    "torch_threads",
+    "save_buffer",
+    "log_interval",
+    "async_envs",
+    "num_rollout_workers",
+    "envs_per_worker",
+    "weight_sync_interval",
+    "worker_batch_steps",
+    "ray_address",
+    "pause_learner",
+)
 MAY_BE_NAN = ("losses/explained_variance",)  # NaN by definition when all returns are equal: not a broken run
 NON_FINITE_FLAGS = ("learning_rate", "policy_lr", "q_lr", "max_grad_norm", "num_minibatches", "norm_adv", "norm_obs")
 CHECKPOINT = re.compile(r"(step|interrupted|final)_(\d{10})\.pt")  # the names runs write; no other file is pruned
@@ -622,12 +725,17 @@ class Run:
         if ckpt is not None:
             check_checkpoint_matches(ckpt, args.resume, script, shapes)
             if ckpt["iteration"] >= args.num_iterations:
-                raise UserError(f"checkpoint '{args.resume}' is at iteration {ckpt['iteration']} (step "
-                                f"{ckpt['global_step']}), the last of --total-timesteps {args.total_timesteps}: "
-                                "nothing left to do. Raise --total-timesteps.")  # fmt: skip
+                raise UserError(
+                    f"checkpoint '{args.resume}' is at iteration {ckpt['iteration']} (step "
+                    f"{ckpt['global_step']}), the last of --total-timesteps {args.total_timesteps}: "
+                    "nothing left to do. Raise --total-timesteps."
+                )
         self.dir = None if ckpt is None else resume_folder(args, ckpt)
-        base = ckpt["run_name"] if ckpt else f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__" \
-            f"{args.seed}__{int(time.time())}"  # fmt: skip
+        base = (
+            ckpt["run_name"]
+            if ckpt
+            else f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        )
         Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
         for n in range(1, 1000) if self.dir is None else ():  # exclusively: runs started in the same second get two
             self.dir = Path(args.runs_dir) / (base if n == 1 else f"{base}-{n}")
@@ -639,17 +747,27 @@ class Run:
         if args.track:  # wandb mirrors the TensorBoard scalars: initialized before the writer
             import wandb
 
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=vars(args), name=self.name, dir=str(self.dir), save_code=True)  # fmt: skip
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=vars(args),
+                name=self.name,
+                dir=str(self.dir),
+                save_code=True,
+            )
         from torch.utils.tensorboard import SummaryWriter
 
         # on resume, purge_step hides events logged after the checkpoint: one continuous curve
         self.writer = SummaryWriter(str(self.dir), purge_step=ckpt["global_step"] + 1 if in_place else None)
         if not in_place:  # a run resumed in its folder keeps the first start's args.json and hyperparameter table
-            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in
-                                                                                         vars(args).items()))  # fmt: skip
-            compute = {"device": "cuda" if torch.cuda.is_available() and args.cuda else "cpu",
-                       "torch_threads": torch.get_num_threads()}  # fmt: skip
+            self.writer.add_text(
+                "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+            )
+            compute = {
+                "device": "cuda" if torch.cuda.is_available() and args.cuda else "cpu",
+                "torch_threads": torch.get_num_threads(),
+            }
             (self.dir / "args.json").write_text(json.dumps({**dataclasses.asdict(args), "compute": compute}, indent=2))
         print(f"run: {self.dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
         self.recent_returns, self.phase_time = [], {}  # the last 10 episodes' returns; seconds per run.timer phase
@@ -671,9 +789,11 @@ class Run:
             try:  # an edited network (a layer, a width) no longer fits the checkpoint's weights
                 getattr(part, "load_state_dict", lambda saved: load_plain(part, saved))(self.ckpt[name])
             except (RuntimeError, KeyError, ValueError) as e:
-                raise UserError(f"checkpoint '{self.args.resume}' does not fit this script's {name} "
-                                f"({str(e).splitlines()[-1].strip()}): the script changed since it was saved. Resume with "
-                                "the script as it was, or start a new run without --resume.") from None  # fmt: skip
+                raise UserError(
+                    f"checkpoint '{self.args.resume}' does not fit this script's {name} "
+                    f"({str(e).splitlines()[-1].strip()}): the script changed since it was saved. Resume with "
+                    "the script as it was, or start a new run without --resume."
+                ) from None
         if not (exact := all(getattr(part, "exact", True) for part in parts.values())):
             print(f"warning: {self.args.env_id}'s simulator state cannot be captured; its envs restart from a reset.")
         load_plain(state, self.ckpt["run_state"], exact)
@@ -762,16 +882,29 @@ class Run:
 
     def checkpoint(self, best: bool = False) -> dict:
         """The checkpoint as plain data; for best.pt a copy, without the parts that `holds_replay_buffer`."""
-        state = {"format": 1, "script": self.script, "run_name": self.name, "args": dataclasses.asdict(self.args),
-                 "global_step": self.state.global_step, "iteration": self.state.iteration, **self.shapes,
-                 **{name: None if best and getattr(part, "holds_replay_buffer", False)
-                    else part.state_dict() if hasattr(part, "state_dict") else to_plain(part)
-                    for name, part in self.parts.items()},
-                 "run_state": {**to_plain(self.state), "recent_returns": list(self.recent_returns),
-                               "best_score": self.best_score},
-                 # torch's RNGs: the scripts draw every random number from torch, or from the envs' own (env-state)
-                 "rng_states": {"torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state_all()}
-                                                                   if torch.cuda.is_available() else {})}}  # fmt: skip
+        state = {
+            "format": 1,
+            "script": self.script,
+            "run_name": self.name,
+            "args": dataclasses.asdict(self.args),
+            "global_step": self.state.global_step,
+            "iteration": self.state.iteration,
+            **self.shapes,
+            **{
+                name: None
+                if best and getattr(part, "holds_replay_buffer", False)
+                else part.state_dict()
+                if hasattr(part, "state_dict")
+                else to_plain(part)
+                for name, part in self.parts.items()
+            },
+            "run_state": {**to_plain(self.state), "recent_returns": list(self.recent_returns), "best_score": self.best_score},
+            # torch's RNGs: the scripts draw every random number from torch, or from the envs' own (env-state)
+            "rng_states": {
+                "torch": torch.get_rng_state(),
+                **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}),
+            },
+        }
         return copy.deepcopy(state) if best else state
 
     def save(self, kind: str) -> Path:
@@ -812,8 +945,11 @@ class Run:
         self.saving = True
         if self.stopped:
             path = self.save("interrupted")
-            print(f"interrupted: saved step {self.state.global_step} (iteration {self.state.iteration}) to {path}\n"
-                  f"resume with: {resume_command(path)}", file=sys.stderr)  # fmt: skip
+            print(
+                f"interrupted: saved step {self.state.global_step} (iteration {self.state.iteration}) to {path}\n"
+                f"resume with: {resume_command(path)}",
+                file=sys.stderr,
+            )
             self.close()
             sys.exit(130)
         self.offer_training_return()
@@ -844,16 +980,29 @@ class Run:
     def non_finite(self, quantity: str, cause: str) -> None:
         """Stop on the first NaN / Inf, saving nothing: one paragraph (what, when, likely causes, how to resume), exit 3."""
         args, state = self.args, self.state
-        newest = max((p for p in self.ckpt_dir.glob("*.pt") if CHECKPOINT.fullmatch(p.name)), key=lambda p: p.stat().st_mtime,
-                     default=None)  # fmt: skip
+        newest = max(
+            (p for p in self.ckpt_dir.glob("*.pt") if CHECKPOINT.fullmatch(p.name)),
+            key=lambda p: p.stat().st_mtime,
+            default=None,
+        )
         flags = ", ".join(f"--{f.replace('_', '-')} {getattr(args, f)}" for f in NON_FINITE_FLAGS if hasattr(args, f))
-        print(f"error: non-finite value (NaN or Inf) in {quantity} at env step {state.global_step} (iteration "
-              f"{state.iteration}): the run stopped and saved nothing of this state. Likely cause: " + (
-              f"the environment ({args.env_id}): a custom env's bug, or a simulator made unstable" if cause == "env" else
-              f"a step too large for these settings: {flags} (a lower learning rate, a larger batch or normalization "
-              "usually help)") + (f". The newest checkpoint from before it, {newest}, is untouched: resume it with "
-              f"`{resume_command(newest)}` once the cause is fixed." if newest else
-              ". No checkpoint was written before it (--checkpoint-interval sets how often)."), file=sys.stderr)  # fmt: skip
+        print(
+            f"error: non-finite value (NaN or Inf) in {quantity} at env step {state.global_step} (iteration "
+            f"{state.iteration}): the run stopped and saved nothing of this state. Likely cause: "
+            + (
+                f"the environment ({args.env_id}): a custom env's bug, or a simulator made unstable"
+                if cause == "env"
+                else f"a step too large for these settings: {flags} (a lower learning rate, a larger batch or normalization "
+                "usually help)"
+            )
+            + (
+                f". The newest checkpoint from before it, {newest}, is untouched: resume it with "
+                f"`{resume_command(newest)}` once the cause is fixed."
+                if newest
+                else ". No checkpoint was written before it (--checkpoint-interval sets how often)."
+            ),
+            file=sys.stderr,
+        )
         self.close()
         sys.exit(3)
 
@@ -871,11 +1020,15 @@ def resume_folder(args, ckpt: dict) -> Optional[Path]:
     """The checkpoint's run folder; None (a new one under --runs-dir) if it is none, is not writable, or has later ones."""
     folder, step = Path(args.resume).resolve().parent, ckpt["global_step"]
     later = sorted(p.name for p in folder.glob("*.pt") if CHECKPOINT.fullmatch(p.name) and int(p.stem[-10:]) > step)
-    why = ("is not in a run folder" if folder.name != "checkpoints" or not (folder.parent / "args.json").is_file() else
-           "sits in a run folder this user cannot write" if not all(os.access(f, os.W_OK | os.X_OK) for f in (folder,
-                                                                                                   folder.parent)) else
-           f"is older than checkpoints saved later in its folder ({', '.join(later)}), which stay as they are"
-           if later else None)  # fmt: skip
+    why = (
+        "is not in a run folder"
+        if folder.name != "checkpoints" or not (folder.parent / "args.json").is_file()
+        else "sits in a run folder this user cannot write"
+        if not all(os.access(f, os.W_OK | os.X_OK) for f in (folder, folder.parent))
+        else f"is older than checkpoints saved later in its folder ({', '.join(later)}), which stay as they are"
+        if later
+        else None
+    )
     if why is not None:
         print(f"note: '{args.resume}' {why}: the resumed run writes into a new run folder under '{args.runs_dir}'.")
     return None if why else folder.parent
@@ -883,8 +1036,14 @@ def resume_folder(args, ckpt: dict) -> Optional[Path]:
 
 def to_plain(obj) -> dict:
     """An object's attributes as plain data that loads with weights_only=True (numpy arrays and scalars: tensors; copies)."""
-    return {name: torch.from_numpy(np.array(v)) if isinstance(v, (np.ndarray, np.generic)) else v.detach().cpu().clone()
-            if isinstance(v, torch.Tensor) else v for name, v in vars(obj).items()}  # fmt: skip
+    return {
+        name: torch.from_numpy(np.array(v))
+        if isinstance(v, (np.ndarray, np.generic))
+        else v.detach().cpu().clone()
+        if isinstance(v, torch.Tensor)
+        else v
+        for name, v in vars(obj).items()
+    }
 
 
 def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
@@ -898,7 +1057,7 @@ def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
 
 def first_non_finite(obj, path: str = "") -> Optional[str]:
     """The dotted path to the first NaN / Inf in obj (tensors, arrays, numbers, nested), or None."""
-    if isinstance(obj, (np.ndarray, float)) and getattr(obj, "dtype", None) != object:  # a float: a logged number
+    if isinstance(obj, (np.ndarray, float)) and getattr(obj, "dtype", None) != np.dtype(object):  # a float: a logged number
         return path if np.asarray(obj).dtype.kind in "fc" and not np.isfinite(obj).all() else None
     if isinstance(obj, torch.Tensor):
         return path if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else None
@@ -935,8 +1094,9 @@ def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
     try:  # why the CPU: RNG and env states must be CPU tensors; modules copy their weights to their own device
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
-        raise UserError(f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint "
-                        f"({type(e).__name__}).") from None  # fmt: skip
+        raise UserError(
+            f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint ({type(e).__name__})."
+        ) from None
     if not isinstance(state, dict) or "format" not in state or "args" not in state:
         raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
     return state
@@ -948,16 +1108,20 @@ def check_checkpoint_matches(ckpt: dict, path: str, script: str, shapes: dict) -
         raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script', 'another script')}.py, not {script}.py.")
     if (saved := {k: ckpt.get(k) for k in shapes}) != shapes:
         describe = lambda d: ", ".join(f"{k} {tuple(v) if isinstance(v, list) else v}" for k, v in d.items())  # noqa: E731
-        raise UserError(f"checkpoint '{path}' was made for {ckpt['args']['env_id']} ({describe(saved)}), which does not "
-                        f"fit this env ({describe(shapes)}).")  # fmt: skip
+        raise UserError(
+            f"checkpoint '{path}' was made for {ckpt['args']['env_id']} ({describe(saved)}), which does not "
+            f"fit this env ({describe(shapes)})."
+        )
 
 
 def check_memory(flag: str, value: int, needed: float, what: str) -> None:
     """Refuse `--flag value` if `what` needs more bytes than the memory available (Linux), not be killed as it fills."""
     info = Path("/proc/meminfo").read_text().split() if Path("/proc/meminfo").is_file() else ["MemAvailable:", "inf"]
     if needed > (available := float(info[info.index("MemAvailable:") + 1]) * 1024):
-        raise UserError(f"--{flag.replace('_', '-')} {value:,}: {what} needs {needed / 2**30:.1f} GiB, but this machine has "
-                        f"{available / 2**30:.1f} GiB of memory available: at most {int(value * available / needed):,} fit.")
+        raise UserError(
+            f"--{flag.replace('_', '-')} {value:,}: {what} needs {needed / 2**30:.1f} GiB, but this machine has "
+            f"{available / 2**30:.1f} GiB of memory available: at most {int(value * available / needed):,} fit."
+        )
 
 
 def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
@@ -967,11 +1131,23 @@ def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
         old.unlink()
 
 
-RULES = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0, ">= 1": lambda v: v >= 1, "in [0, 1]": lambda v: 0 <= v <= 1,
-         "in (0, 1]": lambda v: 0 < v <= 1, "in [0, 1)": lambda v: 0 <= v < 1}  # fmt: skip
+RULES = {
+    "> 0": lambda v: v > 0,
+    ">= 0": lambda v: v >= 0,
+    ">= 1": lambda v: v >= 1,
+    "in [0, 1]": lambda v: 0 <= v <= 1,
+    "in (0, 1]": lambda v: 0 < v <= 1,
+    "in [0, 1)": lambda v: 0 <= v < 1,
+}
 # the run flags every script has, with their rules; each script's FLAG_RULES adds its own
-RUN_RULES = {"seed": ">= 0", "torch_threads": ">= 0", "checkpoint_interval": ">= 0", "keep_checkpoints": ">= 1",
-             "eval_episodes": ">= 1", "eval_interval": ">= 0"}  # fmt: skip
+RUN_RULES = {
+    "seed": ">= 0",
+    "torch_threads": ">= 0",
+    "checkpoint_interval": ">= 0",
+    "keep_checkpoints": ">= 1",
+    "eval_episodes": ">= 1",
+    "eval_interval": ">= 0",
+}
 
 
 def check_flags(args, rules: dict) -> None:
@@ -987,10 +1163,15 @@ def parse_command_line(cls, rules: dict, validate: Callable):
     """(args, the --resume checkpoint or None, device), all checked before anything starts; torch's threads set."""
     args = tyro.cli(cls)
     netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))  # never wait at wandb's login prompt
-    if args.track and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun") and not (
-            os.environ.get("WANDB_API_KEY") or netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")):
-        raise UserError("--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
-                        "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`).")  # fmt: skip
+    if (
+        args.track
+        and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun")
+        and not (os.environ.get("WANDB_API_KEY") or netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace"))
+    ):
+        raise UserError(
+            "--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
+            "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`)."
+        )
     # 0: a thread per usable core (taskset, cgroups); runs sharing a machine must split them, or slow each other severalfold
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     torch.set_num_threads(args.torch_threads or cores)
@@ -998,16 +1179,20 @@ def parse_command_line(cls, rules: dict, validate: Callable):
     if args.resume:
         ckpt, argv = load_checkpoint(args.resume, "--resume"), sys.argv[1:]
         if ":" in str(ckpt["args"].get("env_id")) and not any(w.startswith("--env-id") for w in argv):  # it imports nothing
-            raise UserError(f"checkpoint '{args.resume}' names the env '{ckpt['args']['env_id']}', which imports a "
-                            "module: give the same --env-id on the command line to allow it.")  # fmt: skip
+            raise UserError(
+                f"checkpoint '{args.resume}' names the env '{ckpt['args']['env_id']}', which imports a "
+                "module: give the same --env-id on the command line to allow it."
+            )
         args = merge_resume_args(args, ckpt["args"], argv)
     check_flags(args, rules)
     existing = Path(args.runs_dir).absolute()
     while not os.path.lexists(existing):  # made at the start of the run; what exists of it must be a writable folder
         existing = existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"--runs-dir '{args.runs_dir}': run folders are made in it, but '{existing}' is " +
-                        ("not writable (no permission)." if existing.is_dir() else "not a folder."))  # fmt: skip
+        raise UserError(
+            f"--runs-dir '{args.runs_dir}': run folders are made in it, but '{existing}' is "
+            + ("not writable (no permission)." if existing.is_dir() else "not a folder.")
+        )
     validate(args)
     return args, ckpt, device
 
@@ -1021,9 +1206,11 @@ def merge_resume_args(cli, saved: dict, argv: list):
     for f in dataclasses.fields(cli):
         keep = (f.name in RESUME_OVERRIDABLE and f.name in given) or f.name not in saved
         if not keep and f.name in given and getattr(cli, f.name) != saved[f.name]:
-            raise UserError(f"--{f.name.replace('_', '-')} {getattr(cli, f.name)} conflicts with the checkpoint, which "
-                            f"was trained with {saved[f.name]}: a resumed run keeps it. Drop the flag, or start a new "
-                            "run.")  # fmt: skip
+            raise UserError(
+                f"--{f.name.replace('_', '-')} {getattr(cli, f.name)} conflicts with the checkpoint, which "
+                f"was trained with {saved[f.name]}: a resumed run keeps it. Drop the flag, or start a new "
+                "run."
+            )
         merged[f.name] = getattr(cli, f.name) if keep else saved[f.name]
     return type(cli)(**merged)
 
@@ -1049,6 +1236,8 @@ def seed_everything(seed: int, torch_deterministic: bool) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
     torch.backends.cudnn.deterministic = torch_deterministic
+
+
 # --- end shared: plumbing ---
 
 
@@ -1090,6 +1279,8 @@ class EnvStates:
             elif "classic" in state:
                 base.state = state["classic"].numpy().copy()
         self.exact = all(state["exact"] for state in states)
+
+
 # --- end shared: env-state ---
 
 

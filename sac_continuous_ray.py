@@ -62,6 +62,7 @@ SCRIPT_NAME = "sac_continuous_ray"  # written into checkpoints; a checkpoint of 
 class Args:
     """SAC for continuous actions on Ray, rollout workers feeding one learner: trains an agent and logs to TensorBoard.
     --resume CKPT continues the run of checkpoint CKPT; `python tools/agent.py eval|export CKPT` plays or exports it."""
+
     # --- algorithm (as sac_continuous.py) ---
     env_id: str = "HalfCheetah-v4"  # gymnasium env id with continuous actions (MuJoCo, classic control)
     total_timesteps: int = 1_000_000  # env steps to train for, summed over all envs of all workers
@@ -115,29 +116,49 @@ class Args:
 
 # Every numeric flag and the range it must lie in (checked before anything starts; see check_flags)
 FLAG_RULES = {
-    "total_timesteps": ">= 1", "buffer_size": ">= 1", "gamma": "in [0, 1]", "tau": "in (0, 1]", "batch_size": ">= 1",
-    "learning_starts": ">= 0", "policy_lr": "> 0", "q_lr": "> 0", "policy_frequency": ">= 1",
-    "target_network_frequency": ">= 1", "alpha": ">= 0", "num_rollout_workers": ">= 1",
-    "envs_per_worker": ">= 1", "weight_sync_interval": ">= 1", "utd_ratio": ">= 0", "num_buffer_shards": ">= 1",
-    "worker_batch_steps": ">= 1", "log_interval": ">= 1",
-}  # fmt: skip
+    "total_timesteps": ">= 1",
+    "buffer_size": ">= 1",
+    "gamma": "in [0, 1]",
+    "tau": "in (0, 1]",
+    "batch_size": ">= 1",
+    "learning_starts": ">= 0",
+    "policy_lr": "> 0",
+    "q_lr": "> 0",
+    "policy_frequency": ">= 1",
+    "target_network_frequency": ">= 1",
+    "alpha": ">= 0",
+    "num_rollout_workers": ">= 1",
+    "envs_per_worker": ">= 1",
+    "weight_sync_interval": ">= 1",
+    "utd_ratio": ">= 0",
+    "num_buffer_shards": ">= 1",
+    "worker_batch_steps": ">= 1",
+    "log_interval": ">= 1",
+}
 
 
 def validate_args(args: Args) -> None:
     """What single-flag rules cannot say: sizes that must fit together."""
     if args.num_buffer_shards > args.num_rollout_workers:
-        raise UserError(f"num_buffer_shards ({args.num_buffer_shards}) must be between 1 and num_rollout_workers "
-                        f"({args.num_rollout_workers}): worker i writes to shard i % shards, so a shard with no worker "
-                        "would stay empty.")  # fmt: skip
+        raise UserError(
+            f"num_buffer_shards ({args.num_buffer_shards}) must be between 1 and num_rollout_workers "
+            f"({args.num_rollout_workers}): worker i writes to shard i % shards, so a shard with no worker "
+            "would stay empty."
+        )
     if args.total_timesteps < args.envs_per_worker:
-        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one vector step (envs_per_worker = "
-                        f"{args.envs_per_worker}).")  # fmt: skip
+        raise UserError(
+            f"total_timesteps ({args.total_timesteps}) is below one vector step (envs_per_worker = {args.envs_per_worker})."
+        )
     if args.learning_starts > args.total_timesteps:
-        raise UserError(f"learning_starts ({args.learning_starts}) is above total_timesteps ({args.total_timesteps}): "
-                        "no update would run. Lower --learning-starts or raise --total-timesteps.")  # fmt: skip
+        raise UserError(
+            f"learning_starts ({args.learning_starts}) is above total_timesteps ({args.total_timesteps}): "
+            "no update would run. Lower --learning-starts or raise --total-timesteps."
+        )
     if args.batch_size > args.buffer_size // args.num_buffer_shards:
-        raise UserError(f"batch_size ({args.batch_size}) is larger than a buffer shard (buffer_size {args.buffer_size} / "
-                        f"{args.num_buffer_shards} shards). Lower --batch-size or raise --buffer-size.")  # fmt: skip
+        raise UserError(
+            f"batch_size ({args.batch_size}) is larger than a buffer shard (buffer_size {args.buffer_size} / "
+            f"{args.num_buffer_shards} shards). Lower --batch-size or raise --buffer-size."
+        )
     if not math.isfinite(args.utd_ratio):  # (the rule ">= 0" lets infinity through)
         raise UserError(f"--utd-ratio must be finite, not {args.utd_ratio}.")
 
@@ -188,8 +209,9 @@ def q_values(critics: nn.ModuleList, obs: torch.Tensor, action: torch.Tensor) ->
     return torch.stack([critic(x).squeeze(-1) for critic in critics])
 
 
-def squashed_gaussian(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor, action_scale: torch.Tensor,
-                      action_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def squashed_gaussian(
+    mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor, action_scale: torch.Tensor, action_bias: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Reparameterized sample a = tanh(u) * scale + bias, u = mean + std * noise, and its log-density summed over
     action dimensions (change of variables, SAC paper appendix C; exact, without the reference's 1e-6: docs page):
         log pi(a|s) = log N(u; mean, std) - sum_i [log scale_i + log(1 - tanh(u_i)^2)]
@@ -203,8 +225,14 @@ def squashed_gaussian(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Te
     return torch.addcmul(action_bias, torch.tanh(u), action_scale), (minus_log_slope - log_std).sum(-1) - constant
 
 
-def soft_q_target(rewards: torch.Tensor, terminated: torch.Tensor, next_q: torch.Tensor, next_log_prob: torch.Tensor,
-                  alpha: torch.Tensor, gamma: float) -> torch.Tensor:  # fmt: skip
+def soft_q_target(
+    rewards: torch.Tensor,
+    terminated: torch.Tensor,
+    next_q: torch.Tensor,
+    next_log_prob: torch.Tensor,
+    alpha: torch.Tensor,
+    gamma: float,
+) -> torch.Tensor:
     """y = r + gamma * (1 - terminated) * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s')),  a' ~ pi(.|s').
     `next_q` is the target critics' (2, batch) output. Only a termination stops bootstrapping: at a time-limit
     truncation s' is the true final observation and the value beyond it is real."""
@@ -279,8 +307,14 @@ class Learner:
         return self.log_alpha.detach().exp() if self.fixed_alpha is None else self.fixed_alpha
 
     def parts(self) -> dict:  # what a checkpoint holds (Run.attach: state_dict / load_state_dict)
-        parts = {"actor": self.actor, "qf": self.qf, "qf_target": self.qf_target, "actor_optimizer": self.actor_optimizer,
-                 "q_optimizer": self.q_optimizer, "alpha_optimizer": self.alpha_optimizer}  # fmt: skip
+        parts = {
+            "actor": self.actor,
+            "qf": self.qf,
+            "qf_target": self.qf_target,
+            "actor_optimizer": self.actor_optimizer,
+            "q_optimizer": self.q_optimizer,
+            "alpha_optimizer": self.alpha_optimizer,
+        }
         return {name: part for name, part in parts.items() if part is not None}
 
     def state_dict(self) -> dict:
@@ -291,8 +325,10 @@ class Learner:
             try:
                 part.load_state_dict(state[name])
             except (RuntimeError, ValueError, KeyError) as e:  # an edited network, or a checkpoint of an older build
-                raise UserError(f"the checkpoint's {name} does not fit this script's ({' '.join(str(e).split())[:160]}...). "
-                                "Resume it with the script that wrote it, or undo the edit to Actor / q_network.") from None
+                raise UserError(
+                    f"the checkpoint's {name} does not fit this script's ({' '.join(str(e).split())[:160]}...). "
+                    "Resume it with the script that wrote it, or undo the edit to Actor / q_network."
+                ) from None
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
 
@@ -371,6 +407,8 @@ def env_step(envs: gym.vector.VectorEnv, actions: np.ndarray, episode_return: np
     real_next = true_next_obs(raw_obs, ended, infos)
     episode_return, episode_length = np.where(ended, 0.0, episode_return), np.where(ended, 0, episode_length)
     return raw_obs, real_next, rewards, terminations, episode_return, episode_length, finished
+
+
 # --- end shared: sac-algorithm ---
 
 
@@ -386,6 +424,8 @@ def true_next_obs(raw_obs: np.ndarray, episode_ended: np.ndarray, infos: dict) -
     for i in np.flatnonzero(episode_ended):
         real[i] = infos["final_obs"][i]
     return real
+
+
 # --- end shared: episode-boundaries ---
 
 
@@ -457,8 +497,9 @@ class RolloutWorker:
             # Ray restarted this worker after a crash: fresh seeds, or it would replay its first life's episodes
             seed = int.from_bytes(os.urandom(4), "little")
         self.index, self.param_server = index, param_server
-        self.envs = gym.vector.SyncVectorEnv([make_env(env_id, i, False, "") for i in range(num_envs)],
-                                             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        self.envs = gym.vector.SyncVectorEnv(
+            [make_env(env_id, i, False, "") for i in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
+        )
         space, obs_space = self.envs.single_action_space, self.envs.single_observation_space
         self.num_envs, self.act_dim, self.low, self.high = num_envs, int(np.prod(space.shape)), space.low, space.high
         # [seed, 1]: not the env's own stream (gymnasium seeds each env's np_random from `seed + i` the same way)
@@ -551,8 +592,11 @@ class Publisher:
                 pid, held = self.pid, -1
             restarted = self.pid not in (None, pid)
             if restarted:
-                print(f"the parameter server is back (restarted by Ray, pid {pid}): weights of version {self.version} "
-                      "published to it again", file=sys.stderr)  # fmt: skip
+                print(
+                    f"the parameter server is back (restarted by Ray, pid {pid}): weights of version {self.version} "
+                    "published to it again",
+                    file=sys.stderr,
+                )
             if restarted or held < self.pending_version:
                 self.server.publish.remote(self.weights, self.version)
             self.pid, self.pending = pid, None
@@ -612,8 +656,9 @@ def updates_due(env_steps: int, updates_start: int, utd: float) -> int:
     return 0 if env_steps < first else math.floor(utd * (env_steps - first + 1) + 1e-9)
 
 
-def collection_allowed(dispatched: int, batch_steps: int, grad_steps: int, updates_start: int, utd: float,
-                       lead_steps: int) -> bool:  # fmt: skip
+def collection_allowed(
+    dispatched: int, batch_steps: int, grad_steps: int, updates_start: int, utd: float, lead_steps: int
+) -> bool:
     """May a worker start a batch that takes env collection to `dispatched + batch_steps`? Only while the learner has
     done the updates due `lead_steps` env steps earlier: collection leads the learner by a bounded amount (about one
     batch per worker), so the run keeps its utd ratio at any number of workers. utd 0: always (asynchronous)."""
@@ -650,17 +695,22 @@ def next_dispatch(batches, state, args, total: int) -> Optional[tuple[int, int, 
     nothing left, or the learner behind. Pure (it reads Batches' and LoopState's bookkeeping), so the simulated clock
     of tests/test_sac_continuous_ray_dispatch.py runs the very rules main() does."""
     index = pick_worker(batches.busy, batches.last_start, MAX_IN_FLIGHT)
-    steps, random_steps = next_batch_plan(batches.dispatched, total, args.learning_starts, args.envs_per_worker,
-                                          args.worker_batch_steps)  # fmt: skip
+    steps, random_steps = next_batch_plan(
+        batches.dispatched, total, args.learning_starts, args.envs_per_worker, args.worker_batch_steps
+    )
     utd = 0.0 if args.pause_learner else args.utd_ratio  # the coupling of collection to the learner (0: none)
     lead_steps = args.num_rollout_workers * args.worker_batch_steps * args.envs_per_worker  # one batch per worker
     made = state.grad_steps - state.updates_base  # the updates made under this schedule
-    if index is None or steps == 0 or not collection_allowed(batches.dispatched, steps * args.envs_per_worker, made,
-                                                             state.updates_start, utd, lead_steps):  # fmt: skip
+    if (
+        index is None
+        or steps == 0
+        or not collection_allowed(batches.dispatched, steps * args.envs_per_worker, made, state.updates_start, utd, lead_steps)
+    ):
         return None
     # an acting worker pulls first if pull_due (of the learner's version, which main() publishes at the batch's start)
-    pull = steps > random_steps and pull_due(state.global_step, batches.last_pull[index], batches.versions[index],
-                                             state.actor_updates, args.weight_sync_interval)  # fmt: skip
+    pull = steps > random_steps and pull_due(
+        state.global_step, batches.last_pull[index], batches.versions[index], state.actor_updates, args.weight_sync_interval
+    )
     return index, steps, random_steps, pull
 
 
@@ -711,15 +761,22 @@ class Batches:
             try:
                 stats = ray.get(ref)
             except RayActorError as e:
-                self.drop(index, steps, f"a batch of rollout worker {index} (pid {self.pids[index]}) failed: "
-                                        f"{type(e).__name__}; Ray restarts the worker")  # fmt: skip
+                self.drop(
+                    index,
+                    steps,
+                    f"a batch of rollout worker {index} (pid {self.pids[index]}) failed: "
+                    f"{type(e).__name__}; Ray restarts the worker",
+                )
                 self.versions[index] = -1  # a restarted worker starts without weights
                 continue
             stats["restarted"] = stats["pid"] != self.pids[index]
             if stats["restarted"]:
                 self.pids[index], self.nodes[index] = stats["pid"], stats["node"]
-                print(f"rollout worker {index} is back (restarted by Ray, pid {stats['pid']}, node "
-                      f"{(stats['node'] or '-')[:8]})", file=sys.stderr)  # fmt: skip
+                print(
+                    f"rollout worker {index} is back (restarted by Ray, pid {stats['pid']}, node "
+                    f"{(stats['node'] or '-')[:8]})",
+                    file=sys.stderr,
+                )
             self.versions[index] = max(self.versions[index], stats["version"])
             # the ref, not the data: the shard fetches the batch from the object store
             adds.append((index, steps, stats, shards[index % len(shards)].add.remote(batch_ref)))
@@ -775,9 +832,15 @@ def updates_owed(state: LoopState, utd: float, total: int) -> int:
 def new_window(state: LoopState, device: torch.device) -> dict:
     """A log window's start: its time and counters (its rates are the differences), the sums of gradient_step's
     metrics over its gradient steps and actor updates, and its batches' staleness."""
-    return {"time": time.time(), "step": state.global_step, "grad_steps": state.grad_steps,
-            "actor_updates": state.actor_updates, "loss_sums": torch.zeros(4, device=device),
-            "actor_sums": torch.zeros(3, device=device), "stale": []}  # fmt: skip
+    return {
+        "time": time.time(),
+        "step": state.global_step,
+        "grad_steps": state.grad_steps,
+        "actor_updates": state.actor_updates,
+        "loss_sums": torch.zeros(4, device=device),
+        "actor_sums": torch.zeros(3, device=device),
+        "stale": [],
+    }
 
 
 SAMPLE_GROUP = 16  # batches per buffer request: one Ray round trip per 16 gradient steps
@@ -798,8 +861,10 @@ def main() -> None:
     runs_dir = Path(args.runs_dir).absolute()  # --save-buffer: every checkpoint holds the rows (two files while it saves)
     free = shutil.disk_usage(next(p for p in (runs_dir, *runs_dir.parents) if p.exists())).free
     if args.save_buffer and 2 * nbytes > free:
-        raise UserError(f"--buffer-size {args.buffer_size:,} needs {2 * nbytes / 2**30:.1f} GiB of disk with --save-buffer, "
-                        f"but {runs_dir} has {free / 2**30:.1f} GiB free: lower --buffer-size.")  # fmt: skip
+        raise UserError(
+            f"--buffer-size {args.buffer_size:,} needs {2 * nbytes / 2**30:.1f} GiB of disk with --save-buffer, "
+            f"but {runs_dir} has {free / 2**30:.1f} GiB free: lower --buffer-size."
+        )
     ray = connect_ray(args.ray_address, args.num_rollout_workers)  # first: an unreachable cluster writes nothing
     run = Run(args, SCRIPT_NAME, ckpt, shapes, args.log_interval)
     seed_everything(args.seed, args.torch_deterministic)
@@ -813,8 +878,12 @@ def main() -> None:
 
     here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     shard_capacity = args.buffer_size // args.num_buffer_shards
-    shards = [ray.remote(BufferShard).options(num_cpus=0, scheduling_strategy=here).remote(shard_capacity, obs_dim,
-              act_dim, args.seed + 7 + i) for i in range(args.num_buffer_shards)]  # fmt: skip
+    shards = [
+        ray.remote(BufferShard)
+        .options(num_cpus=0, scheduling_strategy=here)
+        .remote(shard_capacity, obs_dim, act_dim, args.seed + 7 + i)
+        for i in range(args.num_buffer_shards)
+    ]
     state = LoopState(updates_start=args.learning_starts)  # the first gradient step once learning_starts steps are in
     shard_states = ShardStates(shards, args.save_buffer)
     # what the run closes at its end: Ray, and with it every actor this run started
@@ -826,25 +895,34 @@ def main() -> None:
     # ---- the parameter server and the rollout workers (Ray actors) ----
     param_server_name = f"parameter-server-{run.name}-{os.getpid()}"  # unique on a shared cluster
     # restarted empty if it dies (its calls retried): the Publisher then publishes the newest weights to it again
-    param_server = ray.remote(ParameterServer).options(name=param_server_name, num_cpus=0, max_restarts=-1,
-                                                       max_task_retries=-1, scheduling_strategy=here).remote()  # fmt: skip
+    param_server = (
+        ray.remote(ParameterServer)
+        .options(name=param_server_name, num_cpus=0, max_restarts=-1, max_task_retries=-1, scheduling_strategy=here)
+        .remote()
+    )
     publisher = Publisher(param_server, learner.actor, state.actor_updates)
     # Workers: restarted by Ray when their process dies; their in-flight batch then fails (max_task_retries=0) and the
     # driver hands those steps to the next batch, so nothing is counted twice.
-    worker_class = ray.remote(RolloutWorker).options(num_cpus=1, max_restarts=-1, max_task_retries=0,
-                                                     scheduling_strategy="SPREAD")  # fmt: skip
-    workers = [worker_class.remote(i, args.env_id, args.envs_per_worker, args.seed + 1_000 * i + state.global_step,
-                                   param_server_name) for i in range(args.num_rollout_workers)]  # fmt: skip
+    worker_class = ray.remote(RolloutWorker).options(
+        num_cpus=1, max_restarts=-1, max_task_retries=0, scheduling_strategy="SPREAD"
+    )
+    workers = [
+        worker_class.remote(i, args.env_id, args.envs_per_worker, args.seed + 1_000 * i + state.global_step, param_server_name)
+        for i in range(args.num_rollout_workers)
+    ]
     batches = Batches(workers, state.global_step, args.envs_per_worker)
     buffer_mb = nbytes / 1e6
-    print(f"ray: {args.num_rollout_workers} rollout workers x {args.envs_per_worker} envs (pids "
-          f"{' '.join(map(str, batches.pids))} on nodes {' '.join((n or '-')[:8] for n in batches.nodes)}), "
-          f"{args.num_buffer_shards} buffer shard(s) ({args.buffer_size:,} transitions, {buffer_mb:.1f} MB of arrays) and "
-          f"the parameter server on the learner's node {(node_id() or '-')[:8]}, learner on {device}, utd ratio "
-          f"{args.utd_ratio:g}{' (asynchronous)' if args.utd_ratio == 0 else ''}"
-          f"{', learner paused' if args.pause_learner else ''}")  # fmt: skip
-    run.play = lambda episodes, video_dir=None: evaluate(learner.policy, eval_env(args.env_id, video_dir), episodes,
-                                                         args.seed + 10_000)  # fmt: skip
+    print(
+        f"ray: {args.num_rollout_workers} rollout workers x {args.envs_per_worker} envs (pids "
+        f"{' '.join(map(str, batches.pids))} on nodes {' '.join((n or '-')[:8] for n in batches.nodes)}), "
+        f"{args.num_buffer_shards} buffer shard(s) ({args.buffer_size:,} transitions, {buffer_mb:.1f} MB of arrays) and "
+        f"the parameter server on the learner's node {(node_id() or '-')[:8]}, learner on {device}, utd ratio "
+        f"{args.utd_ratio:g}{' (asynchronous)' if args.utd_ratio == 0 else ''}"
+        f"{', learner paused' if args.pause_learner else ''}"
+    )
+    run.play = lambda episodes, video_dir=None: evaluate(
+        learner.policy, eval_env(args.env_id, video_dir), episodes, args.seed + 10_000
+    )
     shard_sizes = ray.get([shard.size.remote() for shard in shards])
     sampler = Sampler(shards, args.batch_size, SAMPLE_GROUP, device)
     window = new_window(state, device)
@@ -893,32 +971,56 @@ def main() -> None:
                 elapsed = max(time.time() - window["time"], 1e-9)
                 grad_steps = state.grad_steps - window["grad_steps"]
                 actor_updates = state.actor_updates - window["actor_updates"]
-                metrics = {"charts/env_steps_per_second": (state.global_step - window["step"]) / elapsed,
-                           "charts/updates_per_second": grad_steps / elapsed, "charts/worker_restarts": state.worker_restarts,
-                           "charts/learner_busy": run.phase_time.get("update", 0.0) / elapsed}  # sampling + updating
+                metrics = {
+                    "charts/env_steps_per_second": (state.global_step - window["step"]) / elapsed,
+                    "charts/updates_per_second": grad_steps / elapsed,
+                    "charts/worker_restarts": state.worker_restarts,
+                    "charts/learner_busy": run.phase_time.get("update", 0.0) / elapsed,
+                }  # sampling + updating
                 if grad_steps > 0:
                     q1, q2, loss1, loss2 = (window["loss_sums"] / grad_steps).tolist()
-                    metrics.update({"losses/qf1_values": q1, "losses/qf2_values": q2, "losses/qf1_loss": loss1,
-                                    "losses/qf2_loss": loss2, "losses/qf_loss": (loss1 + loss2) / 2.0})  # fmt: skip
+                    metrics.update(
+                        {
+                            "losses/qf1_values": q1,
+                            "losses/qf2_values": q2,
+                            "losses/qf1_loss": loss1,
+                            "losses/qf2_loss": loss2,
+                            "losses/qf_loss": (loss1 + loss2) / 2.0,
+                        }
+                    )
                 if actor_updates > 0:
                     actor_loss, alpha, alpha_loss = (window["actor_sums"] / actor_updates).tolist()
-                    metrics.update({"losses/actor_loss": actor_loss, "losses/alpha": alpha,
-                                    **({"losses/alpha_loss": alpha_loss} if args.autotune else {})})  # fmt: skip
+                    metrics.update(
+                        {
+                            "losses/actor_loss": actor_loss,
+                            "losses/alpha": alpha,
+                            **({"losses/alpha_loss": alpha_loss} if args.autotune else {}),
+                        }
+                    )
                 if window["stale"]:
-                    metrics.update({"charts/weight_staleness": float(np.mean(window["stale"])),
-                                    "charts/weight_staleness_max": float(np.max(window["stale"]))})  # fmt: skip
+                    metrics.update(
+                        {
+                            "charts/weight_staleness": float(np.mean(window["stale"])),
+                            "charts/weight_staleness_max": float(np.max(window["stale"])),
+                        }
+                    )
                 run.log(state.global_step, metrics)
                 window = new_window(state, device)
 
     if run.stopped:
-        print(f"stopping: {batches.dispatched - state.global_step} env steps in flight are dropped (never counted: a resumed "
-              "run collects them again)", file=sys.stderr)  # fmt: skip
+        print(
+            f"stopping: {batches.dispatched - state.global_step} env steps in flight are dropped (never counted: a resumed "
+            "run collects them again)",
+            file=sys.stderr,
+        )
     else:
         wall = time.time() - start_time
         stored = sum(ray.get([shard.size.remote() for shard in shards]))
-        print(f"done: {state.global_step} env steps ({state.worker_restarts} worker restarts), {stored} transitions in the "
-              f"buffer, {state.grad_steps} gradient updates in {wall:.1f} s: "
-              f"{(state.global_step - start_step) / wall:.1f} env steps/s")  # fmt: skip
+        print(
+            f"done: {state.global_step} env steps ({state.worker_restarts} worker restarts), {stored} transitions in the "
+            f"buffer, {state.grad_steps} gradient updates in {wall:.1f} s: "
+            f"{(state.global_step - start_step) / wall:.1f} env steps/s"
+        )
     run.finish()  # after Ctrl-C: saved, Ray shut down, exits; with --save-model: the final agent evaluated, then saved
 
 
@@ -931,8 +1033,10 @@ def check_resumable(ckpt: dict, path: str, shapes: dict, total: int) -> None:
     """Checked before Ray starts: a checkpoint of this script, for an env of these shapes, with steps left to take."""
     check_checkpoint_matches(ckpt, path, SCRIPT_NAME, shapes)
     if ckpt["global_step"] >= total:
-        raise UserError(f"checkpoint '{path}' is at step {ckpt['global_step']} and --total-timesteps is "
-                        f"{total}: nothing left to do. Raise --total-timesteps to continue.")  # fmt: skip
+        raise UserError(
+            f"checkpoint '{path}' is at step {ckpt['global_step']} and --total-timesteps is "
+            f"{total}: nothing left to do. Raise --total-timesteps to continue."
+        )
 
 
 def connect_ray(address: Optional[str], num_workers: int):
@@ -947,13 +1051,19 @@ def connect_ray(address: Optional[str], num_workers: int):
     try:
         import ray
     except ImportError:
-        raise UserError("sac_continuous_ray.py needs Ray: install the project's `ray` extra (the README's commands do: "
-                        "`uv run --all-extras ...`), or `pip install 'ray>=2.40,<3'`.") from None  # fmt: skip
+        raise UserError(
+            "sac_continuous_ray.py needs Ray: install the project's `ray` extra (the README's commands do: "
+            "`uv run --all-extras ...`), or `pip install 'ray>=2.40,<3'`."
+        ) from None
     if address is None:
         # a CPU per worker (+1 for the learner) at least: 2 cores still start 4 workers. "local": a Ray of its own (with
         # no address, ray.init() joins a `ray start` cluster already up on this machine, not what --ray-address None says)
-        ray.init(address="local", num_cpus=max(os.cpu_count() or 1, num_workers + 1), include_dashboard=False,
-                 logging_level=logging.WARNING)  # fmt: skip
+        ray.init(
+            address="local",
+            num_cpus=max(os.cpu_count() or 1, num_workers + 1),
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+        )
         return ray
     if address != "auto":
         # Why probe first: ray.init keeps retrying an unreachable GCS address for minutes before it gives up.
@@ -961,17 +1071,21 @@ def connect_ray(address: Optional[str], num_workers: int):
         try:
             socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
         except (OSError, ValueError) as e:
-            raise UserError(f"--ray-address {address}: cannot connect to {host or '127.0.0.1'}:{port} ({e}). Start the "
-                            "cluster first (`ray start --head` prints the address), check the host and port, or leave "
-                            "--ray-address out to run on this machine alone.") from None  # fmt: skip
+            raise UserError(
+                f"--ray-address {address}: cannot connect to {host or '127.0.0.1'}:{port} ({e}). Start the "
+                "cluster first (`ray start --head` prints the address), check the host and port, or leave "
+                "--ray-address out to run on this machine alone."
+            ) from None
     try:
         ray.init(address=address, logging_level=logging.WARNING)
     except ConnectionError as e:
         raise UserError(f"--ray-address {address}: could not join a Ray cluster ({e}).") from None
     if num_workers > (cpus := int(ray.cluster_resources().get("CPU", 0))):  # one CPU each: the rest would wait forever
         ray.shutdown()
-        raise UserError(f"--num-rollout-workers {num_workers}: each worker takes one CPU and the cluster at {address} has "
-                        f"{cpus}; give at most {cpus}, or add nodes.")  # fmt: skip
+        raise UserError(
+            f"--num-rollout-workers {num_workers}: each worker takes one CPU and the cluster at {address} has "
+            f"{cpus}; give at most {cpus}, or add nodes."
+        )
     return ray
 
 
@@ -1042,15 +1156,16 @@ def stop_on_task_error(run, shard_states: ShardStates):
     except (RayError, ShardLost) as e:
         if isinstance(e, ShardLost):
             shard_states.save = False  # the lost shard's transitions cannot be saved: the checkpoint holds no buffer
-            what = (f"{e}; it held the only copy of its transitions, so the run cannot go on (buffer shards are not "
-                    "restarted)")  # fmt: skip
+            what = f"{e}; it held the only copy of its transitions, so the run cannot go on (buffer shards are not restarted)"
         else:
             lines = [line for line in str(e).splitlines() if line.strip()]
             what = f"a Ray task failed: {type(e).__name__}" + (f" ({lines[-1].strip()})" if lines else "")
         path = run.save("interrupted")
         buffer = "" if shard_states.save else " (without the replay buffer: a resumed run refills it first)"
-        print(f"error: {what}. Saved step {run.state.global_step} to {path}{buffer}. Resume with: "
-              f"{resume_command(path)}", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {what}. Saved step {run.state.global_step} to {path}{buffer}. Resume with: {resume_command(path)}",
+            file=sys.stderr,
+        )
         run.close()
         sys.exit(1)
 
@@ -1067,8 +1182,16 @@ class BufferPart:
 
     def state_dict(self) -> Optional[dict]:
         b = self.buffer
-        return {"capacity": b.capacity, "pos": b.pos, "size": b.size,
-                **{k: torch.from_numpy(v[: b.size].copy()) for k, v in b.arrays.items()}} if self.save else None  # fmt: skip
+        return (
+            {
+                "capacity": b.capacity,
+                "pos": b.pos,
+                "size": b.size,
+                **{k: torch.from_numpy(v[: b.size].copy()) for k, v in b.arrays.items()},
+            }
+            if self.save
+            else None
+        )
 
     def load_state_dict(self, state: Optional[dict]) -> None:  # None: saved without the buffer, which stays empty
         if state is not None:
@@ -1080,8 +1203,11 @@ class BufferPart:
 def refill_before_updating(global_step: int, learning_starts: int) -> int:
     """Resumed without a replay buffer: the step from which updates go on (learning_starts, >= 1, steps on), in a warning."""
     start = global_step + max(learning_starts, 1)
-    print(f"warning: no replay buffer in the checkpoint (saved without --save-buffer): the buffer starts empty, and updates "
-          f"pause until it holds {learning_starts} new transitions (step {start}); acting goes on.", file=sys.stderr)
+    print(
+        f"warning: no replay buffer in the checkpoint (saved without --save-buffer): the buffer starts empty, and updates "
+        f"pause until it holds {learning_starts} new transitions (step {start}); acting goes on.",
+        file=sys.stderr,
+    )
     return start
 
 
@@ -1102,8 +1228,10 @@ def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_d
         ("Actor", actor, (obs,), f"obs_dim = {obs_dim}", f"2 * act_dim = {2 * act_dim} (mean, log-std)", [(64, act_dim)] * 2),
         ("q_network", q_values, (critics, obs, actions), f"obs_dim + act_dim = {obs_dim + act_dim}", "1 (Q)", [(2, 64)]),
     ):
-        sizes = (f"Each layer's input size must be the previous layer's output size, the first one's {first}, and the "
-                 f"last layer's output size {last}.")  # fmt: skip
+        sizes = (
+            f"Each layer's input size must be the previous layer's output size, the first one's {first}, and the "
+            f"last layer's output size {last}."
+        )
         try:
             with torch.no_grad():
                 out = network(*inputs)
@@ -1111,8 +1239,10 @@ def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_d
             raise UserError(f"{name} cannot map its inputs to its outputs ({str(e).splitlines()[0]}). {sizes}") from None
         shapes = [tuple(t.shape) for t in (out if isinstance(out, tuple) else [out])]
         if shapes != expected:
-            raise UserError(f"{name} maps 64 inputs to outputs of shape {', '.join(map(str, shapes))}, not "
-                            f"{', '.join(map(str, expected))}. {sizes}")  # fmt: skip
+            raise UserError(
+                f"{name} maps 64 inputs to outputs of shape {', '.join(map(str, shapes))}, not "
+                f"{', '.join(map(str, expected))}. {sizes}"
+            )
 
 
 def speed_setup() -> None:
@@ -1133,6 +1263,8 @@ def freeze_startup_objects() -> None:
     gc.collect()
     gc.freeze()
     atexit.register(gc.unfreeze)
+
+
 # --- end shared: sac-run ---
 
 
@@ -1174,9 +1306,11 @@ def probe_env(env_id: str, render: bool = False) -> tuple[dict, gym.spaces.Box]:
     env.close()
     space = env.action_space
     if not isinstance(space, gym.spaces.Box) or not (np.isfinite(space.low).all() and np.isfinite(space.high).all()):
-        raise UserError(f"{env_id}'s action space {space} is not a bounded Box: this script needs continuous actions "
-                        "within bounds (e.g. Pendulum-v1, HalfCheetah-v4). This project's discrete-action scripts, "
-                        "ppo_atari.py and a2c_atari.py, take Atari games only.")  # fmt: skip
+        raise UserError(
+            f"{env_id}'s action space {space} is not a bounded Box: this script needs continuous actions "
+            "within bounds (e.g. Pendulum-v1, HalfCheetah-v4). This project's discrete-action scripts, "
+            "ppo_atari.py and a2c_atari.py, take Atari games only."
+        )
     return {"obs_shape": list(env.observation_space.shape), "act_shape": list(space.shape)}, space
 
 
@@ -1190,16 +1324,40 @@ def quiet_mujoco_warnings() -> None:
     except AttributeError as e:  # PyOpenGL's failure where MUJOCO_GL=egl (ours or the user's) and libEGL is missing
         raise UserError(f"MuJoCo's EGL needs libEGL ({e}): install libegl1, or unset MUJOCO_GL and drop --capture-video.")
     mujoco.set_mju_user_warning(lambda m: None if "settotalmass" in m else print(f"MuJoCo warning: {m}", file=sys.stderr))
+
+
 # --- end shared: continuous ---
 
 
 # --- shared: plumbing ---
 # Flags a --resume command may change (those the script has); a flag it leaves out, and every other, is the checkpoint's.
-RESUME_OVERRIDABLE = ("total_timesteps", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
-                      "runs_dir", "checkpoint_interval", "keep_checkpoints", "resume", "eval_episodes", "eval_interval",
-                      "keep_best", "progress", "cuda", "torch_threads", "save_buffer", "log_interval", "async_envs",
-                      "num_rollout_workers", "envs_per_worker", "weight_sync_interval", "worker_batch_steps",
-                      "ray_address", "pause_learner")  # fmt: skip
+RESUME_OVERRIDABLE = (
+    "total_timesteps",
+    "track",
+    "wandb_project_name",
+    "wandb_entity",
+    "capture_video",
+    "save_model",
+    "runs_dir",
+    "checkpoint_interval",
+    "keep_checkpoints",
+    "resume",
+    "eval_episodes",
+    "eval_interval",
+    "keep_best",
+    "progress",
+    "cuda",
+    "torch_threads",
+    "save_buffer",
+    "log_interval",
+    "async_envs",
+    "num_rollout_workers",
+    "envs_per_worker",
+    "weight_sync_interval",
+    "worker_batch_steps",
+    "ray_address",
+    "pause_learner",
+)
 MAY_BE_NAN = ("losses/explained_variance",)  # NaN by definition when all returns are equal: not a broken run
 NON_FINITE_FLAGS = ("learning_rate", "policy_lr", "q_lr", "max_grad_norm", "num_minibatches", "norm_adv", "norm_obs")
 CHECKPOINT = re.compile(r"(step|interrupted|final)_(\d{10})\.pt")  # the names runs write; no other file is pruned
@@ -1215,12 +1373,17 @@ class Run:
         if ckpt is not None:
             check_checkpoint_matches(ckpt, args.resume, script, shapes)
             if ckpt["iteration"] >= args.num_iterations:
-                raise UserError(f"checkpoint '{args.resume}' is at iteration {ckpt['iteration']} (step "
-                                f"{ckpt['global_step']}), the last of --total-timesteps {args.total_timesteps}: "
-                                "nothing left to do. Raise --total-timesteps.")  # fmt: skip
+                raise UserError(
+                    f"checkpoint '{args.resume}' is at iteration {ckpt['iteration']} (step "
+                    f"{ckpt['global_step']}), the last of --total-timesteps {args.total_timesteps}: "
+                    "nothing left to do. Raise --total-timesteps."
+                )
         self.dir = None if ckpt is None else resume_folder(args, ckpt)
-        base = ckpt["run_name"] if ckpt else f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__" \
-            f"{args.seed}__{int(time.time())}"  # fmt: skip
+        base = (
+            ckpt["run_name"]
+            if ckpt
+            else f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        )
         Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
         for n in range(1, 1000) if self.dir is None else ():  # exclusively: runs started in the same second get two
             self.dir = Path(args.runs_dir) / (base if n == 1 else f"{base}-{n}")
@@ -1232,17 +1395,27 @@ class Run:
         if args.track:  # wandb mirrors the TensorBoard scalars: initialized before the writer
             import wandb
 
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                       config=vars(args), name=self.name, dir=str(self.dir), save_code=True)  # fmt: skip
+            wandb.init(
+                project=args.wandb_project_name,
+                entity=args.wandb_entity,
+                sync_tensorboard=True,
+                config=vars(args),
+                name=self.name,
+                dir=str(self.dir),
+                save_code=True,
+            )
         from torch.utils.tensorboard import SummaryWriter
 
         # on resume, purge_step hides events logged after the checkpoint: one continuous curve
         self.writer = SummaryWriter(str(self.dir), purge_step=ckpt["global_step"] + 1 if in_place else None)
         if not in_place:  # a run resumed in its folder keeps the first start's args.json and hyperparameter table
-            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in
-                                                                                         vars(args).items()))  # fmt: skip
-            compute = {"device": "cuda" if torch.cuda.is_available() and args.cuda else "cpu",
-                       "torch_threads": torch.get_num_threads()}  # fmt: skip
+            self.writer.add_text(
+                "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+            )
+            compute = {
+                "device": "cuda" if torch.cuda.is_available() and args.cuda else "cpu",
+                "torch_threads": torch.get_num_threads(),
+            }
             (self.dir / "args.json").write_text(json.dumps({**dataclasses.asdict(args), "compute": compute}, indent=2))
         print(f"run: {self.dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
         self.recent_returns, self.phase_time = [], {}  # the last 10 episodes' returns; seconds per run.timer phase
@@ -1264,9 +1437,11 @@ class Run:
             try:  # an edited network (a layer, a width) no longer fits the checkpoint's weights
                 getattr(part, "load_state_dict", lambda saved: load_plain(part, saved))(self.ckpt[name])
             except (RuntimeError, KeyError, ValueError) as e:
-                raise UserError(f"checkpoint '{self.args.resume}' does not fit this script's {name} "
-                                f"({str(e).splitlines()[-1].strip()}): the script changed since it was saved. Resume with "
-                                "the script as it was, or start a new run without --resume.") from None  # fmt: skip
+                raise UserError(
+                    f"checkpoint '{self.args.resume}' does not fit this script's {name} "
+                    f"({str(e).splitlines()[-1].strip()}): the script changed since it was saved. Resume with "
+                    "the script as it was, or start a new run without --resume."
+                ) from None
         if not (exact := all(getattr(part, "exact", True) for part in parts.values())):
             print(f"warning: {self.args.env_id}'s simulator state cannot be captured; its envs restart from a reset.")
         load_plain(state, self.ckpt["run_state"], exact)
@@ -1355,16 +1530,29 @@ class Run:
 
     def checkpoint(self, best: bool = False) -> dict:
         """The checkpoint as plain data; for best.pt a copy, without the parts that `holds_replay_buffer`."""
-        state = {"format": 1, "script": self.script, "run_name": self.name, "args": dataclasses.asdict(self.args),
-                 "global_step": self.state.global_step, "iteration": self.state.iteration, **self.shapes,
-                 **{name: None if best and getattr(part, "holds_replay_buffer", False)
-                    else part.state_dict() if hasattr(part, "state_dict") else to_plain(part)
-                    for name, part in self.parts.items()},
-                 "run_state": {**to_plain(self.state), "recent_returns": list(self.recent_returns),
-                               "best_score": self.best_score},
-                 # torch's RNGs: the scripts draw every random number from torch, or from the envs' own (env-state)
-                 "rng_states": {"torch": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state_all()}
-                                                                   if torch.cuda.is_available() else {})}}  # fmt: skip
+        state = {
+            "format": 1,
+            "script": self.script,
+            "run_name": self.name,
+            "args": dataclasses.asdict(self.args),
+            "global_step": self.state.global_step,
+            "iteration": self.state.iteration,
+            **self.shapes,
+            **{
+                name: None
+                if best and getattr(part, "holds_replay_buffer", False)
+                else part.state_dict()
+                if hasattr(part, "state_dict")
+                else to_plain(part)
+                for name, part in self.parts.items()
+            },
+            "run_state": {**to_plain(self.state), "recent_returns": list(self.recent_returns), "best_score": self.best_score},
+            # torch's RNGs: the scripts draw every random number from torch, or from the envs' own (env-state)
+            "rng_states": {
+                "torch": torch.get_rng_state(),
+                **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}),
+            },
+        }
         return copy.deepcopy(state) if best else state
 
     def save(self, kind: str) -> Path:
@@ -1405,8 +1593,11 @@ class Run:
         self.saving = True
         if self.stopped:
             path = self.save("interrupted")
-            print(f"interrupted: saved step {self.state.global_step} (iteration {self.state.iteration}) to {path}\n"
-                  f"resume with: {resume_command(path)}", file=sys.stderr)  # fmt: skip
+            print(
+                f"interrupted: saved step {self.state.global_step} (iteration {self.state.iteration}) to {path}\n"
+                f"resume with: {resume_command(path)}",
+                file=sys.stderr,
+            )
             self.close()
             sys.exit(130)
         self.offer_training_return()
@@ -1437,16 +1628,29 @@ class Run:
     def non_finite(self, quantity: str, cause: str) -> None:
         """Stop on the first NaN / Inf, saving nothing: one paragraph (what, when, likely causes, how to resume), exit 3."""
         args, state = self.args, self.state
-        newest = max((p for p in self.ckpt_dir.glob("*.pt") if CHECKPOINT.fullmatch(p.name)), key=lambda p: p.stat().st_mtime,
-                     default=None)  # fmt: skip
+        newest = max(
+            (p for p in self.ckpt_dir.glob("*.pt") if CHECKPOINT.fullmatch(p.name)),
+            key=lambda p: p.stat().st_mtime,
+            default=None,
+        )
         flags = ", ".join(f"--{f.replace('_', '-')} {getattr(args, f)}" for f in NON_FINITE_FLAGS if hasattr(args, f))
-        print(f"error: non-finite value (NaN or Inf) in {quantity} at env step {state.global_step} (iteration "
-              f"{state.iteration}): the run stopped and saved nothing of this state. Likely cause: " + (
-              f"the environment ({args.env_id}): a custom env's bug, or a simulator made unstable" if cause == "env" else
-              f"a step too large for these settings: {flags} (a lower learning rate, a larger batch or normalization "
-              "usually help)") + (f". The newest checkpoint from before it, {newest}, is untouched: resume it with "
-              f"`{resume_command(newest)}` once the cause is fixed." if newest else
-              ". No checkpoint was written before it (--checkpoint-interval sets how often)."), file=sys.stderr)  # fmt: skip
+        print(
+            f"error: non-finite value (NaN or Inf) in {quantity} at env step {state.global_step} (iteration "
+            f"{state.iteration}): the run stopped and saved nothing of this state. Likely cause: "
+            + (
+                f"the environment ({args.env_id}): a custom env's bug, or a simulator made unstable"
+                if cause == "env"
+                else f"a step too large for these settings: {flags} (a lower learning rate, a larger batch or normalization "
+                "usually help)"
+            )
+            + (
+                f". The newest checkpoint from before it, {newest}, is untouched: resume it with "
+                f"`{resume_command(newest)}` once the cause is fixed."
+                if newest
+                else ". No checkpoint was written before it (--checkpoint-interval sets how often)."
+            ),
+            file=sys.stderr,
+        )
         self.close()
         sys.exit(3)
 
@@ -1464,11 +1668,15 @@ def resume_folder(args, ckpt: dict) -> Optional[Path]:
     """The checkpoint's run folder; None (a new one under --runs-dir) if it is none, is not writable, or has later ones."""
     folder, step = Path(args.resume).resolve().parent, ckpt["global_step"]
     later = sorted(p.name for p in folder.glob("*.pt") if CHECKPOINT.fullmatch(p.name) and int(p.stem[-10:]) > step)
-    why = ("is not in a run folder" if folder.name != "checkpoints" or not (folder.parent / "args.json").is_file() else
-           "sits in a run folder this user cannot write" if not all(os.access(f, os.W_OK | os.X_OK) for f in (folder,
-                                                                                                   folder.parent)) else
-           f"is older than checkpoints saved later in its folder ({', '.join(later)}), which stay as they are"
-           if later else None)  # fmt: skip
+    why = (
+        "is not in a run folder"
+        if folder.name != "checkpoints" or not (folder.parent / "args.json").is_file()
+        else "sits in a run folder this user cannot write"
+        if not all(os.access(f, os.W_OK | os.X_OK) for f in (folder, folder.parent))
+        else f"is older than checkpoints saved later in its folder ({', '.join(later)}), which stay as they are"
+        if later
+        else None
+    )
     if why is not None:
         print(f"note: '{args.resume}' {why}: the resumed run writes into a new run folder under '{args.runs_dir}'.")
     return None if why else folder.parent
@@ -1476,8 +1684,14 @@ def resume_folder(args, ckpt: dict) -> Optional[Path]:
 
 def to_plain(obj) -> dict:
     """An object's attributes as plain data that loads with weights_only=True (numpy arrays and scalars: tensors; copies)."""
-    return {name: torch.from_numpy(np.array(v)) if isinstance(v, (np.ndarray, np.generic)) else v.detach().cpu().clone()
-            if isinstance(v, torch.Tensor) else v for name, v in vars(obj).items()}  # fmt: skip
+    return {
+        name: torch.from_numpy(np.array(v))
+        if isinstance(v, (np.ndarray, np.generic))
+        else v.detach().cpu().clone()
+        if isinstance(v, torch.Tensor)
+        else v
+        for name, v in vars(obj).items()
+    }
 
 
 def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
@@ -1491,7 +1705,7 @@ def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
 
 def first_non_finite(obj, path: str = "") -> Optional[str]:
     """The dotted path to the first NaN / Inf in obj (tensors, arrays, numbers, nested), or None."""
-    if isinstance(obj, (np.ndarray, float)) and getattr(obj, "dtype", None) != object:  # a float: a logged number
+    if isinstance(obj, (np.ndarray, float)) and getattr(obj, "dtype", None) != np.dtype(object):  # a float: a logged number
         return path if np.asarray(obj).dtype.kind in "fc" and not np.isfinite(obj).all() else None
     if isinstance(obj, torch.Tensor):
         return path if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else None
@@ -1528,8 +1742,9 @@ def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
     try:  # why the CPU: RNG and env states must be CPU tensors; modules copy their weights to their own device
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
-        raise UserError(f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint "
-                        f"({type(e).__name__}).") from None  # fmt: skip
+        raise UserError(
+            f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint ({type(e).__name__})."
+        ) from None
     if not isinstance(state, dict) or "format" not in state or "args" not in state:
         raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
     return state
@@ -1541,16 +1756,20 @@ def check_checkpoint_matches(ckpt: dict, path: str, script: str, shapes: dict) -
         raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script', 'another script')}.py, not {script}.py.")
     if (saved := {k: ckpt.get(k) for k in shapes}) != shapes:
         describe = lambda d: ", ".join(f"{k} {tuple(v) if isinstance(v, list) else v}" for k, v in d.items())  # noqa: E731
-        raise UserError(f"checkpoint '{path}' was made for {ckpt['args']['env_id']} ({describe(saved)}), which does not "
-                        f"fit this env ({describe(shapes)}).")  # fmt: skip
+        raise UserError(
+            f"checkpoint '{path}' was made for {ckpt['args']['env_id']} ({describe(saved)}), which does not "
+            f"fit this env ({describe(shapes)})."
+        )
 
 
 def check_memory(flag: str, value: int, needed: float, what: str) -> None:
     """Refuse `--flag value` if `what` needs more bytes than the memory available (Linux), not be killed as it fills."""
     info = Path("/proc/meminfo").read_text().split() if Path("/proc/meminfo").is_file() else ["MemAvailable:", "inf"]
     if needed > (available := float(info[info.index("MemAvailable:") + 1]) * 1024):
-        raise UserError(f"--{flag.replace('_', '-')} {value:,}: {what} needs {needed / 2**30:.1f} GiB, but this machine has "
-                        f"{available / 2**30:.1f} GiB of memory available: at most {int(value * available / needed):,} fit.")
+        raise UserError(
+            f"--{flag.replace('_', '-')} {value:,}: {what} needs {needed / 2**30:.1f} GiB, but this machine has "
+            f"{available / 2**30:.1f} GiB of memory available: at most {int(value * available / needed):,} fit."
+        )
 
 
 def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
@@ -1560,11 +1779,23 @@ def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
         old.unlink()
 
 
-RULES = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0, ">= 1": lambda v: v >= 1, "in [0, 1]": lambda v: 0 <= v <= 1,
-         "in (0, 1]": lambda v: 0 < v <= 1, "in [0, 1)": lambda v: 0 <= v < 1}  # fmt: skip
+RULES = {
+    "> 0": lambda v: v > 0,
+    ">= 0": lambda v: v >= 0,
+    ">= 1": lambda v: v >= 1,
+    "in [0, 1]": lambda v: 0 <= v <= 1,
+    "in (0, 1]": lambda v: 0 < v <= 1,
+    "in [0, 1)": lambda v: 0 <= v < 1,
+}
 # the run flags every script has, with their rules; each script's FLAG_RULES adds its own
-RUN_RULES = {"seed": ">= 0", "torch_threads": ">= 0", "checkpoint_interval": ">= 0", "keep_checkpoints": ">= 1",
-             "eval_episodes": ">= 1", "eval_interval": ">= 0"}  # fmt: skip
+RUN_RULES = {
+    "seed": ">= 0",
+    "torch_threads": ">= 0",
+    "checkpoint_interval": ">= 0",
+    "keep_checkpoints": ">= 1",
+    "eval_episodes": ">= 1",
+    "eval_interval": ">= 0",
+}
 
 
 def check_flags(args, rules: dict) -> None:
@@ -1580,10 +1811,15 @@ def parse_command_line(cls, rules: dict, validate: Callable):
     """(args, the --resume checkpoint or None, device), all checked before anything starts; torch's threads set."""
     args = tyro.cli(cls)
     netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))  # never wait at wandb's login prompt
-    if args.track and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun") and not (
-            os.environ.get("WANDB_API_KEY") or netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")):
-        raise UserError("--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
-                        "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`).")  # fmt: skip
+    if (
+        args.track
+        and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun")
+        and not (os.environ.get("WANDB_API_KEY") or netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace"))
+    ):
+        raise UserError(
+            "--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
+            "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`)."
+        )
     # 0: a thread per usable core (taskset, cgroups); runs sharing a machine must split them, or slow each other severalfold
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     torch.set_num_threads(args.torch_threads or cores)
@@ -1591,16 +1827,20 @@ def parse_command_line(cls, rules: dict, validate: Callable):
     if args.resume:
         ckpt, argv = load_checkpoint(args.resume, "--resume"), sys.argv[1:]
         if ":" in str(ckpt["args"].get("env_id")) and not any(w.startswith("--env-id") for w in argv):  # it imports nothing
-            raise UserError(f"checkpoint '{args.resume}' names the env '{ckpt['args']['env_id']}', which imports a "
-                            "module: give the same --env-id on the command line to allow it.")  # fmt: skip
+            raise UserError(
+                f"checkpoint '{args.resume}' names the env '{ckpt['args']['env_id']}', which imports a "
+                "module: give the same --env-id on the command line to allow it."
+            )
         args = merge_resume_args(args, ckpt["args"], argv)
     check_flags(args, rules)
     existing = Path(args.runs_dir).absolute()
     while not os.path.lexists(existing):  # made at the start of the run; what exists of it must be a writable folder
         existing = existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(f"--runs-dir '{args.runs_dir}': run folders are made in it, but '{existing}' is " +
-                        ("not writable (no permission)." if existing.is_dir() else "not a folder."))  # fmt: skip
+        raise UserError(
+            f"--runs-dir '{args.runs_dir}': run folders are made in it, but '{existing}' is "
+            + ("not writable (no permission)." if existing.is_dir() else "not a folder.")
+        )
     validate(args)
     return args, ckpt, device
 
@@ -1614,9 +1854,11 @@ def merge_resume_args(cli, saved: dict, argv: list):
     for f in dataclasses.fields(cli):
         keep = (f.name in RESUME_OVERRIDABLE and f.name in given) or f.name not in saved
         if not keep and f.name in given and getattr(cli, f.name) != saved[f.name]:
-            raise UserError(f"--{f.name.replace('_', '-')} {getattr(cli, f.name)} conflicts with the checkpoint, which "
-                            f"was trained with {saved[f.name]}: a resumed run keeps it. Drop the flag, or start a new "
-                            "run.")  # fmt: skip
+            raise UserError(
+                f"--{f.name.replace('_', '-')} {getattr(cli, f.name)} conflicts with the checkpoint, which "
+                f"was trained with {saved[f.name]}: a resumed run keeps it. Drop the flag, or start a new "
+                "run."
+            )
         merged[f.name] = getattr(cli, f.name) if keep else saved[f.name]
     return type(cli)(**merged)
 
@@ -1642,6 +1884,8 @@ def seed_everything(seed: int, torch_deterministic: bool) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
     torch.backends.cudnn.deterministic = torch_deterministic
+
+
 # --- end shared: plumbing ---
 
 

@@ -33,8 +33,9 @@ def bootstrap_mean_interval(values: np.ndarray, seed: int = 0, reps: int = REPS)
     """95 % percentile-bootstrap interval of the mean of `values` (rliable, one task)."""
     from rliable import library as rly
 
-    _, intervals = rly.get_interval_estimates({"x": values[:, None]}, lambda x: np.array([x.mean()]), reps=reps,
-                                              random_state=np.random.RandomState(seed))  # fmt: skip
+    _, intervals = rly.get_interval_estimates(
+        {"x": values[:, None]}, lambda x: np.array([x.mean()]), reps=reps, random_state=np.random.RandomState(seed)
+    )
     return float(intervals["x"][0, 0]), float(intervals["x"][1, 0])
 
 
@@ -48,16 +49,25 @@ def iqm_interval(matrix: np.ndarray, seed: int = 0, reps: int = REPS) -> tuple:
     from rliable import library as rly
     from rliable import metrics
 
-    point, intervals = rly.get_interval_estimates({"x": matrix}, lambda x: np.array([metrics.aggregate_iqm(x)]),
-                                                  reps=reps, random_state=np.random.RandomState(seed))  # fmt: skip
+    point, intervals = rly.get_interval_estimates(
+        {"x": matrix}, lambda x: np.array([metrics.aggregate_iqm(x)]), reps=reps, random_state=np.random.RandomState(seed)
+    )
     return float(point["x"][0]), float(intervals["x"][0, 0]), float(intervals["x"][1, 0])
 
 
 def task_row(task: str, report: dict, random: Optional[float]) -> dict:
     values = seed_returns(report)
-    row = {"task": task, "n": int(values.size), "mean": float(values.mean()), "std": float(values.std()),
-           "per_seed": values.round(2).tolist(), "commit": report.get("commit"),
-           "cpu_model": report["machine"].get("cpu_model"), "reference": report.get("reference"), "random": random}  # fmt: skip
+    row = {
+        "task": task,
+        "n": int(values.size),
+        "mean": float(values.mean()),
+        "std": float(values.std()),
+        "per_seed": values.round(2).tolist(),
+        "commit": report.get("commit"),
+        "cpu_model": report["machine"].get("cpu_model"),
+        "reference": report.get("reference"),
+        "random": random,
+    }
     if values.size >= 3:
         row["ci95"] = bootstrap_mean_interval(values)
     else:
@@ -68,19 +78,26 @@ def task_row(task: str, report: dict, random: Optional[float]) -> dict:
 
 
 def markdown(rows: list, aggregate: Optional[dict]) -> str:
-    lines = ["| task | seeds | ours: mean ± std | 95 % CI (bootstrap) or min–max | comparison | normalized (mean) |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| task | seeds | ours: mean ± std | 95 % CI (bootstrap) or min–max | comparison | normalized (mean) |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
-        spread = (f"[{r['ci95'][0]:.0f}, {r['ci95'][1]:.0f}]" if "ci95" in r
-                  else f"{r['min_max'][0]:.0f}–{r['min_max'][1]:.0f} (n={r['n']})")  # fmt: skip
+        spread = (
+            f"[{r['ci95'][0]:.0f}, {r['ci95'][1]:.0f}]"
+            if "ci95" in r
+            else f"{r['min_max'][0]:.0f}–{r['min_max'][1]:.0f} (n={r['n']})"
+        )
         ref = r["reference"]
         comparison = f"{ref['value']:.0f} ± {ref['std']:.0f} (CleanRL, published)" if ref else "none published"
         norm = f"{np.mean(r['normalized_per_seed']):.2f}" if "normalized_per_seed" in r else "–"
         lines.append(f"| {r['task']} | {r['n']} | {r['mean']:.0f} ± {r['std']:.0f} | {spread} | {comparison} | {norm} |")
     if aggregate:
-        lines.append(f"\nIQM of the normalized score over {aggregate['tasks']} ({aggregate['runs']} runs): "
-                     f"**{aggregate['iqm']:.2f}** [{aggregate['ci95'][0]:.2f}, {aggregate['ci95'][1]:.2f}] "
-                     "(95 % stratified bootstrap).")  # fmt: skip
+        lines.append(
+            f"\nIQM of the normalized score over {aggregate['tasks']} ({aggregate['runs']} runs): "
+            f"**{aggregate['iqm']:.2f}** [{aggregate['ci95'][0]:.2f}, {aggregate['ci95'][1]:.2f}] "
+            "(95 % stratified bootstrap)."
+        )
     return "\n".join(lines)
 
 
@@ -102,7 +119,7 @@ def plot(rows: list, reports: dict, path: Path, smooth: int = 20) -> None:
             steps, values = np.array(s["curve"]["steps"], float), np.array(s["curve"]["returns"], float)
             if values.size >= smooth:
                 values = np.convolve(values, np.ones(smooth) / smooth, mode="valid")
-                steps = steps[smooth - 1:]
+                steps = steps[smooth - 1 :]
             ax.plot(steps, values, color="C0", alpha=0.25, linewidth=0.8)
             means.append(np.interp(grid * budget, steps, values, left=np.nan))
         with warnings.catch_warnings():  # grid points before any seed's first episode: no mean there (NaN)
@@ -140,12 +157,22 @@ def main() -> None:
             sys.exit(f"the stratified bootstrap needs the same number of seeds per task; got {n}")
         matrix = np.array([r["normalized_per_seed"] for r in scored]).T  # (seeds, tasks)
         iqm, low, high = iqm_interval(matrix)
-        aggregate = {"metric": "IQM of (ours - random) / (CleanRL published mean - random) over all (seed, task)",
-                     "tasks": [r["task"] for r in scored], "runs": int(matrix.size), "iqm": iqm, "ci95": [low, high],
-                     "interval": f"95 % stratified bootstrap (rliable), {REPS} resamples"}  # fmt: skip
-    report = {"script": ns.script, "budget": ns.budget, "command": " ".join([Path(sys.executable).name, *sys.argv]),
-              "random_policy": str(ns.random.relative_to(ROOT) if ns.random.is_absolute() else ns.random),
-              "tasks": rows, "aggregate": aggregate}  # fmt: skip
+        aggregate = {
+            "metric": "IQM of (ours - random) / (CleanRL published mean - random) over all (seed, task)",
+            "tasks": [r["task"] for r in scored],
+            "runs": int(matrix.size),
+            "iqm": iqm,
+            "ci95": [low, high],
+            "interval": f"95 % stratified bootstrap (rliable), {REPS} resamples",
+        }
+    report = {
+        "script": ns.script,
+        "budget": ns.budget,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "random_policy": str(ns.random.relative_to(ROOT) if ns.random.is_absolute() else ns.random),
+        "tasks": rows,
+        "aggregate": aggregate,
+    }
     ns.out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
     plot(rows, reports, ns.out.with_suffix(".png"))
     print(markdown(rows, aggregate))

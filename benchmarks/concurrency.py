@@ -7,6 +7,7 @@ defaults are held to: two at once, each keeps >= 80 % of its alone speed.
     python benchmarks/concurrency.py --n1 4096 --n2 20480 --reps 3 -- \
         python ppo_continuous.py --env-id HalfCheetah-v4 --total-timesteps {steps} --runs-dir {dir}
 """
+
 import argparse
 import statistics
 import subprocess

@@ -47,9 +47,13 @@ def main() -> None:
         returns = random_returns(env_id, ns.episodes, ns.seed)
         per_env[env_id] = {"mean": float(np.mean(returns)), "std": float(np.std(returns)), "episodes": len(returns)}
         print(f"{env_id}: {per_env[env_id]['mean']:.2f} ± {per_env[env_id]['std']:.2f} over {len(returns)} episodes")
-    report = {"what": "return of uniformly random actions per episode (until termination or the time limit)",
-              "command": shlex.join([sys.executable, *sys.argv]), "date_utc": utc_now(),
-              "machine": machine_info(sys.executable), "per_env": per_env}  # fmt: skip
+    report = {
+        "what": "return of uniformly random actions per episode (until termination or the time limit)",
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "date_utc": utc_now(),
+        "machine": machine_info(sys.executable),
+        "per_env": per_env,
+    }
     ns.out.write_text(json.dumps(report, indent=2) + "\n")
 
 

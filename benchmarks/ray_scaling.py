@@ -71,12 +71,18 @@ def part_costs() -> dict:
     # the learner's gradient step at batch 256 (as the loop runs it, with policy_frequency 2), on every core (the
     # in-process worker above set torch to one thread, as workers do)
     torch.set_num_threads(len(os.sched_getaffinity(0)))
+
     class A:  # the Args fields Learner reads
         autotune, alpha, policy_lr, q_lr, squash_eps = True, 0.2, 3e-4, 1e-3, 0.0
 
     learner = sr.Learner(obs_dim, act_dim, -np.ones(act_dim), np.ones(act_dim), A, torch.device("cpu"))
-    batch = {"obs": torch.randn(256, obs_dim), "next_obs": torch.randn(256, obs_dim), "actions": torch.rand(256, act_dim),
-             "rewards": torch.randn(256), "terminated": torch.zeros(256)}  # fmt: skip
+    batch = {
+        "obs": torch.randn(256, obs_dim),
+        "next_obs": torch.randn(256, obs_dim),
+        "actions": torch.rand(256, act_dim),
+        "rewards": torch.randn(256),
+        "terminated": torch.zeros(256),
+    }
 
     def two_steps():
         for _ in range(2):
@@ -172,11 +178,25 @@ def events_rate(run_dir: Path, min_step: int, skip_fraction: float) -> dict:
 
 
 def run_for(script: str, flags: list, seconds: float, runs_dir: Path) -> dict:
-    cmd = [sys.executable, str(ROOT / script), "--env-id", ENV_ID, "--total-timesteps", "100000000", "--runs-dir",
-           str(runs_dir), "--checkpoint-interval", "0", "--learning-starts", str(LEARNING_STARTS), *flags]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / script),
+        "--env-id",
+        ENV_ID,
+        "--total-timesteps",
+        "100000000",
+        "--runs-dir",
+        str(runs_dir),
+        "--checkpoint-interval",
+        "0",
+        "--learning-starts",
+        str(LEARNING_STARTS),
+        *flags,
+    ]
     env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     time.sleep(seconds)
     os.killpg(proc.pid, signal.SIGINT)
     try:
@@ -192,14 +212,31 @@ def part_scaling(seconds: float, workers: list) -> list:
     configs = [("sac_continuous.py", "sac_continuous.py (baseline)", [])]
     for batch_steps in (100, 1000):  # the default batch, and one that makes Ray's per-batch cost 10x rarer
         for n in workers:
-            configs.append(("sac_continuous_ray.py", f"paused learner, {n} workers, batches of {batch_steps}",
-                            ["--num-rollout-workers", str(n), "--pause-learner", "--log-interval", "5000",
-                             "--worker-batch-steps", str(batch_steps)]))  # fmt: skip
+            configs.append(
+                (
+                    "sac_continuous_ray.py",
+                    f"paused learner, {n} workers, batches of {batch_steps}",
+                    [
+                        "--num-rollout-workers",
+                        str(n),
+                        "--pause-learner",
+                        "--log-interval",
+                        "5000",
+                        "--worker-batch-steps",
+                        str(batch_steps),
+                    ],
+                )
+            )
     for n in workers:
         configs.append(("sac_continuous_ray.py", f"utd 1, {n} workers", ["--num-rollout-workers", str(n)]))
     for n in workers[:2]:
-        configs.append(("sac_continuous_ray.py", f"utd 0 (async), {n} workers",
-                        ["--num-rollout-workers", str(n), "--utd-ratio", "0", "--log-interval", "1000"]))  # fmt: skip
+        configs.append(
+            (
+                "sac_continuous_ray.py",
+                f"utd 0 (async), {n} workers",
+                ["--num-rollout-workers", str(n), "--utd-ratio", "0", "--log-interval", "1000"],
+            )
+        )
     rows = []
     for script, label, flags in configs:
         with tempfile.TemporaryDirectory() as tmp:
@@ -214,9 +251,10 @@ def part_overhead(seconds: float, reps: int) -> dict:
     rates, their medians, and the wall-clock ratio (ray time / single-process time for the same env steps)."""
     runs = {"sac_continuous.py": [], "sac_continuous_ray.py, 2 workers, utd 1": []}
     for _ in range(reps):
-        for label, script, flags in (("sac_continuous.py", "sac_continuous.py", []),
-                                     ("sac_continuous_ray.py, 2 workers, utd 1", "sac_continuous_ray.py",
-                                      ["--num-rollout-workers", "2"])):  # fmt: skip
+        for label, script, flags in (
+            ("sac_continuous.py", "sac_continuous.py", []),
+            ("sac_continuous_ray.py, 2 workers, utd 1", "sac_continuous_ray.py", ["--num-rollout-workers", "2"]),
+        ):
             with tempfile.TemporaryDirectory() as tmp:
                 runs[label].append(run_for(script, flags, seconds, Path(tmp)).get("env_steps_per_s"))
             print(label, runs[label][-1], flush=True)
@@ -234,9 +272,12 @@ def main() -> int:
     parser.add_argument("--skip-scaling", action="store_true")
     parser.add_argument("--overhead-reps", type=int, default=0, help="also run part 3 (overhead) this many times")
     args = parser.parse_args()
-    report = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "date_utc":
-              datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "env_id": ENV_ID,
-              "machine": machine_info(sys.executable)}  # fmt: skip
+    report = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "env_id": ENV_ID,
+        "machine": machine_info(sys.executable),
+    }
     if not args.skip_costs:
         report["costs"] = part_costs()
         print(json.dumps(report["costs"], indent=1), flush=True)
@@ -246,8 +287,10 @@ def main() -> int:
         for row in report["scaling"]:
             ups = row.get("updates_per_s")
             busy = row.get("learner_busy")
-            print(f"| {row['config']} | {row.get('env_steps_per_s', float('nan')):.0f} | "
-                  f"{'-' if ups is None else f'{ups:.0f}'} | {'-' if busy is None else f'{busy:.2f}'} |")  # fmt: skip
+            print(
+                f"| {row['config']} | {row.get('env_steps_per_s', float('nan')):.0f} | "
+                f"{'-' if ups is None else f'{ups:.0f}'} | {'-' if busy is None else f'{busy:.2f}'} |"
+            )
     if args.overhead_reps:
         report["overhead"] = part_overhead(args.seconds, args.overhead_reps)
         print(json.dumps(report["overhead"], indent=1))

@@ -38,9 +38,27 @@ def cpu_model() -> str:
 
 
 def run_one(workers: int, steps: int, runs_dir: Path) -> dict:
-    cmd = [sys.executable, str(ROOT / "sac_continuous_ray.py"), "--env-id", "HalfCheetah-v4", "--total-timesteps",
-           str(steps), "--num-rollout-workers", str(workers), "--utd-ratio", "1", "--torch-threads", "1",
-           "--checkpoint-interval", "0", "--no-progress", "--seed", "1", "--runs-dir", str(runs_dir)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "sac_continuous_ray.py"),
+        "--env-id",
+        "HalfCheetah-v4",
+        "--total-timesteps",
+        str(steps),
+        "--num-rollout-workers",
+        str(workers),
+        "--utd-ratio",
+        "1",
+        "--torch-threads",
+        "1",
+        "--checkpoint-interval",
+        "0",
+        "--no-progress",
+        "--seed",
+        "1",
+        "--runs-dir",
+        str(runs_dir),
+    ]
     start = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=3600, stdin=subprocess.DEVNULL)
     wall = time.time() - start
@@ -51,9 +69,15 @@ def run_one(workers: int, steps: int, runs_dir: Path) -> dict:
     _, maxes = read_scalars(run_dir, "charts/weight_staleness_max")
     done = next(line for line in proc.stdout.splitlines() if line.startswith("done:"))
     command = " ".join(["python", Path(cmd[1]).name, *cmd[2:-2]])  # as run from the repository root
-    return {"command": command, "windows": int(len(means)),
-            "mean_staleness": float(np.mean(means)), "median_window_staleness": float(np.median(means)),
-            "max_staleness": float(np.max(maxes)), "wall_s": round(wall, 1), "done": done}  # fmt: skip
+    return {
+        "command": command,
+        "windows": int(len(means)),
+        "mean_staleness": float(np.mean(means)),
+        "median_window_staleness": float(np.median(means)),
+        "max_staleness": float(np.max(maxes)),
+        "wall_s": round(wall, 1),
+        "done": done,
+    }
 
 
 def main() -> None:
@@ -67,8 +91,11 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             runs[str(workers)] = run_one(workers, args.steps, Path(tmp))
         r = runs[str(workers)]
-        print(f"{workers} worker(s): mean staleness {r['mean_staleness']:.0f}, max {r['max_staleness']:.0f} actor "
-              f"updates ({r['windows']} windows, {r['wall_s']:.0f} s)", flush=True)  # fmt: skip
+        print(
+            f"{workers} worker(s): mean staleness {r['mean_staleness']:.0f}, max {r['max_staleness']:.0f} actor "
+            f"updates ({r['windows']} windows, {r['wall_s']:.0f} s)",
+            flush=True,
+        )
     first, last = runs[str(args.workers[0])], runs[str(args.workers[-1])]
     result = {
         "what": "sac_continuous_ray.py weight staleness (actor updates) against the number of rollout workers",

@@ -333,16 +333,35 @@ def run_as_sweep(config: Config) -> list[SeedRun]:
     # or the seeds would share the cores in another way than the JSON records (it says config.parallel)
     at_once = min(len(config.seeds), max(1, cores // cpus)) if cpus else None
     if at_once is not None and at_once != min(len(config.seeds), config.parallel):
-        raise SystemExit(f"run.py: --torch-threads {cpus} on {cores} cores runs {at_once} seed(s) at once, not --parallel "
-                         f"{config.parallel}: give --parallel {at_once}, or --torch-threads {max(1, cores // config.parallel)}.")
+        raise SystemExit(
+            f"run.py: --torch-threads {cpus} on {cores} cores runs {at_once} seed(s) at once, not --parallel "
+            f"{config.parallel}: give --parallel {at_once}, or --torch-threads {max(1, cores // config.parallel)}."
+        )
     cpus = cpus or max(1, cores // config.parallel)
     out = sweep_dir(config)
     if (out / "sweep.json").is_file():
         command = [config.python, str(SWEEP_TOOL), "--out", str(out), "--resume"]
     else:
-        command = [config.python, str(SWEEP_TOOL), "--out", str(out), "--script", config.script, "--env-id", config.env_id,
-                   "--seeds", *map(str, config.seeds), "--cpus-per-trial", str(cpus), "--", "--total-timesteps",
-                   str(config.total_timesteps), "--exp-name", config.exp_name, *extra]  # fmt: skip
+        command = [
+            config.python,
+            str(SWEEP_TOOL),
+            "--out",
+            str(out),
+            "--script",
+            config.script,
+            "--env-id",
+            config.env_id,
+            "--seeds",
+            *map(str, config.seeds),
+            "--cpus-per-trial",
+            str(cpus),
+            "--",
+            "--total-timesteps",
+            str(config.total_timesteps),
+            "--exp-name",
+            config.exp_name,
+            *extra,
+        ]
     config.runs_dir.mkdir(parents=True, exist_ok=True)
     print(f"sweep: {shlex.join(command)}", flush=True)
     returncode = subprocess.run(command, stdin=subprocess.DEVNULL).returncode
@@ -609,12 +628,18 @@ def parse_args(argv: Sequence[str]) -> Config:
     parser.add_argument("--summarize-only", action="store_true", help="do not run; re-read <out>_runs/ and rewrite")
     parser.add_argument("--smooth", type=int, default=20, help="moving-average window (episodes) of the mean curve")
     parser.add_argument("--tail-lines", type=int, default=20, help="log lines shown for a failing seed")
-    parser.add_argument("--commit", default=None,
-                        help="the project commit the runs use (default: `git rev-parse HEAD`, '-dirty' if the script "
-                             "differs from it; on a machine without the git folder, name it)")  # fmt: skip
-    parser.add_argument("--runs-in-cwd", action="store_true",
-                        help="the script has no --runs-dir and writes to ./runs (e.g. the reference): run it in a "
-                             "folder whose runs/ is <out>_runs/")  # fmt: skip
+    parser.add_argument(
+        "--commit",
+        default=None,
+        help="the project commit the runs use (default: `git rev-parse HEAD`, '-dirty' if the script "
+        "differs from it; on a machine without the git folder, name it)",
+    )
+    parser.add_argument(
+        "--runs-in-cwd",
+        action="store_true",
+        help="the script has no --runs-dir and writes to ./runs (e.g. the reference): run it in a "
+        "folder whose runs/ is <out>_runs/",
+    )
     args = parser.parse_args(argv)
     if args.parallel < 1 or args.smooth < 1:
         parser.error("--parallel and --smooth must be >= 1")
@@ -644,8 +669,9 @@ def project_commit(script: str) -> Optional[str]:
     root = Path(__file__).resolve().parents[1]
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", script], cwd=root, capture_output=True,
-                               text=True, timeout=30)  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", script], cwd=root, capture_output=True, text=True, timeout=30
+        )
     except OSError:
         return None
     if head.returncode != 0:

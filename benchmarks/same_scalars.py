@@ -4,6 +4,7 @@ operation's order must reproduce them bit for bit (timing tags, which measure th
     python benchmarks/same_scalars.py record OUT.json -- python ppo_continuous.py --seed 1 ...
     python benchmarks/same_scalars.py compare OLD.json NEW.json
 """
+
 import argparse
 import json
 import subprocess

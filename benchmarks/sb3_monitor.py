@@ -46,8 +46,12 @@ def read_monitors(folder: Path, n_envs: int, frame_skip: int) -> dict:
         starts.append(header["t_start"])
     games.sort()
     ends, steps, returns = (np.array(column) for column in zip(*games))
-    return {"steps": np.round(steps).astype(np.int64), "returns": returns, "wall_time_s": float(ends[-1] - min(starts)),
-            "num_envs_files": len(files)}  # fmt: skip
+    return {
+        "steps": np.round(steps).astype(np.int64),
+        "returns": returns,
+        "wall_time_s": float(ends[-1] - min(starts)),
+        "num_envs_files": len(files),
+    }
 
 
 def seed_entry(seed: int, folder: Path, args) -> dict:

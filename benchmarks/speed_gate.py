@@ -24,8 +24,10 @@ SETUPS = {
 
 def command(checkout: Path, script: str, extra: str) -> str:
     flags, _, _, _ = SETUPS[script]
-    return (f"{sys.executable} {checkout / (script + '.py')} {flags} {extra} --total-timesteps {{steps}} "
-            f"--runs-dir {{dir}} --checkpoint-interval 0")  # fmt: skip
+    return (
+        f"{sys.executable} {checkout / (script + '.py')} {flags} {extra} --total-timesteps {{steps}} "
+        f"--runs-dir {{dir}} --checkpoint-interval 0"
+    )
 
 
 def main() -> None:
@@ -39,10 +41,27 @@ def main() -> None:
     failed = []
     for script in ns.only:
         _, n1, n2, old_extra = SETUPS[script]
-        proc = subprocess.run([sys.executable, str(ns.sps), "--a", command(ROOT, script, ""),
-                               "--b", command(ns.old.resolve(), script, old_extra), "--n1", str(n1), "--n2", str(n2),
-                               "--reps", str(ns.reps), "--min-ratio", str(ns.min_ratio),
-                               "--label", f"{script} new/old"], cwd=ROOT)  # fmt: skip
+        proc = subprocess.run(
+            [
+                sys.executable,
+                str(ns.sps),
+                "--a",
+                command(ROOT, script, ""),
+                "--b",
+                command(ns.old.resolve(), script, old_extra),
+                "--n1",
+                str(n1),
+                "--n2",
+                str(n2),
+                "--reps",
+                str(ns.reps),
+                "--min-ratio",
+                str(ns.min_ratio),
+                "--label",
+                f"{script} new/old",
+            ],
+            cwd=ROOT,
+        )
         if proc.returncode != 0:
             failed.append(script)
         sys.stdout.flush()

@@ -69,11 +69,16 @@ SAC_REFERENCE_150K = Comparison(
     ],
 )
 # before the rewrite (TwinQ): the comparison the two-critics runs are held to
-SAC_150K = ["sac_continuous_HalfCheetah-v4_150k_zen3_f32_1c1a44c.json", "sac_continuous_HalfCheetah-v4_150k_xeon_f32_seeds34.json"]
-SAC_150K_NOW = ["sac_continuous_HalfCheetah-v4_150k_two_critics.json",  # the critics as two nn.Sequential (seeds 1-2)
-                "sac_continuous_HalfCheetah-v4_150k_two_critics_seeds34.json",
-                "sac_continuous_HalfCheetah-v4_150k_two_critics_seeds56.json",  # seeds 3-4, 5-6, 7-8
-                "sac_continuous_HalfCheetah-v4_150k_two_critics_seeds78.json"]
+SAC_150K = [
+    "sac_continuous_HalfCheetah-v4_150k_zen3_f32_1c1a44c.json",
+    "sac_continuous_HalfCheetah-v4_150k_xeon_f32_seeds34.json",
+]
+SAC_150K_NOW = [
+    "sac_continuous_HalfCheetah-v4_150k_two_critics.json",  # the critics as two nn.Sequential (seeds 1-2)
+    "sac_continuous_HalfCheetah-v4_150k_two_critics_seeds34.json",
+    "sac_continuous_HalfCheetah-v4_150k_two_critics_seeds56.json",  # seeds 3-4, 5-6, 7-8
+    "sac_continuous_HalfCheetah-v4_150k_two_critics_seeds78.json",
+]
 PPO_HC = "ppo_continuous_HalfCheetah-v4_1M_torch_rollout.json"  # the rollout samples Agent.distribution (seeds 1-3)
 PPO_HC_RUNS = [PPO_HC, "ppo_continuous_HalfCheetah-v4_1M_torch_rollout_seeds45.json"]
 SAC_1M = "sac_continuous_HalfCheetah-v4_1M_xeon_f32.json"
@@ -87,48 +92,126 @@ def ppo_atari_breakout_1m(backend: str) -> list:
 
 
 PPO_ATARI_GYM = ppo_atari_breakout_1m("gymnasium") + [  # before the rewrite: seeds 1-5 on an Intel Xeon, 1-6 on an EPYC
-    "ppo_atari_Breakout_1M_handwritten_epyc.json", "ppo_atari_Breakout_1M_handwritten_epyc_seeds34.json",
-    "ppo_atari_Breakout_1M_handwritten_epyc_seeds56.json"]
-PPO_ATARI_NOW = ["ppo_atari_Breakout_1M_channels_last.json",  # gymnasium's Atari wrappers, channels-last frames
-                 "ppo_atari_Breakout_1M_channels_last_seeds34.json",  # seeds 1-2, 3-4, 5-6, 7-8, 9, 10
-                 "ppo_atari_Breakout_1M_channels_last_seeds56.json",
-                 "ppo_atari_Breakout_1M_channels_last_seeds78.json",
-                 "ppo_atari_Breakout_1M_channels_last_seed9.json",
-                 "ppo_atari_Breakout_1M_channels_last_seed10.json"]
+    "ppo_atari_Breakout_1M_handwritten_epyc.json",
+    "ppo_atari_Breakout_1M_handwritten_epyc_seeds34.json",
+    "ppo_atari_Breakout_1M_handwritten_epyc_seeds56.json",
+]
+PPO_ATARI_NOW = [
+    "ppo_atari_Breakout_1M_channels_last.json",  # gymnasium's Atari wrappers, channels-last frames
+    "ppo_atari_Breakout_1M_channels_last_seeds34.json",  # seeds 1-2, 3-4, 5-6, 7-8, 9, 10
+    "ppo_atari_Breakout_1M_channels_last_seeds56.json",
+    "ppo_atari_Breakout_1M_channels_last_seeds78.json",
+    "ppo_atari_Breakout_1M_channels_last_seed9.json",
+    "ppo_atari_Breakout_1M_channels_last_seed10.json",
+]
 ROWS = [
-    Row("ppo_continuous.py", "HalfCheetah-v4", "1M steps", "", PPO_HC_RUNS,
-        Comparison("published", "CleanRL `ppo_continuous_action.py`, published", [PPO_HC], seeds=3)),
-    Row("ppo_continuous.py", "Pendulum-v1", "1M steps", "(Pendulum recipe)", ["ppo_continuous_Pendulum-v1_1M_recipe.json"],
-        None),
+    Row(
+        "ppo_continuous.py",
+        "HalfCheetah-v4",
+        "1M steps",
+        "",
+        PPO_HC_RUNS,
+        Comparison("published", "CleanRL `ppo_continuous_action.py`, published", [PPO_HC], seeds=3),
+    ),
+    Row(
+        "ppo_continuous.py",
+        "Pendulum-v1",
+        "1M steps",
+        "(Pendulum recipe)",
+        ["ppo_continuous_Pendulum-v1_1M_recipe.json"],
+        None,
+    ),
     Row("sac_continuous.py", "HalfCheetah-v4", "150k steps", "", SAC_150K_NOW, SAC_REFERENCE_150K, smooth=10),
-    Row("sac_continuous.py", "HalfCheetah-v4", "1M steps", "", [SAC_1M],
-        Comparison("published", "CleanRL `sac_continuous_action.py`, published", [SAC_1M], seeds=3)),
-    Row("sac_continuous_ray.py", "HalfCheetah-v4", "150k steps", "`--num-rollout-workers 2`",
-        ["sac_continuous_ray_HalfCheetah-v4_150k_rewrite.json"], SAC_REFERENCE_150K, smooth=10),
-    Row("sac_continuous_ray.py", "HalfCheetah-v4", "150k steps", "`--num-rollout-workers 4` (before the rewrite)",
+    Row(
+        "sac_continuous.py",
+        "HalfCheetah-v4",
+        "1M steps",
+        "",
+        [SAC_1M],
+        Comparison("published", "CleanRL `sac_continuous_action.py`, published", [SAC_1M], seeds=3),
+    ),
+    Row(
+        "sac_continuous_ray.py",
+        "HalfCheetah-v4",
+        "150k steps",
+        "`--num-rollout-workers 2`",
+        ["sac_continuous_ray_HalfCheetah-v4_150k_rewrite.json"],
+        SAC_REFERENCE_150K,
+        smooth=10,
+    ),
+    Row(
+        "sac_continuous_ray.py",
+        "HalfCheetah-v4",
+        "150k steps",
+        "`--num-rollout-workers 4` (before the rewrite)",
         ["sac_continuous_ray_HalfCheetah-v4_150k_4workers.json"],
-        Comparison("runs", "`sac_continuous.py` before the rewrite, run here", SAC_150K), smooth=10),
-    Row("sac_continuous.py", "Hopper-v4", "200k steps", "", [f"sac_continuous_Hopper-v4_200k_seed{s}.json" for s in (1, 2)],
-        Comparison("runs", "CleanRL `sac_continuous_action.py`, run here",
-                   [f"reference_sac_continuous_action_Hopper-v4_200k_seed{s}.json" for s in (1, 2)]), smooth=10),
-    Row("ppo_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "", PPO_ATARI_NOW,
+        Comparison("runs", "`sac_continuous.py` before the rewrite, run here", SAC_150K),
+        smooth=10,
+    ),
+    Row(
+        "sac_continuous.py",
+        "Hopper-v4",
+        "200k steps",
+        "",
+        [f"sac_continuous_Hopper-v4_200k_seed{s}.json" for s in (1, 2)],
+        Comparison(
+            "runs",
+            "CleanRL `sac_continuous_action.py`, run here",
+            [f"reference_sac_continuous_action_Hopper-v4_200k_seed{s}.json" for s in (1, 2)],
+        ),
+        smooth=10,
+    ),
+    Row(
+        "ppo_atari.py",
+        "BreakoutNoFrameskip-v4",
+        "1M agent steps",
+        "",
+        PPO_ATARI_NOW,
         Comparison("published", "CleanRL `ppo_atari.py`, run here", ["ppo_atari_Breakout_1M_fp32_gymnasium.json"], seeds=1),
-        smooth=100),
-    Row("ppo_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps",
+        smooth=100,
+    ),
+    Row(
+        "ppo_atari.py",
+        "BreakoutNoFrameskip-v4",
+        "1M agent steps",
         "(before the rewrite: hand-written Atari wrappers; seeds 1-5 on a Xeon, 1-6 on an EPYC)",
-        PPO_ATARI_GYM, Comparison("runs", "`ppo_atari.py` after the rewrite, run here", PPO_ATARI_NOW), smooth=100),
-    Row("a2c_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps", "", ["a2c_atari_Breakout_1M_fp32.json"],
-        Comparison("runs", "Stable-Baselines3 `A2C` with the zoo's recipe, run here",
-                   ["sb3_a2c_zoo_BreakoutNoFrameskip-v4_1M.json"]), smooth=100),
-    Row("a2c_atari.py", "BreakoutNoFrameskip-v4", "5M agent steps", "`--env-backend ale-vector` (a backend since removed)",
-        ["a2c_atari_Breakout_5M_alevector.json"], None, smooth=100),
-    Row("a2c_atari.py", "BreakoutNoFrameskip-v4", "1M agent steps",
+        PPO_ATARI_GYM,
+        Comparison("runs", "`ppo_atari.py` after the rewrite, run here", PPO_ATARI_NOW),
+        smooth=100,
+    ),
+    Row(
+        "a2c_atari.py",
+        "BreakoutNoFrameskip-v4",
+        "1M agent steps",
+        "",
+        ["a2c_atari_Breakout_1M_fp32.json"],
+        Comparison(
+            "runs", "Stable-Baselines3 `A2C` with the zoo's recipe, run here", ["sb3_a2c_zoo_BreakoutNoFrameskip-v4_1M.json"]
+        ),
+        smooth=100,
+    ),
+    Row(
+        "a2c_atari.py",
+        "BreakoutNoFrameskip-v4",
+        "5M agent steps",
+        "`--env-backend ale-vector` (a backend since removed)",
+        ["a2c_atari_Breakout_5M_alevector.json"],
+        None,
+        smooth=100,
+    ),
+    Row(
+        "a2c_atari.py",
+        "BreakoutNoFrameskip-v4",
+        "1M agent steps",
         "`--bf16 --vf-coef 0.5 --optimizer rmsprop-torch` on envpool (a backend since removed)",
         ["a2c_atari_Breakout_1M_bf16.json"],
-        Comparison("runs", "Stable-Baselines3 `A2C` with torch's RMSprop, run here",
-                   ["sb3_a2c_BreakoutNoFrameskip-v4_1M.json"]), smooth=100,
-        then_defaults="--vf-coef 0.5 --optimizer rmsprop-torch"),
-]  # fmt: skip
+        Comparison(
+            "runs", "Stable-Baselines3 `A2C` with torch's RMSprop, run here", ["sb3_a2c_BreakoutNoFrameskip-v4_1M.json"]
+        ),
+        smooth=100,
+        then_defaults="--vf-coef 0.5 --optimizer rmsprop-torch",
+    ),
+]
 
 
 # ---- reading the JSONs (pure functions of their contents) ----
@@ -226,26 +309,32 @@ def table_rows(rows: list = ROWS, results: Path = RESULTS, speed: Optional[dict]
         wall = f"{minutes(float(np.median(walls))) if walls else 'not recorded (resumed run)'}, {' / '.join(cpus)}" + (
             f", {at_once} seeds at once" if at_once > 1 else ""
         )
-        cells.append({
-            "script": f"`{row.script}`" + (f" {row.flags}" if row.flags else ""),
-            "env": row.env_id,
-            "budget": row.budget,
-            "seeds": ", ".join(str(entry["seed"]) for entry in entries),
-            "ours": f"**{plus_minus(mean, std, n)}**",
-            "comparison": comp_cell,
-            "wall": wall,
-            "speed": speed_cell(row.speed_key or row.script, speed),
-        })  # fmt: skip
+        cells.append(
+            {
+                "script": f"`{row.script}`" + (f" {row.flags}" if row.flags else ""),
+                "env": row.env_id,
+                "budget": row.budget,
+                "seeds": ", ".join(str(entry["seed"]) for entry in entries),
+                "ours": f"**{plus_minus(mean, std, n)}**",
+                "comparison": comp_cell,
+                "wall": wall,
+                "speed": speed_cell(row.speed_key or row.script, speed),
+            }
+        )
     return cells
 
 
 def markdown_table(cells: list) -> str:
-    header = ("| script | env | budget | seeds | training return | comparison | wall time per seed | speed vs reference |\n"
-              "|---|---|---|---|---|---|---|---|")  # fmt: skip
+    header = (
+        "| script | env | budget | seeds | training return | comparison | wall time per seed | speed vs reference |\n"
+        "|---|---|---|---|---|---|---|---|"
+    )
     lines = [header]
     for c in cells:
-        lines.append(f"| {c['script']} | {c['env']} | {c['budget']} | {c['seeds']} | {c['ours']} | {c['comparison']} | "
-                     f"{c['wall']} | {c['speed']} |")  # fmt: skip
+        lines.append(
+            f"| {c['script']} | {c['env']} | {c['budget']} | {c['seeds']} | {c['ours']} | {c['comparison']} | "
+            f"{c['wall']} | {c['speed']} |"
+        )
     return "\n".join(lines)
 
 
@@ -310,8 +399,16 @@ def draw_panel(axes, row: Row, results: Path) -> None:
     else:  # no curve stored in these JSONs: each seed's final figure (small), their mean ± std at the budget
         finals = [entry.get("final_step", budget) for entry in entries]
         axes.scatter(finals, [entry["last100_mean"] for entry in entries], color="tab:blue", s=10, alpha=0.5, zorder=3)
-        axes.errorbar([budget], [mean], yerr=[std] if n > 1 else None, fmt="o", color="tab:blue", capsize=4, zorder=4,
-                      label=ours + ", final only")  # fmt: skip
+        axes.errorbar(
+            [budget],
+            [mean],
+            yerr=[std] if n > 1 else None,
+            fmt="o",
+            color="tab:blue",
+            capsize=4,
+            zorder=4,
+            label=ours + ", final only",
+        )
     comp = comparison_figure(row.comparison, results)
     if comp is not None:
         text = comparison_legend(comp)
@@ -348,8 +445,9 @@ def draw_panel(axes, row: Row, results: Path) -> None:
     axes.tick_params(labelsize=7)
     axes.grid(alpha=0.3)
     # where the lines are not: rising curves leave the upper left free, final points and lines the lower right
-    axes.legend(handles, labels, loc="lower right" if band is None else "upper left" if legend_above else "center right",
-                fontsize=6.5)
+    axes.legend(
+        handles, labels, loc="lower right" if band is None else "upper left" if legend_above else "center right", fontsize=6.5
+    )
 
 
 HOW_TO_READ = """How to read a panel

@@ -93,8 +93,10 @@ def main() -> None:
     dtype = "bfloat16" if args.bf16 else "float32"
     for label, path, t in (("A", args.a, times[0]), ("B", args.b, times[1])):
         print(f"{label} {Path(path).name} ({dtype}): median {statistics.median(t) * 1e3:.3f} ms per gradient step")
-    print(f"B / A time per gradient step: median {statistics.median(ratios):.3f} over {args.rounds} rounds "
-          f"(quartiles {np.percentile(ratios, 25):.3f} / {np.percentile(ratios, 75):.3f})")  # fmt: skip
+    print(
+        f"B / A time per gradient step: median {statistics.median(ratios):.3f} over {args.rounds} rounds "
+        f"(quartiles {np.percentile(ratios, 25):.3f} / {np.percentile(ratios, 75):.3f})"
+    )
 
 
 if __name__ == "__main__":

@@ -40,15 +40,15 @@ def needs_mujoco_rendering():
         pytest.skip("MuJoCo renders headless through libEGL, which this machine lacks")
 
 
-def run_script(script: str, *args, timeout: float = 300, env: dict = None, cwd: Path = ROOT,
-               stop_when=None) -> subprocess.CompletedProcess:  # fmt: skip
+def run_script(
+    script: str, *args, timeout: float = 300, env: dict = None, cwd: Path = ROOT, stop_when=None
+) -> subprocess.CompletedProcess:
     """`python ROOT/script *args` as a user runs it: its exit code, stdout and stderr. A script that may start Ray runs
     in a fresh interpreter; the others on the fork server (tests/fork_runner.py: the same run, without re-importing
     torch each time)."""
     full_env = {**os.environ, **BASE_ENV, **(env or {})}
     full_env = {k: v for k, v in full_env.items() if v is not None}  # env={"VAR": None} unsets VAR
-    return run_python(ROOT / script, args, cwd, full_env, timeout, fork="ray" not in Path(script).name,
-                      stop_when=stop_when)  # fmt: skip
+    return run_python(ROOT / script, args, cwd, full_env, timeout, fork="ray" not in Path(script).name, stop_when=stop_when)
 
 
 def only_run_dir(runs_dir: Path) -> Path:
@@ -136,19 +136,28 @@ def assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None
 # Tests that start Ray run one at a time, on one worker. Why: an embedded `ray.init()` on a machine where another
 # test's `ray start` head is up may join that cluster instead of starting its own, and two Ray instances on 2 cores
 # starve each other's timeouts.
-RAY_MODULES = {"test_sac_continuous_ray_e2e", "test_sac_continuous_ray_cluster", "test_sac_continuous_ray_learning",
-               "test_sweep"}
-RAY_TESTS = {"test_sac_keep_best_export_and_replay[sac_continuous_ray]",
-             "test_ray_learner_stops_on_a_nan_loss_shuts_ray_down_and_resumes",
-             "test_the_readme_ray_examples_run"}  # elsewhere: tests that start Ray
+RAY_MODULES = {
+    "test_sac_continuous_ray_e2e",
+    "test_sac_continuous_ray_cluster",
+    "test_sac_continuous_ray_learning",
+    "test_sweep",
+}
+RAY_TESTS = {
+    "test_sac_keep_best_export_and_replay[sac_continuous_ray]",
+    "test_ray_learner_stops_on_a_nan_loss_shuts_ray_down_and_resumes",
+    "test_the_readme_ray_examples_run",
+}  # elsewhere: tests that start Ray
 # Modules whose module-scoped fixture trains a run: their tests stay on one worker, so the run is trained once.
 SHARED_RUN_MODULES = {"test_benchmarks", "test_docs", "test_ppo_continuous_e2e", "test_sac_continuous_e2e"}
 
 
 # Tests of those modules that start no Ray (refused before it starts) and share no Ray run: free to run anywhere.
-NO_RAY_TESTS = {"test_bad_input_gets_a_short_message", "test_unreachable_ray_address_fails_within_30_seconds",
-                "test_grid_is_every_script_env_value_and_seed_with_threads_equal_to_cpus_per_trial",
-                "test_bad_input_is_refused_in_one_paragraph_before_anything_runs"}
+NO_RAY_TESTS = {
+    "test_bad_input_gets_a_short_message",
+    "test_unreachable_ray_address_fails_within_30_seconds",
+    "test_grid_is_every_script_env_value_and_seed_with_threads_equal_to_cpus_per_trial",
+    "test_bad_input_is_refused_in_one_paragraph_before_anything_runs",
+}
 
 
 def xdist_group(item: pytest.Item) -> str:

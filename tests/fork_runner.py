@@ -76,8 +76,9 @@ def child(script: str, args: list, cwd: str, env: dict, out_path: str, err_path:
         os.dup2(handle, fd)  # the fds too, so that whatever the script starts writes there as well
         os.close(handle)
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", write_through=True)
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
-                                  write_through=True)  # fmt: skip
+    sys.stderr = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True
+    )
     sys.argv = [script, *args]
     # `python script` puts the script's folder first on sys.path, and nothing of the test run's own path
     hidden_paths = {str(Path(p).resolve()) for p in hidden}
@@ -125,13 +126,15 @@ def server() -> subprocess.Popen:
     if _server is None or _server.poll() is not None:
         root = str(Path(__file__).resolve().parents[1])
         code = f"import sys; sys.path.insert(0, {root!r}); from tests.fork_runner import serve; serve()"
-        _server = subprocess.Popen([sys.executable, "-c", code], cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                   bufsize=0)  # unbuffered: select() sees every reply (each child gets its own env)
+        _server = subprocess.Popen(
+            [sys.executable, "-c", code], cwd=root, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
+        )  # unbuffered: select() sees every reply (each child gets its own env)
     return _server
 
 
-def run_forked(script: Path, args: list, cwd: Path, env: dict, timeout: float, hidden: list = (),
-               stop_when=None) -> subprocess.CompletedProcess:  # fmt: skip
+def run_forked(
+    script: Path, args: list, cwd: Path, env: dict, timeout: float, hidden: list = (), stop_when=None
+) -> subprocess.CompletedProcess:
     """subprocess.run([python, script, *args], capture_output=True, text=True, timeout=timeout), on the fork server."""
     cmd = [sys.executable, str(script), *args]
     proc = server()
@@ -140,8 +143,12 @@ def run_forked(script: Path, args: list, cwd: Path, env: dict, timeout: float, h
         send(proc.stdin, (str(script), list(args), str(cwd), dict(env), out_path, err_path, [str(p) for p in hidden]))
         pid = receive(proc.stdout)
         try:
-            ready, stopped = wait_or_stop(lambda t: bool(select.select([proc.stdout], [], [], t)[0]), timeout, stop_when,
-                                          lambda: signal_child(pid, signal.SIGINT))  # fmt: skip
+            ready, stopped = wait_or_stop(
+                lambda t: bool(select.select([proc.stdout], [], [], t)[0]),
+                timeout,
+                stop_when,
+                lambda: signal_child(pid, signal.SIGINT),
+            )
             if not ready:
                 signal_child(pid, signal.SIGKILL)
             returncode = receive(proc.stdout)
@@ -162,18 +169,21 @@ def signal_child(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-def run_fresh(cmd: list, cwd: Path, env: dict, timeout: float, stop_when=None, started: list = None,
-              **popen) -> subprocess.CompletedProcess:  # fmt: skip
+def run_fresh(
+    cmd: list, cwd: Path, env: dict, timeout: float, stop_when=None, started: list = None, **popen
+) -> subprocess.CompletedProcess:
     """subprocess.run(cmd, capture_output=True, text=True, timeout=timeout), with run_python's stop_when; `started`
     gets the Popen (to stop what a run left behind, by its id), `popen` goes to Popen (start_new_session=True)."""
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL, **popen)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, **popen
+    )
     if started is not None:
         started.append(proc)
     with ThreadPoolExecutor(1) as pool:  # communicate() in a thread: the pipes are drained while we poll
         output = pool.submit(proc.communicate)
-        done, stopped = wait_or_stop(lambda t: wait_done(output, t), timeout, stop_when,
-                                     lambda: proc.send_signal(signal.SIGINT))  # fmt: skip
+        done, stopped = wait_or_stop(
+            lambda t: wait_done(output, t), timeout, stop_when, lambda: proc.send_signal(signal.SIGINT)
+        )
         if not done:
             proc.kill()
             out, err = output.result()
@@ -214,8 +224,9 @@ def stopped_or_done(result: subprocess.CompletedProcess, stopped: bool) -> subpr
     return result
 
 
-def run_python(script: Path, args, cwd: Path, env: dict, timeout: float, fork: bool = True,
-               hidden: list = (), stop_when=None) -> subprocess.CompletedProcess:  # fmt: skip
+def run_python(
+    script: Path, args, cwd: Path, env: dict, timeout: float, fork: bool = True, hidden: list = (), stop_when=None
+) -> subprocess.CompletedProcess:
     """`python script *args` in cwd with env, output captured: on the fork server when `fork` (and ONEFILE_TESTS_FORK is
     not 0), else in a fresh interpreter. `hidden`: paths kept off a forked run's sys.path (a fresh one never had them).
     `stop_when`: called every POLL_S seconds while the run goes; once it returns True the run gets a Ctrl-C (a

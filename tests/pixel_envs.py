@@ -56,5 +56,6 @@ class PixelTarget(gym.Env):
 
 def make_vector_env(num_envs: int, length: int = 20, env_class: type = PixelTarget) -> gym.vector.SyncVectorEnv:
     """num_envs PixelTarget envs (or of a subclass) under next-step autoreset, the mode the scripts' loops assume."""
-    return gym.vector.SyncVectorEnv([lambda: env_class(length) for _ in range(num_envs)],
-                                    autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)  # fmt: skip
+    return gym.vector.SyncVectorEnv(
+        [lambda: env_class(length) for _ in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
+    )

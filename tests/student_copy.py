@@ -48,8 +48,9 @@ def run_copy(path: Path, *args, timeout: float = 300, env: dict = None, stop_whe
     """Run the copy as a user would, from its own folder (the project root is not on its path)."""
     full_env = {**os.environ, **BASE_ENV, **(env or {})}
     full_env.pop("PYTHONPATH", None)
-    return run_python(path, args, path.parent, full_env, timeout, fork="ray" not in path.name, hidden=[ROOT],
-                      stop_when=stop_when)  # fmt: skip
+    return run_python(
+        path, args, path.parent, full_env, timeout, fork="ray" not in path.name, hidden=[ROOT], stop_when=stop_when
+    )
 
 
 def main_in_process(module, argv: list, monkeypatch) -> None:

@@ -21,17 +21,39 @@ GAME = "BreakoutNoFrameskip-v4"
 PPO_SMALL = ["--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "1", "--torch-threads", "1"]
 TOOL = "tools/agent.py"
 A2C_SMALL = ["--num-envs", "4", "--num-steps", "5", "--log-interval", "2", "--torch-threads", "1"]
-COMMON_TAGS = ["losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/explained_variance",
-               "losses/grad_norm", "charts/learning_rate", "charts/SPS", "charts/rollout_us_per_step",
-               "charts/update_us_per_step"]  # fmt: skip
+COMMON_TAGS = [
+    "losses/value_loss",
+    "losses/policy_loss",
+    "losses/entropy",
+    "losses/explained_variance",
+    "losses/grad_norm",
+    "charts/learning_rate",
+    "charts/SPS",
+    "charts/rollout_us_per_step",
+    "charts/update_us_per_step",
+]
 PPO_TAGS = COMMON_TAGS + ["losses/old_approx_kl", "losses/approx_kl", "losses/clipfrac", "charts/clip_coef"]
 
 
 def test_ppo_atari_reaches_the_update(tmp_path):
     # 1,024 steps: 16 iterations; a random policy's Breakout game lasts about 170 agent steps, so games finish
-    proc = run_script("ppo_atari.py", "--env-id", GAME, *PPO_SMALL, "--total-timesteps", "1024",
-                      "--checkpoint-interval", "512", "--save-model", "--eval-episodes", "1", "--anneal-clip",
-                      "--runs-dir", tmp_path, timeout=600)  # fmt: skip
+    proc = run_script(
+        "ppo_atari.py",
+        "--env-id",
+        GAME,
+        *PPO_SMALL,
+        "--total-timesteps",
+        "1024",
+        "--checkpoint-interval",
+        "512",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        "--anneal-clip",
+        "--runs-dir",
+        tmp_path,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "A.L.E" not in proc.stderr  # no emulator banner
     # not a terminal: plain progress lines (no carriage returns), the last one at the end with an ETA
@@ -55,9 +77,22 @@ def test_ppo_atari_reaches_the_update(tmp_path):
 
 
 def test_a2c_atari_reaches_the_update(tmp_path):
-    proc = run_script("a2c_atari.py", "--env-id", GAME, *A2C_SMALL, "--total-timesteps", "1000",
-                      "--checkpoint-interval", "500", "--save-model", "--eval-episodes", "1", "--runs-dir", tmp_path,
-                      timeout=600)  # fmt: skip
+    proc = run_script(
+        "a2c_atari.py",
+        "--env-id",
+        GAME,
+        *A2C_SMALL,
+        "--total-timesteps",
+        "1000",
+        "--checkpoint-interval",
+        "500",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        "--runs-dir",
+        tmp_path,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     run_dir = only_run_dir(tmp_path)
     for tag in COMMON_TAGS + ["charts/episodic_return", "charts/episodic_length", "eval/episodic_return"]:
@@ -79,8 +114,17 @@ def test_resume_restores_network_optimizer_counters_schedule_and_rng(tmp_path):
     the step count, its first update starts from the saved weights, and its RNG streams continue the saved ones."""
     # torch's RMSprop: each of its first steps moves every weight by about the learning rate, so the distances the
     # two runs' weights move compare (TensorFlow's moves them by ~lr * |g|, which depends on the games played)
-    flags = ["--env-id", GAME, *A2C_SMALL, "--anneal-lr", "--no-async-envs", "--checkpoint-interval", "200",
-             "--optimizer", "rmsprop-torch"]  # fmt: skip
+    flags = [
+        "--env-id",
+        GAME,
+        *A2C_SMALL,
+        "--anneal-lr",
+        "--no-async-envs",
+        "--checkpoint-interval",
+        "200",
+        "--optimizer",
+        "rmsprop-torch",
+    ]
     full = run_script("a2c_atari.py", *flags, "--total-timesteps", "800", "--runs-dir", tmp_path / "full", timeout=600)
     assert full.returncode == 0, full.stderr
     full_dir = only_run_dir(tmp_path / "full")
@@ -95,13 +139,34 @@ def test_resume_restores_network_optimizer_counters_schedule_and_rng(tmp_path):
     (copy / "checkpoints" / ckpt_path.name).write_bytes(ckpt_path.read_bytes())
     (copy / "args.json").write_bytes((full_dir / "args.json").read_bytes())  # a run folder, the checkpoint its newest
     # a flag the checkpoint fixes, typed with another value, is refused (naming both values); nothing is written
-    conflict = run_script("a2c_atari.py", "--resume", copy / "checkpoints" / ckpt_path.name, "--total-timesteps", "800",
-                          "--learning-rate", "1e-3", "--torch-threads", "1")  # fmt: skip
+    conflict = run_script(
+        "a2c_atari.py",
+        "--resume",
+        copy / "checkpoints" / ckpt_path.name,
+        "--total-timesteps",
+        "800",
+        "--learning-rate",
+        "1e-3",
+        "--torch-threads",
+        "1",
+    )
     assert_clean_error(conflict, "--learning-rate 0.001", "0.0007")
     assert sorted(p.name for p in copy.rglob("*") if p.is_file()) == ["args.json", ckpt_path.name]
     # --log-interval is a run flag (how often to log), taken from the command line like --checkpoint-interval
-    resumed = run_script("a2c_atari.py", "--resume", copy / "checkpoints" / ckpt_path.name, "--total-timesteps", "800",
-                         "--checkpoint-interval", "200", "--log-interval", "2", "--torch-threads", "1", timeout=600)  # fmt: skip
+    resumed = run_script(
+        "a2c_atari.py",
+        "--resume",
+        copy / "checkpoints" / ckpt_path.name,
+        "--total-timesteps",
+        "800",
+        "--checkpoint-interval",
+        "200",
+        "--log-interval",
+        "2",
+        "--torch-threads",
+        "1",
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stderr
     lr_full, lr_resumed = scalars(full_dir, "charts/learning_rate"), scalars(copy, "charts/learning_rate")
     assert sorted(lr_resumed) == [s for s in sorted(lr_full) if s > 400]  # counters continue
@@ -175,8 +240,22 @@ def hparams_table(log_dir: Path) -> str:
 
 
 def test_eval_logs_the_checkpoints_args(tmp_path):
-    proc = run_script("a2c_atari.py", "--env-id", GAME, *A2C_SMALL, "--total-timesteps", "40", "--learning-rate", "3e-4",
-                      "--save-model", "--eval-episodes", "1", "--runs-dir", tmp_path, timeout=300)  # fmt: skip
+    proc = run_script(
+        "a2c_atari.py",
+        "--env-id",
+        GAME,
+        *A2C_SMALL,
+        "--total-timesteps",
+        "40",
+        "--learning-rate",
+        "3e-4",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        "--runs-dir",
+        tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     final = only_run_dir(tmp_path) / "checkpoints" / "final_0000000040.pt"
     proc = run_script(TOOL, "eval", final, "--episodes", "1", timeout=300)
@@ -192,8 +271,18 @@ def test_corrupt_checkpoint_and_other_scripts_checkpoint_are_refused(tmp_path):
     assert_clean_error(run_script(TOOL, "eval", bad), "corrupt")
     assert_clean_error(run_script("ppo_atari.py", "--resume", bad, "--runs-dir", tmp_path / "runs"), "corrupt")
     other = tmp_path / "other.pt"
-    torch.save({"format": 1, "args": {"env_id": GAME, "seed": 1}, "script": "a2c_atari", "num_actions": 4,
-                "iteration": 1, "global_step": 1, "run_name": "x"}, other)  # fmt: skip
+    torch.save(
+        {
+            "format": 1,
+            "args": {"env_id": GAME, "seed": 1},
+            "script": "a2c_atari",
+            "num_actions": 4,
+            "iteration": 1,
+            "global_step": 1,
+            "run_name": "x",
+        },
+        other,
+    )
     assert_clean_error(run_script("ppo_atari.py", "--resume", other), "a2c_atari.py, not ppo_atari.py")
     assert_clean_error(run_script(TOOL, "eval", other), "a2c_atari.py")  # no network in it
     assert bad.read_bytes() == b"not a checkpoint"
@@ -202,10 +291,29 @@ def test_corrupt_checkpoint_and_other_scripts_checkpoint_are_refused(tmp_path):
 def test_ctrl_c_with_worker_processes_saves_and_resumes(tmp_path):
     """Ctrl-C in a terminal reaches the whole process group, env workers included: the run must still finish its
     iteration, save it and exit 130."""
-    cmd = [sys.executable, str(ROOT / "ppo_atari.py"), "--env-id", GAME, *PPO_SMALL, "--async-envs",
-           "--total-timesteps", "10000000", "--checkpoint-interval", "0", "--runs-dir", str(tmp_path)]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **BASE_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "ppo_atari.py"),
+        "--env-id",
+        GAME,
+        *PPO_SMALL,
+        "--async-envs",
+        "--total-timesteps",
+        "10000000",
+        "--checkpoint-interval",
+        "0",
+        "--runs-dir",
+        str(tmp_path),
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env={**os.environ, **BASE_ENV},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.time() + 180
     while time.time() < deadline:
         runs = list(tmp_path.glob("*/events.out.tfevents.*"))
@@ -224,16 +332,37 @@ def test_ctrl_c_with_worker_processes_saves_and_resumes(tmp_path):
     state = torch.load(ckpts[0], weights_only=True)
     assert state["iteration"] >= 2 and state["global_step"] == state["iteration"] * 64
     assert "resume with" in err and "Traceback" not in err
-    resumed = run_script("ppo_atari.py", "--resume", ckpts[0], "--total-timesteps", state["global_step"] + 128,
-                         "--torch-threads", "1", timeout=300)  # fmt: skip
+    resumed = run_script(
+        "ppo_atari.py",
+        "--resume",
+        ckpts[0],
+        "--total-timesteps",
+        state["global_step"] + 128,
+        "--torch-threads",
+        "1",
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert max(scalars(only_run_dir(tmp_path), "losses/value_loss")) == state["global_step"] + 128
 
 
 def test_capture_video_records_training_and_evaluation_games(tmp_path):
-    proc = run_script("a2c_atari.py", "--env-id", GAME, *A2C_SMALL, "--no-async-envs", "--total-timesteps", "400",
-                      "--capture-video", "--save-model", "--eval-episodes", "1", "--runs-dir", tmp_path,
-                      timeout=600)  # fmt: skip
+    proc = run_script(
+        "a2c_atari.py",
+        "--env-id",
+        GAME,
+        *A2C_SMALL,
+        "--no-async-envs",
+        "--total-timesteps",
+        "400",
+        "--capture-video",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        "--runs-dir",
+        tmp_path,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     videos = only_run_dir(tmp_path) / "videos"
     assert [p.name for p in videos.glob("*.mp4")] == ["rl-video-episode-0.mp4"]  # env 0's first game

@@ -24,17 +24,45 @@ from tests.student_copy import copy_alone, import_copy
 # are near-plain SGD steps of lr * g; alpha 0.9 lets it adapt within ~50 updates, lr 2e-3 starts it sooner
 # (8 x 5 steps: 200 updates in 8,000 steps).
 RECIPES = {
-    "ppo_atari.py": ["--total-timesteps", 8192, "--num-envs", 8, "--num-steps", 32, "--update-epochs", 2,
-                     "--learning-rate", 1e-3, "--no-anneal-lr", "--gamma", 0.9],
-    "a2c_atari.py": ["--total-timesteps", 8000, "--num-envs", 8, "--num-steps", 5, "--learning-rate", 2e-3,
-                     "--rmsprop-alpha", 0.9, "--gamma", 0.9, "--log-interval", 10],
-}  # fmt: skip
+    "ppo_atari.py": [
+        "--total-timesteps",
+        8192,
+        "--num-envs",
+        8,
+        "--num-steps",
+        32,
+        "--update-epochs",
+        2,
+        "--learning-rate",
+        1e-3,
+        "--no-anneal-lr",
+        "--gamma",
+        0.9,
+    ],
+    "a2c_atari.py": [
+        "--total-timesteps",
+        8000,
+        "--num-envs",
+        8,
+        "--num-steps",
+        5,
+        "--learning-rate",
+        2e-3,
+        "--rmsprop-alpha",
+        0.9,
+        "--gamma",
+        0.9,
+        "--log-interval",
+        10,
+    ],
+}
 # The policy-gradient term's sign flipped: the policy then moves away from the actions with a positive advantage.
 FLIPPED_SIGN = {
     "ppo_atari.py": [("pg_loss = torch.max(", "pg_loss = -torch.max(")],
-    "a2c_atari.py": [("pg_loss = -(logprob * advantages.detach()).mean()",
-                      "pg_loss = (logprob * advantages.detach()).mean()")],
-}  # fmt: skip
+    "a2c_atari.py": [
+        ("pg_loss = -(logprob * advantages.detach()).mean()", "pg_loss = (logprob * advantages.detach()).mean()")
+    ],
+}
 THRESHOLD = 12.0  # mean return of the last 10 episodes, of 20: random play scores 5
 
 
@@ -52,8 +80,18 @@ def train_on_pixel_target(script_path: Path, runs_dir: Path, monkeypatch, seed: 
     num_actions = pixel_envs.PixelTarget().action_space.n
     monkeypatch.setattr(module, "probe_env", lambda env_id: (pixel_envs.PixelTarget().observation_space.shape, num_actions))
     monkeypatch.setattr(module, "make_vector_env", lambda args, video_dir: pixel_envs.make_vector_env(args.num_envs))
-    flags = [*RECIPES[script_path.name], "--seed", seed, "--torch-threads", 1, "--no-progress", "--checkpoint-interval", 0,
-             "--runs-dir", runs_dir]  # fmt: skip
+    flags = [
+        *RECIPES[script_path.name],
+        "--seed",
+        seed,
+        "--torch-threads",
+        1,
+        "--no-progress",
+        "--checkpoint-interval",
+        0,
+        "--runs-dir",
+        runs_dir,
+    ]
     monkeypatch.setattr(sys, "argv", [str(script_path), *map(str, flags)])
     module.main()
     lengths = set(scalars(only_run_dir(runs_dir), "charts/episodic_length").values())

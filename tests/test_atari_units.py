@@ -30,8 +30,9 @@ def test_n_step_returns_by_hand_with_an_episode_end_inside_the_window():
     np.testing.assert_allclose(got[:, 0], [7, 12, 15, 24])
     # no episode end: the plain discounted sum to the window's end, bootstrapped there
     got = A.n_step_returns(rewards, next_values, no, no, gamma=0.5)
-    np.testing.assert_allclose(got[:, 0], [1 + .5 * 2 + .25 * 3 + .125 * 4 + .0625 * 40, 2 + .5 * 3 + .25 * 4 + .125 * 40,
-                                           15, 24])  # fmt: skip
+    np.testing.assert_allclose(
+        got[:, 0], [1 + 0.5 * 2 + 0.25 * 3 + 0.125 * 4 + 0.0625 * 40, 2 + 0.5 * 3 + 0.25 * 4 + 0.125 * 40, 15, 24]
+    )
 
 
 def test_n_step_returns_equal_gae_with_lambda_one(rng):
@@ -178,8 +179,12 @@ def test_policy_plays_the_most_likely_action_and_loads_a_checkpoint(module):
         actions = module.Policy(agent)(obs)
     assert actions.dtype == torch.int64 and torch.equal(actions, logits.argmax(-1))
     assert len(set(actions.tolist())) > 1  # not a constant: the frames decide
-    ckpt = {"script": module.SCRIPT_NAME, "args": {"env_id": "BreakoutNoFrameskip-v4"}, "num_actions": 4,
-            "model": agent.state_dict()}  # fmt: skip
+    ckpt = {
+        "script": module.SCRIPT_NAME,
+        "args": {"env_id": "BreakoutNoFrameskip-v4"},
+        "num_actions": 4,
+        "model": agent.state_dict(),
+    }
     loaded = module.policy_from_checkpoint(ckpt)
     with torch.no_grad():
         first, again = loaded(obs), loaded(obs)

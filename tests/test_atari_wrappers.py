@@ -16,8 +16,9 @@ ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
 
 
 def base_env(**kwargs) -> gym.Env:
-    return gym.make(GAME, obs_type="grayscale", frameskip=1, repeat_action_probability=0.0,
-                    max_num_frames_per_episode=108_000, **kwargs)  # fmt: skip
+    return gym.make(
+        GAME, obs_type="grayscale", frameskip=1, repeat_action_probability=0.0, max_num_frames_per_episode=108_000, **kwargs
+    )
 
 
 class ActionLog(gym.Wrapper):
@@ -251,7 +252,7 @@ def test_a_game_that_ends_inside_a_reset_is_logged_as_its_own_game_with_the_poin
     games, step_of = [], []
     for t in range(1, 9):
         obs, _, terminated, _, infos = envs.step(np.array([2]))  # RIGHT: the agent's actions are 2s in the log
-        games += [(r, l) for _, r, l in P.finished_games(infos)]
+        games += [(ret, length) for _, ret, length in P.finished_games(infos)]
         step_of += [t] * len(P.finished_games(infos))
     # one game, all its points (the reset steps' too), its env steps (the resets' NOOP and FIRE included)
     assert games == [(score, length)]

@@ -265,8 +265,24 @@ def test_parallel_that_the_sweep_would_not_honour_is_refused(tmp_path):
     if cores < 2:
         pytest.skip("needs 2 cores: on one, one thread per seed is one seed at a time")
     out = tmp_path / "results" / "ppo"
-    argv = ["--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--seeds", "1", "2", "--total-timesteps", "2048",
-            "--out", str(out), "--parallel", "1", "--", "--torch-threads", "1"]  # fmt: skip
+    argv = [
+        "--script",
+        "ppo_continuous.py",
+        "--env-id",
+        "Pendulum-v1",
+        "--seeds",
+        "1",
+        "2",
+        "--total-timesteps",
+        "2048",
+        "--out",
+        str(out),
+        "--parallel",
+        "1",
+        "--",
+        "--torch-threads",
+        "1",
+    ]
     with pytest.raises(SystemExit, match=r"runs 2 seed\(s\) at once, not --parallel 1: give --parallel 2"):
         bench.main(argv)
     assert not (out.parent / "ppo_runs" / "sweep").exists() and not out.with_suffix(".json").exists()
@@ -315,18 +331,36 @@ def test_update_ab_measures_a_slower_build_as_slower(tmp_path):
     ratio must show it (a harness that timed the wrong thing, or swapped A and B, would not). 200 ms, not less: on a
     loaded machine a gradient step took 130 ms, and a 50 ms sleep measured only 1.25x."""
     slow = tmp_path / "sac_slow.py"
-    slow.write_text((REPO / "sac_continuous.py").read_text() + textwrap.dedent(
-        """
+    slow.write_text(
+        (REPO / "sac_continuous.py").read_text()
+        + textwrap.dedent(
+            """
         _critic_update = critic_update
 
 
         def critic_update(learner, batch, gamma):
             time.sleep(0.2)
             return _critic_update(learner, batch, gamma)
-        """))  # fmt: skip
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "update_ab.py"), str(REPO / "sac_continuous.py"),
-                           str(slow), "--rounds", "3", "--steps", "4", "--threads", "1"],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+        """
+        )
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "update_ab.py"),
+            str(REPO / "sac_continuous.py"),
+            str(slow),
+            "--rounds",
+            "3",
+            "--steps",
+            "4",
+            "--threads",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     ratio = float(proc.stdout.split("B / A time per gradient step: median ")[1].split()[0])
     assert ratio > 1.5, proc.stdout
@@ -337,8 +371,12 @@ def test_simulator_divergence_is_zero_for_the_same_interpreter_and_reports_each_
     simulation is deterministic, so every reported difference must be exactly 0 (a tool that compared different
     resets, actions or steps would not give 0)."""
     script = REPO / "benchmarks" / "simulator_divergence.py"
-    proc = subprocess.run([sys.executable, str(script), sys.executable, sys.executable, "--steps", "50"],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(script), sys.executable, sys.executable, "--steps", "50"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [line.split(":") for line in proc.stdout.splitlines() if line.startswith("  ")]
     assert [int(step) for step, _ in rows] == [1, 2, 5, 10, 20, 50]
@@ -346,8 +384,9 @@ def test_simulator_divergence_is_zero_for_the_same_interpreter_and_reports_each_
     spec = importlib.util.spec_from_file_location("simulator_divergence_under_test", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    np.testing.assert_array_equal(module.divergence(np.array([[0.0, 1.0], [2.0, 3.0]]), np.array([[0.0, 1.5], [2.0, 2.0]])),
-                                  [0.5, 1.0])  # fmt: skip
+    np.testing.assert_array_equal(
+        module.divergence(np.array([[0.0, 1.0], [2.0, 3.0]]), np.array([[0.0, 1.5], [2.0, 2.0]])), [0.5, 1.0]
+    )
 
 
 # ---- benchmarks/summary.py: the README's results table and summary.png from the committed JSONs ----
@@ -357,13 +396,26 @@ from benchmarks import summary  # noqa: E402
 def fake_report(script: str, seeds_last100: dict, reference=None, curves: bool = True, parallel: int = 1) -> dict:
     per_seed = []
     for seed, value in seeds_last100.items():
-        entry = {"seed": seed, "status": "ok", "wall_time_s": 600.0, "last100_mean": value, "last10_mean": value,
-                 "final_step": 1000}  # fmt: skip
+        entry = {
+            "seed": seed,
+            "status": "ok",
+            "wall_time_s": 600.0,
+            "last100_mean": value,
+            "last10_mean": value,
+            "final_step": 1000,
+        }
         if curves:
             entry["curve"] = {"steps": list(range(100, 1001, 100)), "returns": [value * k / 10 for k in range(1, 11)]}
         per_seed.append(entry)
-    return {"script": script, "total_timesteps": 1000, "extra_args": ["--bf16"], "per_seed": per_seed,
-            "reference": reference, "machine": {"cpu_model": "AMD EPYC"}, "harness": {"parallel": parallel}}  # fmt: skip
+    return {
+        "script": script,
+        "total_timesteps": 1000,
+        "extra_args": ["--bf16"],
+        "per_seed": per_seed,
+        "reference": reference,
+        "machine": {"cpu_model": "AMD EPYC"},
+        "harness": {"parallel": parallel},
+    }
 
 
 def test_summary_pools_seeds_and_reads_comparisons(tmp_path):
@@ -372,13 +424,20 @@ def test_summary_pools_seeds_and_reads_comparisons(tmp_path):
     (tmp_path / "pub.json").write_text(json.dumps(fake_report("y.py", {1: 5.0}, reference={"value": 12.5, "std": 1.5})))
     (tmp_path / "ref.json").write_text(json.dumps(fake_report("ref.py", {2: 8.0, 3: 12.0})))
     rows = [
-        summary.Row("x.py", "Env-v0", "1k steps", "`--bf16`", ["ours_a.json", "ours_b.json"],
-                    summary.Comparison("runs", "the other one, run here", ["ref.json"])),
-        summary.Row("y.py", "Env-v0", "1k steps", "", ["pub.json"],
-                    summary.Comparison("published", "a paper", ["pub.json"], seeds=3)),
+        summary.Row(
+            "x.py",
+            "Env-v0",
+            "1k steps",
+            "`--bf16`",
+            ["ours_a.json", "ours_b.json"],
+            summary.Comparison("runs", "the other one, run here", ["ref.json"]),
+        ),
+        summary.Row(
+            "y.py", "Env-v0", "1k steps", "", ["pub.json"], summary.Comparison("published", "a paper", ["pub.json"], seeds=3)
+        ),
         summary.Row("z.py", "Env-v0", "1k steps", "", ["pub.json"], summary.Comparison("runs", "later", ["missing.json"])),
         summary.Row("w.py", "Env-v0", "1k steps", "", ["missing.json"], None),  # no JSON yet: no row
-    ]  # fmt: skip
+    ]
     speed = {
         "x.py": {"ours_sps": 300.0, "reference_sps": 150.0, "ratio": 2.0, "reps": 3},
         "z.py": {"ours_sps": 300.0, "reference_sps": 200.0, "ratio": 1.5, "reps": 3, "backend": "gymnasium"},
@@ -408,8 +467,10 @@ def test_summary_pools_seeds_and_reads_comparisons(tmp_path):
 
 
 def test_summary_band_is_mean_and_std_of_the_smoothed_curves():
-    entries = [{"curve": {"steps": [1, 2, 3, 4], "returns": [0.0, 0.0, 4.0, 4.0]}},
-               {"curve": {"steps": [1, 2, 3, 4], "returns": [2.0, 2.0, 2.0, 2.0]}}]  # fmt: skip
+    entries = [
+        {"curve": {"steps": [1, 2, 3, 4], "returns": [0.0, 0.0, 4.0, 4.0]}},
+        {"curve": {"steps": [1, 2, 3, 4], "returns": [2.0, 2.0, 2.0, 2.0]}},
+    ]
     grid, mean, std = summary.smoothed_band(entries, window=1, num_points=4)
     assert grid.tolist() == [1, 2, 3, 4]
     assert mean.tolist() == [1.0, 1.0, 3.0, 3.0] and std.tolist() == [1.0, 1.0, 1.0, 1.0]
@@ -470,8 +531,11 @@ def test_iqm_is_the_mean_of_the_middle_half_with_an_interval_around_it():
 
 
 def test_task_row_reports_an_interval_from_three_seeds_and_min_max_below():
-    report = {"per_seed": [{"status": "ok", "last100_mean": v} for v in (100.0, 200.0, 300.0)],
-              "machine": {"cpu_model": "x"}, "reference": {"value": 400.0, "std": 10.0}}  # fmt: skip
+    report = {
+        "per_seed": [{"status": "ok", "last100_mean": v} for v in (100.0, 200.0, 300.0)],
+        "machine": {"cpu_model": "x"},
+        "reference": {"value": 400.0, "std": 10.0},
+    }
     row = aggregate.task_row("T", report, random=0.0)
     assert (row["mean"], row["n"]) == (200.0, 3) and row["std"] == pytest.approx(81.65, abs=0.01)
     assert 100.0 <= row["ci95"][0] < 200.0 < row["ci95"][1] <= 300.0 and "min_max" not in row

@@ -17,6 +17,7 @@ import pytest
 from filelock import FileLock
 
 from tests.conftest import ROOT, only_run_dir, run_script
+
 SCRIPTS = ("ppo_continuous", "ppo_atari", "a2c_atari", "sac_continuous", "sac_continuous_ray")
 
 
@@ -73,8 +74,11 @@ def section(text: str, title: str) -> str:
 
 def named_in_details(text: str) -> list:
     """Every `name()`, `Class.method()` and `Name` in backticks in the page's Implementation details section."""
-    return [span for span in re.findall(r"`([^`\n]+)`", section(text, "Implementation details"))
-            if (CALL.fullmatch(span) or CLASS.fullmatch(span)) and span not in NOT_NAMES]  # fmt: skip
+    return [
+        span
+        for span in re.findall(r"`([^`\n]+)`", section(text, "Implementation details"))
+        if (CALL.fullmatch(span) or CLASS.fullmatch(span)) and span not in NOT_NAMES
+    ]
 
 
 def missing_names(text: str, script_source: str) -> list:
@@ -113,8 +117,9 @@ def test_the_name_check_catches_a_wrong_name():
 
 # ---- (2) the flags tables are generated from Args and up to date ----
 def test_flags_tables_are_up_to_date():
-    proc = subprocess.run([sys.executable, str(ROOT / "docs" / "flags_tables.py"), "--check"], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "flags_tables.py"), "--check"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -168,9 +173,12 @@ class Args:
     batch_size: tyro.conf.Suppress[int] = 0  # not a flag
 '''
     rows = generator.flag_rows(text)
-    assert rows == [("section", "algorithm"), ("flag", "--lr", "float", "3e-4", "the learning rate | with a pipe"),
-                    ("flag", "--steps", "int", "1_000", 'how many "# not a comment" steps'),
-                    ("flag", "--name", "Optional[str]", "None", "a docstring over two lines")]  # fmt: skip
+    assert rows == [
+        ("section", "algorithm"),
+        ("flag", "--lr", "float", "3e-4", "the learning rate | with a pipe"),
+        ("flag", "--steps", "int", "1_000", 'how many "# not a comment" steps'),
+        ("flag", "--name", "Optional[str]", "None", "a docstring over two lines"),
+    ]
     assert "the learning rate \\| with a pipe" in generator.markdown_table(rows)
 
 
@@ -184,16 +192,58 @@ GAME = "BreakoutNoFrameskip-v4"
 # SAC's --autotune, on by default, logs losses/alpha_loss. Tags written only under a flag these runs leave out: none
 # (--track mirrors the same tags to wandb).
 REAL_RUN_FLAGS = {
-    "ppo_continuous": ["--env-id", "Pendulum-v1", "--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "1",
-                       "--total-timesteps", "256"],
-    "ppo_atari": ["--env-id", GAME, "--num-envs", "2", "--num-steps", "32", "--num-minibatches", "2", "--update-epochs",
-                  "1", "--total-timesteps", "512"],
+    "ppo_continuous": [
+        "--env-id",
+        "Pendulum-v1",
+        "--num-steps",
+        "128",
+        "--num-minibatches",
+        "4",
+        "--update-epochs",
+        "1",
+        "--total-timesteps",
+        "256",
+    ],
+    "ppo_atari": [
+        "--env-id",
+        GAME,
+        "--num-envs",
+        "2",
+        "--num-steps",
+        "32",
+        "--num-minibatches",
+        "2",
+        "--update-epochs",
+        "1",
+        "--total-timesteps",
+        "512",
+    ],
     "a2c_atari": ["--env-id", GAME, "--num-envs", "2", "--num-steps", "5", "--log-interval", "2", "--total-timesteps", "500"],
-    "sac_continuous": ["--env-id", "Pendulum-v1", "--learning-starts", "100", "--batch-size", "32", "--total-timesteps",
-                       "300"],
-    "sac_continuous_ray": ["--env-id", "Pendulum-v1", "--learning-starts", "100", "--batch-size", "32",
-                           "--worker-batch-steps", "50", "--num-rollout-workers", "1", "--total-timesteps", "400"],
-}  # fmt: skip
+    "sac_continuous": [
+        "--env-id",
+        "Pendulum-v1",
+        "--learning-starts",
+        "100",
+        "--batch-size",
+        "32",
+        "--total-timesteps",
+        "300",
+    ],
+    "sac_continuous_ray": [
+        "--env-id",
+        "Pendulum-v1",
+        "--learning-starts",
+        "100",
+        "--batch-size",
+        "32",
+        "--worker-batch-steps",
+        "50",
+        "--num-rollout-workers",
+        "1",
+        "--total-timesteps",
+        "400",
+    ],
+}
 COMMON_FLAGS = ["--keep-best", "--save-model", "--eval-episodes", "1", "--torch-threads", "1"]
 
 
@@ -240,8 +290,9 @@ def tags_on_page(text: str) -> set:
 
 def as_pattern(tag: str) -> re.Pattern:
     """A page's tag as a pattern: a generic tag such as charts/<phase>_us_per_step stands for any phase's tag."""
-    return re.compile("".join(r"[A-Za-z0-9_]+" if part.startswith("<") else re.escape(part)
-                              for part in re.split(r"(<[^>]*>)", tag) if part))  # fmt: skip
+    return re.compile(
+        "".join(r"[A-Za-z0-9_]+" if part.startswith("<") else re.escape(part) for part in re.split(r"(<[^>]*>)", tag) if part)
+    )
 
 
 def unwritten(named: set, written: set) -> list:
@@ -288,8 +339,10 @@ def test_the_tag_check_catches_a_wrong_tag(tmp_path_factory):
     assert unwritten({"charts/<phase>_us_per_step", "charts/<phase>_ms_per_step"}, written) == ["charts/<phase>_ms_per_step"]
     assert undocumented({"charts/rollout_us_per_step", "charts/SPS"}, {"charts/<phase>_us_per_step"}) == ["charts/SPS"]
     # other scripts' tags (SAC's, the Ray driver's) are not this run's
-    assert unwritten({"charts/weight_staleness", "losses/alpha_loss"}, written) == ["charts/weight_staleness",
-                                                                                      "losses/alpha_loss"]  # fmt: skip
+    assert unwritten({"charts/weight_staleness", "losses/alpha_loss"}, written) == [
+        "charts/weight_staleness",
+        "losses/alpha_loss",
+    ]
 
 
 # ---- the speed each page states is the one benchmarks/results/speed_vs_reference.json holds now ----
@@ -305,8 +358,12 @@ def speed_paragraph(page: str) -> str:
 def stale_speed_figures(page: str, entry: dict) -> list:
     """The JSON entry's figures (our SPS, the reference's, the ratio, the reps) the page's **Speed** paragraph lacks."""
     paragraph = speed_paragraph(page)
-    figures = (f"{entry['ours_sps']:,.0f}", f"{entry['reference_sps']:,.0f}", f"{entry['ratio']:.2f}×",
-               f"{entry['reps']} reps")  # fmt: skip
+    figures = (
+        f"{entry['ours_sps']:,.0f}",
+        f"{entry['reference_sps']:,.0f}",
+        f"{entry['ratio']:.2f}×",
+        f"{entry['reps']} reps",
+    )
     return [figure for figure in figures if figure not in paragraph]
 
 

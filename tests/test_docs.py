@@ -40,8 +40,12 @@ def internal_references(text: str) -> list:
         for word in re.findall(r"[0-9A-Za-z]+", line):
             if is_commit_hash(word):
                 found.append((number, f"commit hash {word}", line))
-        for pattern, what in ((r"/tmp\b", "/tmp path"), (r"\.\./shared", "../shared"), (r"REFERENCE\.md", "REFERENCE.md"),
-                              (r"(?i)\bthe issue\b", "'the issue'")):  # fmt: skip
+        for pattern, what in (
+            (r"/tmp\b", "/tmp path"),
+            (r"\.\./shared", "../shared"),
+            (r"REFERENCE\.md", "REFERENCE.md"),
+            (r"(?i)\bthe issue\b", "'the issue'"),
+        ):
             if re.search(pattern, line):
                 found.append((number, what, line))
     return found
@@ -50,8 +54,15 @@ def internal_references(text: str) -> list:
 def test_the_grep_finds_what_it_must_and_nothing_else():
     bad = "built by 1c1a44c in /tmp/old_wt; see ../shared/REFERENCE.md, as the issue asks (a5baa0a, 2338119e)"
     kinds = [what for _, what, _ in internal_references(bad)]
-    assert kinds == ["commit hash 1c1a44c", "commit hash a5baa0a", "commit hash 2338119e", "/tmp path", "../shared",
-                     "REFERENCE.md", "'the issue'"]  # fmt: skip
+    assert kinds == [
+        "commit hash 1c1a44c",
+        "commit hash a5baa0a",
+        "commit hash 2338119e",
+        "/tmp path",
+        "../shared",
+        "REFERENCE.md",
+        "'the issue'",
+    ]
     fine = "1M steps, 1,797 ± 23, seed 1234567, deadbeef, HalfCheetah-v4, ppo_atari.py, 1e-5, RMSprop, 100000 steps"
     assert internal_references(fine) == []
 
@@ -72,8 +83,9 @@ def test_readme_is_short_and_links_only_what_exists():
 
 
 def test_readme_results_table_is_the_one_the_jsons_give():
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "summary.py"), "--check"], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "summary.py"), "--check"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -135,9 +147,20 @@ print("RETURN", repr(total))
 # ---- TensorBoard, started for real on the run ----
 README_TAG = re.compile(r"`((?:charts|losses|eval)/[A-Za-z_]+)`")
 # the tags every ppo_continuous.py run writes, as the README names them
-PPO_TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "eval/episodic_return",
-            "charts/learning_rate", "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/grad_norm",
-            "losses/explained_variance", "losses/approx_kl", "losses/clipfrac"]  # fmt: skip
+PPO_TAGS = [
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "eval/episodic_return",
+    "charts/learning_rate",
+    "losses/policy_loss",
+    "losses/value_loss",
+    "losses/entropy",
+    "losses/grad_norm",
+    "losses/explained_variance",
+    "losses/approx_kl",
+    "losses/clipfrac",
+]
 
 
 def free_port() -> int:
@@ -162,8 +185,10 @@ def poll(fetch, ready, timeout: float, what: str):
         except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError) as error:
             last = error
         time.sleep(0.5)
-    raise AssertionError(f"TensorBoard: {what} not ready after {timeout:.0f} s (last answer: {last!r}); its log is "
-                         "tensorboard.log in the test's tmp_path")  # fmt: skip
+    raise AssertionError(
+        f"TensorBoard: {what} not ready after {timeout:.0f} s (last answer: {last!r}); its log is "
+        "tensorboard.log in the test's tmp_path"
+    )
 
 
 def test_readme_names_the_tags_a_run_writes():
@@ -174,8 +199,11 @@ def test_readme_names_the_tags_a_run_writes():
 # In the TensorBoard paragraph, a clause (between semicolons) that opens with one of these names those scripts' tags;
 # every other tag in the README (that paragraph's "Every script logs ..." clause, the evaluation and keep-best
 # paragraphs) is every script's.
-README_FAMILIES = {"PPO and A2C": ("ppo_continuous", "ppo_atari", "a2c_atari"), "PPO also": ("ppo_continuous", "ppo_atari"),
-                   "SAC": ("sac_continuous", "sac_continuous_ray")}  # fmt: skip
+README_FAMILIES = {
+    "PPO and A2C": ("ppo_continuous", "ppo_atari", "a2c_atari"),
+    "PPO also": ("ppo_continuous", "ppo_atari"),
+    "SAC": ("sac_continuous", "sac_continuous_ray"),
+}
 
 
 def readme_tags_by_script(text: str) -> dict:
@@ -217,13 +245,17 @@ def test_tensorboard_serves_the_documented_tags_of_a_real_run(trained, tmp_path)
     tensorboard = Path(sys.executable).with_name("tensorboard")
     command = [str(tensorboard)] if tensorboard.exists() else [sys.executable, "-m", "tensorboard.main"]
     log = open(tmp_path / "tensorboard.log", "w")  # a file, not a pipe: an unread pipe could fill and stall the server
-    server = subprocess.Popen([*command, "--logdir", str(trained["runs"]), "--host", "127.0.0.1", "--port", str(port)],
-                              stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    server = subprocess.Popen(
+        [*command, "--logdir", str(trained["runs"]), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         base = f"http://127.0.0.1:{port}/data/plugin/scalars"
         run = trained["run_dir"].name  # the run folder relative to --logdir
-        tags = poll(lambda: get_json(f"{base}/tags"), lambda t: set(PPO_TAGS) <= set(t.get(run, {})), 120,
-                    f"the tags of run {run}")  # fmt: skip
+        tags = poll(
+            lambda: get_json(f"{base}/tags"), lambda t: set(PPO_TAGS) <= set(t.get(run, {})), 120, f"the tags of run {run}"
+        )
         assert set(PPO_TAGS) <= set(tags[run])
         for tag in PPO_TAGS:
             query = urllib.parse.urlencode({"run": run, "tag": tag})

@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.fork_runner import run_forked, run_python
 
-PROBE = '''
+PROBE = """
 import atexit, os, sys, threading, time
 atexit.register(lambda: print("atexit ran"))
 threading.Thread(target=lambda: (time.sleep(0.2), print("thread joined"))).start()
@@ -23,7 +23,7 @@ if sys.argv[1] == "raise":
 if sys.argv[1] == "sleep":
     time.sleep(60)
 sys.exit(int(sys.argv[1]) if sys.argv[1].isdigit() else sys.argv[1])
-'''
+"""
 
 
 @pytest.fixture
@@ -34,8 +34,15 @@ def probe(tmp_path):
 
 
 def fresh(script, args, cwd, env) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(script), *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=60, stdin=subprocess.DEVNULL)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 @pytest.mark.parametrize("args", [["0"], ["3"], ["raise"], ["a message"]])
@@ -62,7 +69,7 @@ def test_a_forked_run_that_runs_past_its_timeout_is_killed(probe, tmp_path):
     assert run_forked(probe, ["0"], tmp_path, dict(os.environ), timeout=60).returncode == 0  # the server goes on
 
 
-STOPPABLE = '''
+STOPPABLE = """
 import signal, sys, time
 signal.signal(signal.SIGINT, lambda *_: (print("saved on ctrl-c", flush=True), sys.exit(130)))
 for step in range(600):
@@ -70,7 +77,7 @@ for step in range(600):
     open("progress", "w").write(str(step))
     time.sleep(0.1)
 sys.exit(0)
-'''
+"""
 
 
 @pytest.mark.parametrize("fork", [True, False], ids=["forked", "fresh"])
@@ -89,11 +96,11 @@ def test_stop_when_sends_ctrl_c_once_it_holds_and_the_stopped_run_counts_as_done
     assert 5 <= steps[-1] < 100
 
 
-ENDS_ALONE = '''
+ENDS_ALONE = """
 import time
 time.sleep(3)  # past the first poll (POLL_S = 2 s), so stop_when is asked while the run still goes
 open("ended", "w").write("")
-'''
+"""
 
 
 def test_a_run_that_ends_while_stop_when_decides_is_no_error_and_the_server_stays_in_step(tmp_path):

@@ -23,10 +23,22 @@ BANNED = ("toggle", "if toggled", "the k epochs", "whether to")  # matched case-
 # Flags several scripts have whose help says what differs between them (the unit of a step, where the learner runs,
 # what a video records, ...); every other shared flag must read the same in each script.
 MAY_DIFFER = {
-    "--env-id", "--total-timesteps", "--learning-rate", "--num-envs", "--num-steps", "--norm-adv", "--cuda",
-    "--torch-threads", "--capture-video", "--save-buffer", "--resume", "--eval-episodes",
-    "--eval-interval", "--buffer-size", "--log-interval",
-}  # fmt: skip
+    "--env-id",
+    "--total-timesteps",
+    "--learning-rate",
+    "--num-envs",
+    "--num-steps",
+    "--norm-adv",
+    "--cuda",
+    "--torch-threads",
+    "--capture-video",
+    "--save-buffer",
+    "--resume",
+    "--eval-episodes",
+    "--eval-interval",
+    "--buffer-size",
+    "--log-interval",
+}
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 BOX_EDGE = "│|"  # tyro draws the options box with these (UTF-8 or ASCII)
 

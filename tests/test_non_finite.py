@@ -28,13 +28,42 @@ NAN_AT_ITERATION_3 = (PG_LOSS_LINE, PG_LOSS_LINE.replace("= ", "= (", 1) + ") * 
 SAC_CRITIC_LINE = "critic_metrics, actor_metrics = critic_update(learner, batch, args.gamma), None"
 NAN_REWARDS = '{**batch, "rewards": batch["rewards"] * (math.nan if step == 150 else 1.0)}'
 NAN_AT_GRAD_STEP_150 = (SAC_CRITIC_LINE, SAC_CRITIC_LINE.replace("(learner, batch,", f"(learner, {NAN_REWARDS},"))
-MESSAGE = re.compile(r"error: non-finite value \(NaN or Inf\) in (.+?) at env step (\d+) \(iteration (\d+)\): the run "
-                     r"stopped and saved nothing of this state\. Likely cause: (.+?)\. The newest checkpoint from "
-                     r"before it, (\S+), is untouched: resume it with `.+ --resume \S+` once the cause is fixed\.")  # fmt: skip
-PPO_SMALL = ["--num-steps", "64", "--num-minibatches", "2", "--total-timesteps", "512", "--checkpoint-interval", "128",
-             "--torch-threads", "1", "--keep-best", "--eval-interval", "0"]  # fmt: skip
-SAC_SMALL = ["--learning-starts", "100", "--batch-size", "32", "--total-timesteps", "512", "--checkpoint-interval",
-             "128", "--torch-threads", "1", "--keep-best", "--eval-interval", "0", "--save-buffer"]  # fmt: skip
+MESSAGE = re.compile(
+    r"error: non-finite value \(NaN or Inf\) in (.+?) at env step (\d+) \(iteration (\d+)\): the run "
+    r"stopped and saved nothing of this state\. Likely cause: (.+?)\. The newest checkpoint from "
+    r"before it, (\S+), is untouched: resume it with `.+ --resume \S+` once the cause is fixed\."
+)
+PPO_SMALL = [
+    "--num-steps",
+    "64",
+    "--num-minibatches",
+    "2",
+    "--total-timesteps",
+    "512",
+    "--checkpoint-interval",
+    "128",
+    "--torch-threads",
+    "1",
+    "--keep-best",
+    "--eval-interval",
+    "0",
+]
+SAC_SMALL = [
+    "--learning-starts",
+    "100",
+    "--batch-size",
+    "32",
+    "--total-timesteps",
+    "512",
+    "--checkpoint-interval",
+    "128",
+    "--torch-threads",
+    "1",
+    "--keep-best",
+    "--eval-interval",
+    "0",
+    "--save-buffer",
+]
 
 
 def stopped(proc, quantity: str, cause: str) -> tuple:
@@ -75,8 +104,9 @@ def test_ppo_stops_on_a_nan_reward_from_the_env_and_resumes_from_the_newest_chec
     assert_nothing_broken_saved(run_dir, newest, step)
     assert newest.name == "step_0000000256.pt"
     # a checkpoint's "module:Env" id imports a module: the resume names it again to allow that
-    resumed = run_script("ppo_continuous.py", "--resume", newest, "--env-id", "tests.fake_envs:NanReward-v0",
-                         "--total-timesteps", 512)  # the env's NaN: at 256 + 300 # fmt: skip
+    resumed = run_script(
+        "ppo_continuous.py", "--resume", newest, "--env-id", "tests.fake_envs:NanReward-v0", "--total-timesteps", 512
+    )  # the env's NaN: at 256 + 300
     assert resumed.returncode == 0, resumed.stderr
     assert "512/512" in resumed.stdout
 
@@ -94,15 +124,15 @@ def test_ppo_stops_on_a_nan_loss_before_the_broken_weights_are_saved(tmp_path):
 
 
 def test_sac_stops_on_a_nan_observation_from_the_env_and_resumes_with_its_buffer(tmp_path):
-    proc = run_script("sac_continuous.py", "--env-id", "tests.fake_envs:NanObservation-v0", *SAC_SMALL, "--runs-dir",
-                      tmp_path)  # fmt: skip
+    proc = run_script("sac_continuous.py", "--env-id", "tests.fake_envs:NanObservation-v0", *SAC_SMALL, "--runs-dir", tmp_path)
     step, _, newest = stopped(proc, "the environment's observation", "the environment")
     assert step == 299  # the 300th step is being taken
     run_dir = only_run_dir(tmp_path)
     assert_nothing_broken_saved(run_dir, newest, step)
     assert newest.name == "step_0000000256.pt" and (run_dir / "checkpoints" / "best.pt").exists()
-    resumed = run_script("sac_continuous.py", "--resume", newest, "--env-id", "tests.fake_envs:NanObservation-v0",
-                         "--total-timesteps", 512)  # fmt: skip
+    resumed = run_script(
+        "sac_continuous.py", "--resume", newest, "--env-id", "tests.fake_envs:NanObservation-v0", "--total-timesteps", 512
+    )
     assert resumed.returncode == 0, resumed.stderr
 
 
@@ -120,8 +150,10 @@ def test_sac_stops_on_a_nan_critic_loss_when_the_policy_acts_on_it(tmp_path):
     assert resumed.returncode == 0, resumed.stderr
 
 
-@pytest.mark.parametrize("keep_best, refused", [(False, "the step checkpoint about to be written"),
-                                                (True, "the agent --keep-best was about to keep")])  # fmt: skip
+@pytest.mark.parametrize(
+    "keep_best, refused",
+    [(False, "the step checkpoint about to be written"), (True, "the agent --keep-best was about to keep")],
+)
 def test_a_checkpoint_is_never_written_from_nan_weights(tmp_path, keep_best, refused):
     """Weights the rollout does not act with (the target critics, and from them the critics) go NaN at env step 256,
     inside a log window: the periodic checkpoint due at 256 (and before it --keep-best's look at the training returns)
@@ -143,8 +175,21 @@ def test_atari_scripts_stop_on_a_nan_and_resume(script, fault, tmp_path, monkeyp
     """In this process, on PixelTarget (tests/pixel_envs.py; uint8 frames cannot hold a NaN, the reward can)."""
     path = copy_alone(script, tmp_path / "copy", [NAN_AT_ITERATION_3] if fault == "loss" else [])
     runs = tmp_path / "runs"
-    flags = ["--num-envs", 4, "--num-steps", 16, "--total-timesteps", 512, "--checkpoint-interval", 128,
-             "--torch-threads", 1, "--no-progress", "--runs-dir", runs]  # fmt: skip
+    flags = [
+        "--num-envs",
+        4,
+        "--num-steps",
+        16,
+        "--total-timesteps",
+        512,
+        "--checkpoint-interval",
+        128,
+        "--torch-threads",
+        1,
+        "--no-progress",
+        "--runs-dir",
+        runs,
+    ]
     flags += ["--log-interval", 1] if script == "a2c_atari.py" else []  # A2C logs (and checks) every update here
     bad_env = NanRewardPixelTarget if fault == "env reward" else pixel_envs.PixelTarget
     threads = torch.get_num_threads()
@@ -162,8 +207,12 @@ def test_atari_scripts_stop_on_a_nan_and_resume(script, fault, tmp_path, monkeyp
             assert "the environment's reward" in match.group(1) and iteration == 4  # env step 200 of 4 envs x 16
         assert_nothing_broken_saved(only_run_dir(runs), newest, step)
         assert newest.name == "step_0000000128.pt"
-        run_main(ROOT / script, ["--resume", newest, "--total-timesteps", 256, "--checkpoint-interval", 128],
-                 pixel_envs.PixelTarget, monkeypatch)  # fmt: skip
+        run_main(
+            ROOT / script,
+            ["--resume", newest, "--total-timesteps", 256, "--checkpoint-interval", 128],
+            pixel_envs.PixelTarget,
+            monkeypatch,
+        )
         assert (only_run_dir(runs) / "checkpoints" / "step_0000000256.pt").exists()
     finally:
         torch.set_num_threads(threads)
@@ -182,8 +231,9 @@ def run_main(path: Path, flags: list, env_class, monkeypatch) -> None:
     module = import_copy(path)
     num_actions = int(pixel_envs.PixelTarget().action_space.n)
     monkeypatch.setattr(module, "probe_env", lambda env_id: (pixel_envs.PixelTarget().observation_space.shape, num_actions))
-    monkeypatch.setattr(module, "make_vector_env",
-                        lambda args, video_dir: pixel_envs.make_vector_env(args.num_envs, env_class=env_class))
+    monkeypatch.setattr(
+        module, "make_vector_env", lambda args, video_dir: pixel_envs.make_vector_env(args.num_envs, env_class=env_class)
+    )
     monkeypatch.setattr(sys, "argv", [str(path), *map(str, flags)])
     module.main()
 
@@ -197,9 +247,27 @@ def test_ray_learner_stops_on_a_nan_loss_shuts_ray_down_and_resumes(tmp_path):
 
     copy = copy_alone("sac_continuous_ray.py", tmp_path / "copy", [NAN_AT_GRAD_STEP_150])
     runs = tmp_path / "runs"
-    run = start_ray_run("--env-id", "Pendulum-v1", "--learning-starts", "100", "--batch-size", "32", "--torch-threads",
-                        "1", "--worker-batch-steps", "50", "--total-timesteps", "1000", "--checkpoint-interval", "100",
-                        "--log-interval", "50", "--runs-dir", runs, script=str(copy))  # fmt: skip
+    run = start_ray_run(
+        "--env-id",
+        "Pendulum-v1",
+        "--learning-starts",
+        "100",
+        "--batch-size",
+        "32",
+        "--torch-threads",
+        "1",
+        "--worker-batch-steps",
+        "50",
+        "--total-timesteps",
+        "1000",
+        "--checkpoint-interval",
+        "100",
+        "--log-interval",
+        "50",
+        "--runs-dir",
+        runs,
+        script=str(copy),
+    )
     try:
         out, err = run.communicate(timeout=300)
         leftovers = lingering(run.pid)  # Ray's processes included: they stay in the run's session
@@ -218,8 +286,12 @@ def test_a_metric_undefined_by_definition_does_not_stop_the_run_and_a_nan_loss_d
     """Run.log: the explained variance of returns that are all equal is NaN by definition (not a broken run); a
     NaN loss stops the run."""
     logged, stops = [], []
-    run = SimpleNamespace(writer=SimpleNamespace(add_scalar=lambda tag, value, step: logged.append(tag)), parts={},
-                          check_weights=lambda state, what: None, non_finite=lambda quantity, cause: stops.append(quantity))  # fmt: skip
+    run = SimpleNamespace(
+        writer=SimpleNamespace(add_scalar=lambda tag, value, step: logged.append(tag)),
+        parts={},
+        check_weights=lambda state, what: None,
+        non_finite=lambda quantity, cause: stops.append(quantity),
+    )
     ppo.Run.log(run, 5, {"losses/explained_variance": math.nan, "losses/value_loss": 1.0})
     assert logged == ["losses/explained_variance", "losses/value_loss"] and stops == []
     ppo.Run.log(run, 6, {"losses/value_loss": math.inf})

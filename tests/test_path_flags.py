@@ -82,7 +82,7 @@ SOME = {
     "a2c_atari.py": [("--runs-dir", "a file"), ("--resume", "missing")],
     "sac_continuous.py": [("--runs-dir", "not writable"), ("--resume", "under a file")],
     "sac_continuous_ray.py": [("--runs-dir", "a file"), ("--resume", "missing")],  # before Ray starts
-}  # fmt: skip
+}
 PATH_ROWS = [("ppo_continuous.py", flag, kind) for flag, (kinds, _) in FLAGS.items() for kind in kinds]
 PATH_ROWS += [(script, flag, kind) for script, rows in SOME.items() for flag, kind in rows]
 # The Ray script's rows name a cluster that is not there: had the check let a row through, it would end on "cannot
@@ -151,12 +151,13 @@ class Rows:
         rows_file, out_file = self.base / f"{script}.rows.json", self.base / f"{script}.out.json"
         rows_file.write_text(json.dumps(specs))
         command = [sys.executable, "-c", DRIVER, str(ROOT / script), str(rows_file), str(out_file)]
-        proc = subprocess.run(command, cwd=ROOT, env={**os.environ, **BASE_ENV}, capture_output=True, text=True,
-                              timeout=300)  # fmt: skip
+        proc = subprocess.run(command, cwd=ROOT, env={**os.environ, **BASE_ENV}, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0 and out_file.exists(), proc.stderr
         results = json.loads(out_file.read_text())
-        return {row: (subprocess.CompletedProcess(spec["argv"], **result), *info)
-                for (row, info), spec, result in zip(rows.items(), specs, results)}  # fmt: skip
+        return {
+            row: (subprocess.CompletedProcess(spec["argv"], **result), *info)
+            for (row, info), spec, result in zip(rows.items(), specs, results)
+        }
 
 
 @pytest.fixture(scope="module")

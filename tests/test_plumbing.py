@@ -45,8 +45,13 @@ def test_every_numeric_flag_has_a_range_rule(name):
 
 
 def test_check_flags_names_the_flag_and_the_rule():
-    for flag, bad, rule in [("learning_rate", 0.0, "> 0"), ("gamma", 1.5, "in [0, 1]"), ("num_envs", 0, ">= 1"),
-                            ("ent_coef", -0.1, ">= 0"), ("target_kl", -1.0, "> 0")]:  # fmt: skip
+    for flag, bad, rule in [
+        ("learning_rate", 0.0, "> 0"),
+        ("gamma", 1.5, "in [0, 1]"),
+        ("num_envs", 0, ">= 1"),
+        ("ent_coef", -0.1, ">= 0"),
+        ("target_kl", -1.0, "> 0"),
+    ]:
         with pytest.raises(ppo.UserError) as info:
             ppo.check_flags(ppo.Args(**{flag: bad}), ppo.FLAG_RULES)
         message = str(info.value)
@@ -56,6 +61,7 @@ def test_check_flags_names_the_flag_and_the_rule():
 
 def progress_run(tmp_path, progress: bool = True):
     """A Run on a bare loop state, for its progress line."""
+
     @dataclasses.dataclass
     class State:
         global_step: int = 0
@@ -136,20 +142,43 @@ def test_two_runs_started_in_the_same_second_get_two_folders(tmp_path, monkeypat
     for run in runs:
         run.writer.close()
     names = [run.dir.name for run in runs]
-    assert names == ["Pendulum-v1__ppo_continuous__1__1700000000", "Pendulum-v1__ppo_continuous__1__1700000000-2",
-                     "Pendulum-v1__ppo_continuous__1__1700000000-3"]  # fmt: skip
+    assert names == [
+        "Pendulum-v1__ppo_continuous__1__1700000000",
+        "Pendulum-v1__ppo_continuous__1__1700000000-2",
+        "Pendulum-v1__ppo_continuous__1__1700000000-3",
+    ]
     assert all((run.dir / "args.json").is_file() for run in runs) and len(list(tmp_path.iterdir())) == 3
 
 
 @pytest.mark.parametrize("name", ["ppo_continuous"])
 def test_a_run_starts_without_the_linux_only_modules(tmp_path, name):
     """A whole short run with os.sched_getaffinity and `resource` taken away, as on macOS / Windows."""
-    code = ("import os, sys, runpy; del os.sched_getaffinity; sys.modules['resource'] = None; "
-            f"sys.argv = [{name!r}] + sys.argv[1:]; runpy.run_path({str(ROOT / (name + '.py'))!r}, run_name='__main__')")  # fmt: skip
-    flags = ["--env-id", "Pendulum-v1", "--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "1",
-             "--total-timesteps", "256", "--runs-dir", str(tmp_path)]  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", code, *flags], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env={**os.environ, **BASE_ENV})  # fmt: skip
+    code = (
+        "import os, sys, runpy; del os.sched_getaffinity; sys.modules['resource'] = None; "
+        f"sys.argv = [{name!r}] + sys.argv[1:]; runpy.run_path({str(ROOT / (name + '.py'))!r}, run_name='__main__')"
+    )
+    flags = [
+        "--env-id",
+        "Pendulum-v1",
+        "--num-steps",
+        "128",
+        "--num-minibatches",
+        "4",
+        "--update-epochs",
+        "1",
+        "--total-timesteps",
+        "256",
+        "--runs-dir",
+        str(tmp_path),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, **BASE_ENV},
+    )
     assert proc.returncode == 0, proc.stderr
     assert list(tmp_path.glob("*/events.out.tfevents.*"))
 
@@ -186,8 +215,22 @@ def test_a_log_window_with_no_new_step_logs_no_phase_timing(tmp_path, monkeypatc
 
 def test_args_json_records_the_flags_and_what_they_resolved_to(tmp_path):
     """args.json: every flag, and "compute": the device and torch's threads the run started with."""
-    cmd = [sys.executable, str(ROOT / "ppo_continuous.py"), "--env-id", "Pendulum-v1", "--num-steps", "64",
-           "--num-minibatches", "2", "--total-timesteps", "64", "--runs-dir", str(tmp_path), "--torch-threads", "1"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / "ppo_continuous.py"),
+        "--env-id",
+        "Pendulum-v1",
+        "--num-steps",
+        "64",
+        "--num-minibatches",
+        "2",
+        "--total-timesteps",
+        "64",
+        "--runs-dir",
+        str(tmp_path),
+        "--torch-threads",
+        "1",
+    ]
     proc = subprocess.run(cmd, env={**os.environ, **BASE_ENV}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     (run_dir,) = tmp_path.iterdir()
@@ -221,15 +264,32 @@ def test_xdist_keeps_a_group_on_one_worker(tmp_path):
         "    open(f'worker_{n}', 'w').write(os.environ['PYTEST_XDIST_WORKER'])\n"
         "@pytest.mark.parametrize('n', range(4))\n"
         "def test_free(n):\n"
-        "    time.sleep(0.3)\n")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist",
-                           "loadgroup", "-o", "addopts=", "test_groups.py"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+        "    time.sleep(0.3)\n"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "2",
+            "--dist",
+            "loadgroup",
+            "-o",
+            "addopts=",
+            "test_groups.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     workers = {(tmp_path / f"worker_{n}").read_text() for n in range(4)}
     assert len(workers) == 1, f"the group ran on {sorted(workers)}"
-
-
 
 
 def test_close_gives_back_the_signal_handlers_that_were_there(tmp_path):

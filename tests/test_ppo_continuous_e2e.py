@@ -21,14 +21,37 @@ TOOL = "tools/agent.py"
 # Small but complete iterations: 2 envs x 128 steps, 4 minibatches, 2 epochs. One torch thread: tests may run beside
 # other work on 2 cores.
 SMALL = ["--num-envs", "2", "--num-steps", "128", "--num-minibatches", "4", "--update-epochs", "2", "--torch-threads", "1"]
-LOSS_TAGS = ["losses/value_loss", "losses/policy_loss", "losses/entropy", "losses/old_approx_kl", "losses/approx_kl",
-             "losses/clipfrac", "losses/explained_variance", "losses/grad_norm"]  # fmt: skip
+LOSS_TAGS = [
+    "losses/value_loss",
+    "losses/policy_loss",
+    "losses/entropy",
+    "losses/old_approx_kl",
+    "losses/approx_kl",
+    "losses/clipfrac",
+    "losses/explained_variance",
+    "losses/grad_norm",
+]
 CHART_TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/learning_rate", "charts/SPS"]
 
 
 def test_short_run_logs_every_tag_and_writes_complete_checkpoints(tmp_path):
-    proc = run_script(SCRIPT, "--env-id", "HalfCheetah-v4", *SMALL, "--total-timesteps", "2560", "--checkpoint-interval", "512",
-                      "--keep-checkpoints", "2", "--save-model", "--eval-episodes", "1", "--runs-dir", tmp_path)  # fmt: skip
+    proc = run_script(
+        SCRIPT,
+        "--env-id",
+        "HalfCheetah-v4",
+        *SMALL,
+        "--total-timesteps",
+        "2560",
+        "--checkpoint-interval",
+        "512",
+        "--keep-checkpoints",
+        "2",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        "--runs-dir",
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     # MuJoCo 4's deprecation warning about the -v4 model files stays out of the user's way; no traceback
     assert "settotalmass" not in proc.stderr + proc.stdout and "out of date" not in proc.stderr
@@ -54,8 +77,9 @@ def test_short_run_logs_every_tag_and_writes_complete_checkpoints(tmp_path):
 
 def test_episodic_return_is_the_true_return(tmp_path):
     """Counting-v0 pays 1 per step and truncates at 7: with reward scaling on, the logged return must still be 7."""
-    proc = run_script(SCRIPT, "--env-id", "tests.fake_envs:Counting-v0", *SMALL, "--total-timesteps", "512",
-                      "--runs-dir", tmp_path)  # fmt: skip
+    proc = run_script(
+        SCRIPT, "--env-id", "tests.fake_envs:Counting-v0", *SMALL, "--total-timesteps", "512", "--runs-dir", tmp_path
+    )
     assert proc.returncode == 0, proc.stderr
     run_dir = only_run_dir(tmp_path)
     steps, values = zip(*scalars(run_dir, "charts/episodic_return").items())
@@ -66,9 +90,26 @@ def test_episodic_return_is_the_true_return(tmp_path):
 def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     """Stop after iteration 2, resume: iterations 3-4 log the same losses as the uninterrupted run. The envs cross
     their 1000-step time limit during iteration 4, so the MuJoCo state, RNGs and time-limit counters must be right."""
-    args = ["--env-id", "HalfCheetah-v5", "--num-envs", "2", "--num-steps", "256", "--num-minibatches", "4",
-            "--update-epochs", "2", "--torch-threads", "1", "--total-timesteps", "2048", "--checkpoint-interval", "512",
-            "--keep-checkpoints", "10"]  # fmt: skip
+    args = [
+        "--env-id",
+        "HalfCheetah-v5",
+        "--num-envs",
+        "2",
+        "--num-steps",
+        "256",
+        "--num-minibatches",
+        "4",
+        "--update-epochs",
+        "2",
+        "--torch-threads",
+        "1",
+        "--total-timesteps",
+        "2048",
+        "--checkpoint-interval",
+        "512",
+        "--keep-checkpoints",
+        "10",
+    ]
     proc = run_script(SCRIPT, *args, "--runs-dir", tmp_path / "a")
     assert proc.returncode == 0, proc.stderr
     full = only_run_dir(tmp_path / "a")
@@ -79,8 +120,9 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     shutil.copytree(full, resumed)  # the resumed run appends to its own folder: work on a copy
     for later in ("step_0000001536.pt", "step_0000002048.pt"):  # as if the run had died after step 1024's checkpoint
         (resumed / "checkpoints" / later).unlink()  # (with later ones there, it would start a new folder instead)
-    proc = run_script(SCRIPT, "--resume", resumed / "checkpoints" / "step_0000001024.pt", "--total-timesteps", "2048",
-                      "--torch-threads", "1")  # fmt: skip
+    proc = run_script(
+        SCRIPT, "--resume", resumed / "checkpoints" / "step_0000001024.pt", "--total-timesteps", "2048", "--torch-threads", "1"
+    )
     assert proc.returncode == 0, proc.stderr
     assert "resumed from" in proc.stdout
     events = sorted(resumed.glob("events.out.tfevents.*"))
@@ -95,8 +137,19 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
 
 
 def test_eval_checkpoint_is_deterministic_and_logged(tmp_path):
-    proc = run_script(SCRIPT, "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "512", "--save-model",
-                      "--eval-episodes", "1", "--runs-dir", tmp_path)  # fmt: skip
+    proc = run_script(
+        SCRIPT,
+        "--env-id",
+        "Pendulum-v1",
+        *SMALL,
+        "--total-timesteps",
+        "512",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        "--runs-dir",
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     ckpt = next((only_run_dir(tmp_path) / "checkpoints").glob("final_*.pt"))
     outs = [run_script(TOOL, "eval", ckpt, "--episodes", "3") for _ in range(2)]
@@ -114,8 +167,19 @@ def test_eval_checkpoint_is_deterministic_and_logged(tmp_path):
 @pytest.fixture(scope="module")
 def pendulum_checkpoint(tmp_path_factory) -> Path:
     runs = tmp_path_factory.mktemp("runs")
-    proc = run_script(SCRIPT, "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "256", "--save-model",
-                      "--eval-episodes", "1", "--runs-dir", runs)  # fmt: skip
+    proc = run_script(
+        SCRIPT,
+        "--env-id",
+        "Pendulum-v1",
+        *SMALL,
+        "--total-timesteps",
+        "256",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        "--runs-dir",
+        runs,
+    )
     assert proc.returncode == 0, proc.stderr
     return next((only_run_dir(runs) / "checkpoints").glob("final_*.pt"))
 
@@ -143,8 +207,11 @@ def test_bad_input_gets_a_short_message(tmp_path, flags, needles):
 @pytest.mark.parametrize("mode", [["--resume"], ["eval"], ["export"]])
 def test_corrupt_or_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path, pendulum_checkpoint, mode):
     """The script's --resume and the tool's eval / export refuse the same bad checkpoints, touching nothing."""
-    run = (lambda path: run_script(SCRIPT, *mode, path, "--total-timesteps", "100000", timeout=120)) if mode == ["--resume"] \
-        else (lambda path: run_script(TOOL, *mode, path, timeout=120))  # fmt: skip
+    run = (
+        (lambda path: run_script(SCRIPT, *mode, path, "--total-timesteps", "100000", timeout=120))
+        if mode == ["--resume"]
+        else (lambda path: run_script(TOOL, *mode, path, timeout=120))
+    )
     corrupt = tmp_path / "run" / "checkpoints" / "corrupt.pt"
     corrupt.parent.mkdir(parents=True)
     corrupt.write_bytes(pendulum_checkpoint.read_bytes()[:-200])
@@ -171,17 +238,30 @@ def test_corrupt_or_mismatched_checkpoint_is_refused_and_left_untouched(tmp_path
 def test_resume_refuses_a_fixed_flag_with_another_value(tmp_path, pendulum_checkpoint):
     """--resume keeps the checkpoint's algorithm flags: one typed with a different value is an error naming both."""
     before = sorted(pendulum_checkpoint.parent.parent.rglob("*"))
-    proc = run_script(SCRIPT, "--resume", pendulum_checkpoint, "--learning-rate", "0.001", "--total-timesteps", "100000",
-                      timeout=120)  # fmt: skip
+    proc = run_script(
+        SCRIPT, "--resume", pendulum_checkpoint, "--learning-rate", "0.001", "--total-timesteps", "100000", timeout=120
+    )
     assert_clean_error(proc, "--learning-rate 0.001", "0.0003")
     assert sorted(pendulum_checkpoint.parent.parent.rglob("*")) == before  # nothing written
 
 
 def test_ctrl_c_saves_the_last_completed_iteration_and_resumes(tmp_path):
-    cmd = [sys.executable, str(ROOT / SCRIPT), "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "10000000",
-           "--checkpoint-interval", "0", "--runs-dir", str(tmp_path)]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **BASE_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / SCRIPT),
+        "--env-id",
+        "Pendulum-v1",
+        *SMALL,
+        "--total-timesteps",
+        "10000000",
+        "--checkpoint-interval",
+        "0",
+        "--runs-dir",
+        str(tmp_path),
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env={**os.environ, **BASE_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 120
     while time.time() < deadline:  # wait until a few iterations have been logged
         runs = list(tmp_path.glob("*/events.out.tfevents.*"))
@@ -202,10 +282,15 @@ def test_ctrl_c_saves_the_last_completed_iteration_and_resumes(tmp_path):
     # the hint, pasted into a shell in the project folder (under `uv run`, as the README runs things, it says uv run)
     uv_folder = [os.path.dirname(os.environ["UV"])] if "UV" in os.environ else []  # outside uv: no uv folder to add
     path = os.pathsep.join(uv_folder + [os.environ["PATH"]])
-    resumed = subprocess.run(f"{hint} --total-timesteps {state['global_step'] + 512} --torch-threads 1 --save-model "
-                             "--eval-episodes 1", shell=True,
-                             cwd=ROOT, env={**os.environ, **BASE_ENV, "PATH": path}, capture_output=True, text=True,
-                             timeout=300)  # fmt: skip
+    resumed = subprocess.run(
+        f"{hint} --total-timesteps {state['global_step'] + 512} --torch-threads 1 --save-model --eval-episodes 1",
+        shell=True,
+        cwd=ROOT,
+        env={**os.environ, **BASE_ENV, "PATH": path},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert max(scalars(only_run_dir(tmp_path), "losses/value_loss")) == state["global_step"] + 512
     names = [p.name for p in (only_run_dir(tmp_path) / "checkpoints").iterdir()]
@@ -223,8 +308,14 @@ def test_progress_display_only_on_a_terminal(tmp_path):
     assert quiet.returncode == 0 and "SPS" not in quiet.stdout
 
     main_fd, child_fd = pty.openpty()
-    proc = subprocess.Popen([*args, "--runs-dir", str(tmp_path / "tty")], cwd=ROOT, env={**os.environ, **BASE_ENV},
-                            stdin=subprocess.DEVNULL, stdout=child_fd, stderr=child_fd)  # fmt: skip
+    proc = subprocess.Popen(
+        [*args, "--runs-dir", str(tmp_path / "tty")],
+        cwd=ROOT,
+        env={**os.environ, **BASE_ENV},
+        stdin=subprocess.DEVNULL,
+        stdout=child_fd,
+        stderr=child_fd,
+    )
     os.close(child_fd)
     output = b""
     while True:
@@ -252,8 +343,21 @@ def test_capture_video_headless_in_training_and_eval(tmp_path):
     """InvertedPendulum's random-policy episodes last a few steps, so software EGL renders them quickly."""
     needs_mujoco_rendering()
     env = {"MUJOCO_GL": None, "DISPLAY": None}  # the script picks EGL by itself on a headless machine
-    proc = run_script(SCRIPT, "--env-id", "InvertedPendulum-v5", *SMALL, "--total-timesteps", "256", "--capture-video",
-                      "--save-model", "--eval-episodes", "1", "--runs-dir", tmp_path, env=env)  # fmt: skip
+    proc = run_script(
+        SCRIPT,
+        "--env-id",
+        "InvertedPendulum-v5",
+        *SMALL,
+        "--total-timesteps",
+        "256",
+        "--capture-video",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+        "--runs-dir",
+        tmp_path,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     run_dir = only_run_dir(tmp_path)
     assert list((run_dir / "videos").glob("rl-video-episode-0.mp4"))
@@ -265,8 +369,19 @@ def test_capture_video_headless_in_training_and_eval(tmp_path):
 
 def test_track_offline_records_the_scalars_locally(tmp_path):
     env = {"WANDB_MODE": "offline", "WANDB_API_KEY": None, "HOME": str(tmp_path)}
-    proc = run_script(SCRIPT, "--track", "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "512",
-                      "--runs-dir", tmp_path / "runs", env=env, timeout=240)  # fmt: skip
+    proc = run_script(
+        SCRIPT,
+        "--track",
+        "--env-id",
+        "Pendulum-v1",
+        *SMALL,
+        "--total-timesteps",
+        "512",
+        "--runs-dir",
+        tmp_path / "runs",
+        env=env,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr
     records = list(only_run_dir(tmp_path / "runs").glob("wandb/offline-run-*/run-*.wandb"))
     assert len(records) == 1
@@ -291,24 +406,45 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 def test_a_run_without_video_trains_headless_where_libegl_is_missing(tmp_path):
     env = {k: v for k, v in {**os.environ, **BASE_ENV}.items() if k not in ("MUJOCO_GL", "DISPLAY")}
-    cmd = [sys.executable, "-c", HIDE_EGL, str(ROOT / SCRIPT), "--env-id", "HalfCheetah-v4", "--total-timesteps", "256",
-           *SMALL, "--checkpoint-interval", "256", "--no-progress", "--runs-dir", str(tmp_path)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-c",
+        HIDE_EGL,
+        str(ROOT / SCRIPT),
+        "--env-id",
+        "HalfCheetah-v4",
+        "--total-timesteps",
+        "256",
+        *SMALL,
+        "--checkpoint-interval",
+        "256",
+        "--no-progress",
+        "--runs-dir",
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert max(scalars(only_run_dir(tmp_path), "losses/value_loss")) == 256
     # --capture-video needs EGL here: one paragraph naming it, before any run folder (before: a PyOpenGL traceback)
-    videos = subprocess.run([*cmd[:-1], str(tmp_path / "v"), "--capture-video"], env=env, capture_output=True, text=True,
-                            timeout=300)  # fmt: skip
+    videos = subprocess.run(
+        [*cmd[:-1], str(tmp_path / "v"), "--capture-video"], env=env, capture_output=True, text=True, timeout=300
+    )
     assert_clean_error(videos, "needs libEGL", "libegl1", "--capture-video")
     assert not (tmp_path / "v").exists()
     # MUJOCO_GL=egl exported by the user (common on GPU servers) and no video: the message names the variable (before:
     # "drop --capture-video", a flag the command did not have)
-    exported = subprocess.run([*cmd[:-1], str(tmp_path / "e")], env={**env, "MUJOCO_GL": "egl"}, capture_output=True,
-                              text=True, timeout=300)  # fmt: skip
+    exported = subprocess.run(
+        [*cmd[:-1], str(tmp_path / "e")], env={**env, "MUJOCO_GL": "egl"}, capture_output=True, text=True, timeout=300
+    )
     assert_clean_error(exported, "needs libEGL", "unset MUJOCO_GL")
     assert not (tmp_path / "e").exists()
     # tools/agent.py asked for a video of a checkpoint: the same paragraph (before: "the networks changed shape")
     (checkpoint,) = only_run_dir(tmp_path).glob("checkpoints/*.pt")
-    tool = subprocess.run([sys.executable, "-c", HIDE_EGL, str(ROOT / TOOL), "eval", str(checkpoint), "--episodes", "1",
-                           "--capture-video"], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    tool = subprocess.run(
+        [sys.executable, "-c", HIDE_EGL, str(ROOT / TOOL), "eval", str(checkpoint), "--episodes", "1", "--capture-video"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert tool.returncode != 0 and "needs libEGL" in tool.stderr, tool.stderr[-3000:]

@@ -314,9 +314,14 @@ def test_prune_keeps_the_newest_periodic_checkpoints(tmp_path):
     for name in ("final_0000003000.pt", "step_mine.pt", "step_0000000001.pt.bak", "step_00000000010.pt"):
         (tmp_path / name).write_bytes(b"x")
     ppo.prune_checkpoints(tmp_path, keep=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["final_0000003000.pt", "step_0000000001.pt.bak",
-                                                          "step_00000000010.pt", "step_0000000300.pt",
-                                                          "step_0000002000.pt", "step_mine.pt"]  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "final_0000003000.pt",
+        "step_0000000001.pt.bak",
+        "step_00000000010.pt",
+        "step_0000000300.pt",
+        "step_0000002000.pt",
+        "step_mine.pt",
+    ]
 
 
 def test_merge_resume_args_keeps_checkpoint_values_and_refuses_conflicts():
@@ -354,9 +359,28 @@ def test_logged_losses_are_the_mean_over_all_minibatches(tmp_path, monkeypatch):
         return pg_loss, v_loss, log_ratio
 
     monkeypatch.setattr(module, "ppo_losses", recording_losses)
-    main_in_process(module, ["--env-id", "Pendulum-v1", "--num-envs", 2, "--num-steps", 32, "--num-minibatches", 4,
-                             "--update-epochs", 2, "--total-timesteps", 64, "--torch-threads", 1, "--runs-dir", tmp_path],
-                    monkeypatch)  # fmt: skip
+    main_in_process(
+        module,
+        [
+            "--env-id",
+            "Pendulum-v1",
+            "--num-envs",
+            2,
+            "--num-steps",
+            32,
+            "--num-minibatches",
+            4,
+            "--update-epochs",
+            2,
+            "--total-timesteps",
+            64,
+            "--torch-threads",
+            1,
+            "--runs-dir",
+            tmp_path,
+        ],
+        monkeypatch,
+    )
     assert len(recorded) == 8, recorded
     run_dir = only_run_dir(tmp_path)
     for i, tag in enumerate(("losses/policy_loss", "losses/value_loss")):
@@ -365,4 +389,3 @@ def test_logged_losses_are_the_mean_over_all_minibatches(tmp_path, monkeypatch):
         per_minibatch = np.array([r[i] for r in recorded])
         np.testing.assert_allclose(logged[0], per_minibatch.mean(), rtol=1e-5, atol=1e-7)
         assert not np.isclose(logged[0], per_minibatch[-1], rtol=1e-5, atol=1e-7), f"{tag}: last minibatch's value"
-

@@ -1,7 +1,8 @@
 """Every example the README shows runs as written, in the README's order, after the ones before it: each line of a
 ```bash block, each ```python block and each inline `uv run ...` command. They run in a copy of the scripts in an
-empty folder (the README's "project folder", with tools/agent.py), with `uv run` meaning this interpreter, a small budget appended to each
-training command, and `<run>` / `<step>` replaced by the run the quick start made and its newest checkpoint.
+empty folder (the README's "project folder", with tools/agent.py), with `uv run` meaning this interpreter, a small
+budget appended to each training command, and `<run>` / `<step>` replaced by the run the quick start made and its
+newest checkpoint.
 LEFT_OUT names the examples that are not run, each with its reason; the test fails when one of them is no longer in
 the README, so the list stays true."""
 
@@ -32,8 +33,7 @@ LEFT_OUT = {
     "requirements-cpu.txt": "the CPU-only install: the next line downloads torch from PyTorch's index (no network here)",
     "uv venv .venv-cpu && uv pip install --python .venv-cpu --torch-backend cpu -r requirements-cpu.txt": "downloads "
     "torch's CPU build from PyTorch's index (no network here)",
-    ".venv-cpu/bin/python ppo_continuous.py --env-id HalfCheetah-v4": "needs the CPU-only environment of the two lines "
-    "above",
+    ".venv-cpu/bin/python ppo_continuous.py --env-id HalfCheetah-v4": "needs the CPU-only environment of the two lines above",
     "uv run tensorboard --logdir runs": "a server that runs until stopped; tests/test_docs.py starts it on a real run "
     "and reads the tags the README names",
     "python -c \"import huggingface_hub as hub; hub.create_repo('<you>/ppo-halfcheetah', exist_ok=True)\n"
@@ -45,7 +45,7 @@ LEFT_OUT = {
     "uv run --extra ray ray start --address HEAD:6379": "joins a cluster's head node that is not there (HEAD)",
     "uv run --extra ray sac_continuous_ray.py --ray-address auto --num-rollout-workers 16": "needs a Ray cluster "
     "started with `ray start`; tests/test_sac_continuous_ray_cluster.py runs the script on a two-node one",
-}  # fmt: skip
+}
 
 # Appended to each training command (the last value of a flag wins): a few seconds each, a step checkpoint every 128
 # steps for ppo_continuous.py (the README's resume, evaluation and export use them). Resume extends the run by one
@@ -58,6 +58,8 @@ BUDGETS = {
     "a2c_atari.py": "--total-timesteps 250 --num-envs 2 --num-steps 5",
     "sac_continuous_ray.py": "--total-timesteps 400 --learning-starts 100 --batch-size 32 --worker-batch-steps 50",
 }
+
+
 def budget(args: list) -> list:
     """The flags appended to `uv run SCRIPT.py ARGS` (args: SCRIPT.py ARGS)."""
     if "--resume" in args:
@@ -104,8 +106,15 @@ def run_example(kind: str, code: str, project: Path, env: dict) -> subprocess.Co
         return run_python(script, args, project, env, timeout=300, hidden=[ROOT])
     started = []
     try:
-        return run_fresh(["bash", "-c", SHIMS + code], project, {**env, "BUDGET_CODE": BUDGET_CODE}, 300, None, started,
-                         start_new_session=True)  # fmt: skip
+        return run_fresh(
+            ["bash", "-c", SHIMS + code],
+            project,
+            {**env, "BUDGET_CODE": BUDGET_CODE},
+            300,
+            None,
+            started,
+            start_new_session=True,
+        )
     finally:
         if started:
             stop_session(started[0].pid)  # whatever it left (Ray's processes), and nothing else
@@ -217,6 +226,9 @@ def test_the_readme_examples_run_in_order(tmp_path):
     made = {tuple(path.name.split("__")[:3]): path for path in (project / "runs").iterdir()}
     for seed in "123":
         assert (made["HalfCheetah-v4", "ppo_continuous", seed] / "checkpoints" / "step_0000000256.pt").exists()
-    for key in [("Hopper-v4", "ppo_continuous", "1"), ("HalfCheetah-v4", "sac_continuous", "1"),
-                ("BreakoutNoFrameskip-v4", "ppo_atari", "1")]:
+    for key in [
+        ("Hopper-v4", "ppo_continuous", "1"),
+        ("HalfCheetah-v4", "sac_continuous", "1"),
+        ("BreakoutNoFrameskip-v4", "ppo_atari", "1"),
+    ]:
         assert key in made, f"no run {key} among {sorted(made)}"

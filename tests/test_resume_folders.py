@@ -21,8 +21,21 @@ from tests.conftest import only_run_dir, run_script, scalars
 from tests.student_copy import copy_alone, main_in_process, run_copy
 
 SCRIPT = "ppo_continuous.py"
-SMALL = ["--env-id", "Pendulum-v1", "--num-envs", "1", "--num-steps", "64", "--num-minibatches", "2",
-         "--update-epochs", "1", "--torch-threads", "1", "--no-progress"]  # fmt: skip
+SMALL = [
+    "--env-id",
+    "Pendulum-v1",
+    "--num-envs",
+    "1",
+    "--num-steps",
+    "64",
+    "--num-minibatches",
+    "2",
+    "--update-epochs",
+    "1",
+    "--torch-threads",
+    "1",
+    "--no-progress",
+]
 
 
 def contents(folder: Path) -> dict:
@@ -34,8 +47,19 @@ def contents(folder: Path) -> dict:
 def finished_run(tmp_path_factory) -> Path:
     """A run of 4 iterations with a checkpoint after each (64 steps): step_64 ... step_256, and --keep-best."""
     runs = tmp_path_factory.mktemp("runs")
-    proc = run_script(SCRIPT, *SMALL, "--total-timesteps", "256", "--checkpoint-interval", "64", "--keep-checkpoints", "10",
-                      "--keep-best", "--runs-dir", runs)  # fmt: skip
+    proc = run_script(
+        SCRIPT,
+        *SMALL,
+        "--total-timesteps",
+        "256",
+        "--checkpoint-interval",
+        "64",
+        "--keep-checkpoints",
+        "10",
+        "--keep-best",
+        "--runs-dir",
+        runs,
+    )
     assert proc.returncode == 0, proc.stderr
     return only_run_dir(runs)
 
@@ -44,8 +68,22 @@ def test_resuming_an_older_checkpoint_starts_a_new_folder_and_leaves_the_run_as_
     run = tmp_path / "runs" / finished_run.name
     shutil.copytree(finished_run, run)
     before = contents(run)
-    proc = run_script(SCRIPT, "--resume", run / "checkpoints" / "step_0000000128.pt", "--total-timesteps", "320",
-                      "--checkpoint-interval", "64", "--keep-checkpoints", "1", "--torch-threads", "1", "--no-progress", "--runs-dir", tmp_path / "runs")
+    proc = run_script(
+        SCRIPT,
+        "--resume",
+        run / "checkpoints" / "step_0000000128.pt",
+        "--total-timesteps",
+        "320",
+        "--checkpoint-interval",
+        "64",
+        "--keep-checkpoints",
+        "1",
+        "--torch-threads",
+        "1",
+        "--no-progress",
+        "--runs-dir",
+        tmp_path / "runs",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "saved later in its folder (step_0000000192.pt, step_0000000256.pt" in proc.stdout
     assert contents(run) == before  # nothing pruned, replaced or appended: not even the TensorBoard events
@@ -59,8 +97,18 @@ def test_a_checkpoint_outside_a_run_folder_resumes_into_a_new_one_under_runs_dir
     downloads = tmp_path / "Downloads"
     downloads.mkdir()
     shutil.copy(finished_run / "checkpoints" / "step_0000000256.pt", downloads / "x.pt")
-    proc = run_script(SCRIPT, "--resume", downloads / "x.pt", "--total-timesteps", "320", "--torch-threads", "1",
-                      "--no-progress", "--runs-dir", tmp_path / "runs")  # fmt: skip
+    proc = run_script(
+        SCRIPT,
+        "--resume",
+        downloads / "x.pt",
+        "--total-timesteps",
+        "320",
+        "--torch-threads",
+        "1",
+        "--no-progress",
+        "--runs-dir",
+        tmp_path / "runs",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "is not in a run folder" in proc.stdout and str(tmp_path / "runs") in proc.stdout
     assert sorted(p.name for p in downloads.iterdir()) == ["x.pt"]  # nothing written or pruned beside it
@@ -80,13 +128,17 @@ def test_the_printed_resume_command_finishes_the_run_as_it_was_started(finished_
     before, a flag a resume may change but left out took the script's default (a 256-step run resumed to 1,000,000)."""
     run = tmp_path / "runs" / finished_run.name
     shutil.copytree(finished_run, run)
-    proc = run_script(SCRIPT, "--resume", run / "checkpoints" / "step_0000000128.pt", "--runs-dir", tmp_path / "runs",
-                      timeout=90)  # fmt: skip
+    proc = run_script(
+        SCRIPT, "--resume", run / "checkpoints" / "step_0000000128.pt", "--runs-dir", tmp_path / "runs", timeout=90
+    )
     assert proc.returncode == 0, proc.stderr
     branch = tmp_path / "runs" / f"{finished_run.name}-2"  # an older checkpoint: a new folder
     assert max(scalars(branch, "losses/value_loss")) == 256
-    assert sorted(p.name for p in (branch / "checkpoints").glob("*.pt")) == ["best.pt", "step_0000000192.pt",
-                                                                             "step_0000000256.pt"]  # fmt: skip
+    assert sorted(p.name for p in (branch / "checkpoints").glob("*.pt")) == [
+        "best.pt",
+        "step_0000000192.pt",
+        "step_0000000256.pt",
+    ]
 
 
 def test_a_run_folder_this_user_cannot_write_gets_a_new_folder(finished_run, tmp_path, monkeypatch, capsys):
@@ -110,8 +162,19 @@ def test_keep_best_never_replaces_a_better_best_pt_from_an_older_checkpoint(fini
     state["run_state"]["best_score"] = 100.0
     torch.save(state, best)
     before = best.read_bytes()
-    proc = run_script(SCRIPT, "--resume", run / "checkpoints" / "step_0000000256.pt", "--total-timesteps", "448",
-                      "--checkpoint-interval", "64", "--keep-best", "--torch-threads", "1", "--no-progress")  # fmt: skip
+    proc = run_script(
+        SCRIPT,
+        "--resume",
+        run / "checkpoints" / "step_0000000256.pt",
+        "--total-timesteps",
+        "448",
+        "--checkpoint-interval",
+        "64",
+        "--keep-best",
+        "--torch-threads",
+        "1",
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     assert best.read_bytes() == before
     assert torch.load(run / "checkpoints" / "step_0000000448.pt", weights_only=True)["run_state"]["best_score"] == 100.0
@@ -133,8 +196,22 @@ def test_a_signal_during_the_final_save_leaves_a_complete_checkpoint_and_no_temp
     monkeypatch.setattr(torch, "save", save_and_signal)
     flags = [*SMALL, "--total-timesteps", "6400", "--checkpoint-interval", "128", "--runs-dir", tmp_path]
     if kind == "final":
-        main_in_process(ppo, [*flags[:-4], "--total-timesteps", "128", "--save-model", "--eval-episodes", "1",
-                              "--checkpoint-interval", "0", "--runs-dir", tmp_path], monkeypatch)  # fmt: skip
+        main_in_process(
+            ppo,
+            [
+                *flags[:-4],
+                "--total-timesteps",
+                "128",
+                "--save-model",
+                "--eval-episodes",
+                "1",
+                "--checkpoint-interval",
+                "0",
+                "--runs-dir",
+                tmp_path,
+            ],
+            monkeypatch,
+        )
     else:
         try:
             main_in_process(ppo, flags, monkeypatch)
@@ -156,8 +233,12 @@ def test_exp_name_cannot_leave_runs_dir(tmp_path):
     assert not (tmp_path / "runs").exists() and sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-NARROWER = [("layer_init(nn.Linear(64, 64)),\n            nn.Tanh(),\n            layer_init(nn.Linear(64, 1), std=1.0)",
-             "layer_init(nn.Linear(64, 32)),\n            nn.Tanh(),\n            layer_init(nn.Linear(32, 1), std=1.0)")]
+NARROWER = [
+    (
+        "layer_init(nn.Linear(64, 64)),\n            nn.Tanh(),\n            layer_init(nn.Linear(64, 1), std=1.0)",
+        "layer_init(nn.Linear(64, 32)),\n            nn.Tanh(),\n            layer_init(nn.Linear(32, 1), std=1.0)",
+    )
+]
 
 
 def test_a_checkpoint_an_edited_script_no_longer_fits_is_refused_and_leaves_nothing_behind(finished_run, tmp_path):
@@ -168,8 +249,19 @@ def test_a_checkpoint_an_edited_script_no_longer_fits_is_refused_and_leaves_noth
     before = contents(run)
     student = copy_alone(SCRIPT, tmp_path / "student", NARROWER)
     for checkpoint in ("step_0000000128.pt", "step_0000000256.pt"):  # older (a new folder) and newest (in place)
-        proc = run_copy(student, "--resume", run / "checkpoints" / checkpoint, "--total-timesteps", "320",
-                        "--torch-threads", "1", "--no-progress", "--runs-dir", tmp_path / "runs", timeout=120)  # fmt: skip
+        proc = run_copy(
+            student,
+            "--resume",
+            run / "checkpoints" / checkpoint,
+            "--total-timesteps",
+            "320",
+            "--torch-threads",
+            "1",
+            "--no-progress",
+            "--runs-dir",
+            tmp_path / "runs",
+            timeout=120,
+        )
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
         assert "does not fit this script's model (size mismatch for critic." in proc.stderr, proc.stderr
         assert contents(run) == before and sorted(p.name for p in (tmp_path / "runs").iterdir()) == [finished_run.name]
@@ -177,8 +269,11 @@ def test_a_checkpoint_an_edited_script_no_longer_fits_is_refused_and_leaves_noth
 
 def test_an_edit_refused_at_start_leaves_no_run_folder(tmp_path):
     """check_agent stops a new run whose Agent cannot act; the run folder it was refused in is gone again."""
-    student = copy_alone(SCRIPT, tmp_path / "student", [("layer_init(nn.Linear(64, act_dim), std=0.01)",
-                                                         "layer_init(nn.Linear(64, act_dim + 1), std=0.01)")])  # fmt: skip
+    student = copy_alone(
+        SCRIPT,
+        tmp_path / "student",
+        [("layer_init(nn.Linear(64, act_dim), std=0.01)", "layer_init(nn.Linear(64, act_dim + 1), std=0.01)")],
+    )
     proc = run_copy(student, *SMALL, "--total-timesteps", "128", "--runs-dir", tmp_path / "runs", timeout=120)
     assert proc.returncode == 2 and "the Agent cannot act" in proc.stderr, proc.stderr
     assert sorted((tmp_path / "runs").iterdir()) == []
@@ -190,8 +285,19 @@ def test_num_envs_the_machine_cannot_hold_is_refused_before_anything_starts(scri
     env is made (making ten million would take hours) and no run folder."""
     env_id = "Pendulum-v1" if script == "ppo_continuous.py" else "BreakoutNoFrameskip-v4"
     sizes = ["--num-minibatches", 1] if script.startswith("ppo") else []  # the batch must split into minibatches
-    proc = run_script(script, "--env-id", env_id, "--num-envs", 10**7, *sizes, "--total-timesteps", 10**12, "--runs-dir",
-                      tmp_path / "runs", timeout=120)  # fmt: skip
+    proc = run_script(
+        script,
+        "--env-id",
+        env_id,
+        "--num-envs",
+        10**7,
+        *sizes,
+        "--total-timesteps",
+        10**12,
+        "--runs-dir",
+        tmp_path / "runs",
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     assert "--num-envs 10,000,000: the rollout needs" in proc.stderr and "GiB of memory available: at most" in proc.stderr
     fits = int(proc.stderr.split("at most ")[1].split(" fit")[0].replace(",", ""))
@@ -205,7 +311,9 @@ def test_check_memory_counts_the_fitting_number_from_meminfo(monkeypatch, tmp_pa
     real = ppo.Path
     monkeypatch.setattr(ppo, "Path", lambda p: real(meminfo) if p == "/proc/meminfo" else real(p))
     ppo.check_memory("num_envs", 4, 1_024_000_000, "the rollout")  # exactly what is available: fits
-    with pytest.raises(ppo.UserError, match=r"--num-envs 5: the rollout needs 1\.2 GiB.*1\.0 GiB of memory available: at most 4"):
+    with pytest.raises(
+        ppo.UserError, match=r"--num-envs 5: the rollout needs 1\.2 GiB.*1\.0 GiB of memory available: at most 4"
+    ):
         ppo.check_memory("num_envs", 5, 1_280_000_000, "the rollout")
 
 

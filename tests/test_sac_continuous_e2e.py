@@ -19,16 +19,45 @@ SCRIPT = "sac_continuous.py"
 # Short runs that reach the update: a small batch and an early learning_starts keep them fast. One torch thread:
 # tests may run beside other work on 2 cores.
 SMALL = ["--learning-starts", "100", "--batch-size", "32", "--torch-threads", "1"]
-LOSS_TAGS = ["losses/qf1_values", "losses/qf2_values", "losses/qf1_loss", "losses/qf2_loss", "losses/qf_loss",
-             "losses/actor_loss", "losses/alpha", "losses/alpha_loss"]  # fmt: skip
-CHART_TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/rollout_us_per_step",
-              "charts/update_us_per_step"]  # fmt: skip
+LOSS_TAGS = [
+    "losses/qf1_values",
+    "losses/qf2_values",
+    "losses/qf1_loss",
+    "losses/qf2_loss",
+    "losses/qf_loss",
+    "losses/actor_loss",
+    "losses/alpha",
+    "losses/alpha_loss",
+]
+CHART_TAGS = [
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "charts/rollout_us_per_step",
+    "charts/update_us_per_step",
+]
 
 
 def test_short_run_reaches_the_update_logs_every_tag_and_writes_complete_checkpoints(tmp_path):
-    proc = run_script(SCRIPT, "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "600", "--checkpoint-interval", "200",
-                      "--keep-checkpoints", "2", "--eval-interval", "300", "--eval-episodes", "1", "--save-model",
-                      "--runs-dir", tmp_path)  # fmt: skip
+    proc = run_script(
+        SCRIPT,
+        "--env-id",
+        "Pendulum-v1",
+        *SMALL,
+        "--total-timesteps",
+        "600",
+        "--checkpoint-interval",
+        "200",
+        "--keep-checkpoints",
+        "2",
+        "--eval-interval",
+        "300",
+        "--eval-episodes",
+        "1",
+        "--save-model",
+        "--runs-dir",
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "replay buffer: 1,000,000 transitions, 36.0 MB" in proc.stdout  # (3 + 3 + 1 + 1 + 1) * 4 bytes each
     assert "eval:" in proc.stdout
@@ -64,8 +93,21 @@ def test_short_run_reaches_the_update_logs_every_tag_and_writes_complete_checkpo
 
 def test_halfcheetah_run_reaches_the_update(tmp_path):
     """The default env (MuJoCo, float64 observations, 6-d actions) through the update, with the default batch."""
-    proc = run_script(SCRIPT, "--env-id", "HalfCheetah-v4", "--learning-starts", "250", "--torch-threads", "1",
-                      "--total-timesteps", "300", "--buffer-size", "1000", "--runs-dir", tmp_path)  # fmt: skip
+    proc = run_script(
+        SCRIPT,
+        "--env-id",
+        "HalfCheetah-v4",
+        "--learning-starts",
+        "250",
+        "--torch-threads",
+        "1",
+        "--total-timesteps",
+        "300",
+        "--buffer-size",
+        "1000",
+        "--runs-dir",
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "settotalmass" not in proc.stderr + proc.stdout and "out of date" not in proc.stderr
     assert "1,000 transitions, 0.2 MB" in proc.stdout  # (17 + 17 + 6 + 1 + 1) * 4 = 168 bytes each
@@ -77,9 +119,25 @@ def test_halfcheetah_run_reaches_the_update(tmp_path):
 )
 def test_buffer_stores_termination_not_truncation_and_the_true_final_obs(tmp_path, env_id, terminal):
     """Counting-v0 truncates at 7 steps, CountingTerminates-v0 terminates at 5; obs = [t, episode]."""
-    proc = run_script(SCRIPT, "--env-id", env_id, "--learning-starts", "10", "--batch-size", "8", "--torch-threads", "1",
-                      "--total-timesteps", "40", "--save-model", "--save-buffer", "--eval-episodes", "1",
-                      "--runs-dir", tmp_path)  # fmt: skip
+    proc = run_script(
+        SCRIPT,
+        "--env-id",
+        env_id,
+        "--learning-starts",
+        "10",
+        "--batch-size",
+        "8",
+        "--torch-threads",
+        "1",
+        "--total-timesteps",
+        "40",
+        "--save-model",
+        "--save-buffer",
+        "--eval-episodes",
+        "1",
+        "--runs-dir",
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     ckpt = torch.load(next((only_run_dir(tmp_path) / "checkpoints").glob("final_*.pt")), weights_only=True)
     buf = ckpt["replay_buffer"]
@@ -93,8 +151,17 @@ def test_buffer_stores_termination_not_truncation_and_the_true_final_obs(tmp_pat
     assert set(scalars(only_run_dir(tmp_path), "charts/episodic_return").values()) == {7.0 if not terminal else 5.0}
 
 
-RESUME_ARGS = ["--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "600", "--checkpoint-interval", "300",
-               "--keep-checkpoints", "5"]  # fmt: skip
+RESUME_ARGS = [
+    "--env-id",
+    "Pendulum-v1",
+    *SMALL,
+    "--total-timesteps",
+    "600",
+    "--checkpoint-interval",
+    "300",
+    "--keep-checkpoints",
+    "5",
+]
 
 
 @pytest.fixture(scope="module")
@@ -114,8 +181,9 @@ def test_resume_with_buffer_continues_exactly_like_an_uninterrupted_run(tmp_path
     resumed = tmp_path / full.name
     shutil.copytree(full, resumed)  # the resumed run appends to its own folder: work on a copy
     (resumed / "checkpoints" / "step_0000000600.pt").unlink()  # as if it died after step 300 (else: a new folder)
-    proc = run_script(SCRIPT, "--resume", resumed / "checkpoints" / "step_0000000300.pt", "--total-timesteps", "600",
-                      "--torch-threads", "1")  # fmt: skip
+    proc = run_script(
+        SCRIPT, "--resume", resumed / "checkpoints" / "step_0000000300.pt", "--total-timesteps", "600", "--torch-threads", "1"
+    )
     assert proc.returncode == 0, proc.stderr
     assert "resumed from" in proc.stdout and "buffer starts empty" not in proc.stderr
     events = sorted(resumed.glob("events.out.tfevents.*"))
@@ -135,8 +203,9 @@ def test_resume_without_buffer_warns_and_refills_before_updating(tmp_path, unint
     ckpt["replay_buffer"] = None  # as saved without --save-buffer
     torch.save(ckpt, run_dir / "checkpoints" / "step_0000000300.pt")
     (run_dir / "checkpoints" / "step_0000000600.pt").unlink()  # as if it died after step 300 (else: a new folder)
-    proc = run_script(SCRIPT, "--resume", run_dir / "checkpoints" / "step_0000000300.pt", "--total-timesteps", "600",
-                      "--torch-threads", "1")  # fmt: skip
+    proc = run_script(
+        SCRIPT, "--resume", run_dir / "checkpoints" / "step_0000000300.pt", "--total-timesteps", "600", "--torch-threads", "1"
+    )
     assert proc.returncode == 0, proc.stderr
     assert "buffer starts empty" in proc.stderr and "step 400" in proc.stderr
     new = scalars(sorted(run_dir.glob("events.out.tfevents.*"))[-1], "losses/qf1_loss")
@@ -177,8 +246,16 @@ def test_bad_input_gets_a_short_message(tmp_path, flags, needles):
 def test_resume_refuses_a_fixed_flag_with_another_value(tmp_path, uninterrupted_run):
     """--resume keeps the checkpoint's algorithm flags: one typed with a different value is an error naming both."""
     before = sorted(uninterrupted_run.rglob("*"))
-    proc = run_script(SCRIPT, "--resume", uninterrupted_run / "checkpoints" / "step_0000000300.pt", "--q-lr", "0.005",
-                      "--total-timesteps", "900", timeout=120)  # fmt: skip
+    proc = run_script(
+        SCRIPT,
+        "--resume",
+        uninterrupted_run / "checkpoints" / "step_0000000300.pt",
+        "--q-lr",
+        "0.005",
+        "--total-timesteps",
+        "900",
+        timeout=120,
+    )
     assert_clean_error(proc, "--q-lr 0.005", "0.001")
     assert sorted(uninterrupted_run.rglob("*")) == before  # nothing written
 
@@ -189,18 +266,45 @@ def test_progress_off_a_terminal_prints_plain_lines(tmp_path):
     assert proc.returncode == 0 and "\r" not in proc.stdout
     plain = [line for line in proc.stdout.splitlines() if "SPS" in line]
     assert plain and "300/300" in plain[-1].replace(",", "") and "ETA" in plain[-1], proc.stdout
-    quiet = run_script(SCRIPT, "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "300", "--no-progress",
-                       "--runs-dir", tmp_path / "quiet")  # fmt: skip
+    quiet = run_script(
+        SCRIPT,
+        "--env-id",
+        "Pendulum-v1",
+        *SMALL,
+        "--total-timesteps",
+        "300",
+        "--no-progress",
+        "--runs-dir",
+        tmp_path / "quiet",
+    )
     assert quiet.returncode == 0 and "SPS" not in quiet.stdout
 
 
 def test_a_run_starts_without_the_linux_only_modules(tmp_path):
     """A short run through the update with os.sched_getaffinity and `resource` taken away (macOS / Windows)."""
-    code = ("import os, sys, runpy; del os.sched_getaffinity; sys.modules['resource'] = None\n"
-            f"sys.argv = ['sac_continuous'] + sys.argv[1:]; runpy.run_path({str(ROOT / SCRIPT)!r}, run_name='__main__')")  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", code, "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "200",
-                           "--runs-dir", str(tmp_path)], capture_output=True, text=True, timeout=300, cwd=ROOT,
-                          env={**os.environ, **BASE_ENV})  # fmt: skip
+    code = (
+        "import os, sys, runpy; del os.sched_getaffinity; sys.modules['resource'] = None\n"
+        f"sys.argv = ['sac_continuous'] + sys.argv[1:]; runpy.run_path({str(ROOT / SCRIPT)!r}, run_name='__main__')"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "--env-id",
+            "Pendulum-v1",
+            *SMALL,
+            "--total-timesteps",
+            "200",
+            "--runs-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, **BASE_ENV},
+    )
     assert proc.returncode == 0, proc.stderr
     assert "peak RSS" not in proc.stdout  # nothing to report without `resource`
     assert sorted(scalars(only_run_dir(tmp_path), "losses/qf1_loss")) == [100, 200]
@@ -229,10 +333,23 @@ def test_a_checkpoint_whose_networks_do_not_fit_is_refused_in_one_paragraph(tmp_
 
 
 def test_ctrl_c_saves_a_consistent_state_and_resumes(tmp_path):
-    cmd = [sys.executable, str(ROOT / SCRIPT), "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "10000000",
-           "--checkpoint-interval", "0", "--save-buffer", "--runs-dir", str(tmp_path)]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **BASE_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(ROOT / SCRIPT),
+        "--env-id",
+        "Pendulum-v1",
+        *SMALL,
+        "--total-timesteps",
+        "10000000",
+        "--checkpoint-interval",
+        "0",
+        "--save-buffer",
+        "--runs-dir",
+        str(tmp_path),
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env={**os.environ, **BASE_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.time() + 120
     while time.time() < deadline:  # wait until a few updates have been logged
         runs = list(tmp_path.glob("*/events.out.tfevents.*"))

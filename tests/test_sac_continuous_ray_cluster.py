@@ -32,8 +32,21 @@ pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")  # Ray vendors it: ray/thirdparty_files is on sys.path once ray is imported
 
 RAY = str(Path(sys.executable).with_name("ray"))
-SMALL = ["--env-id", "Pendulum-v1", "--learning-starts", "100", "--batch-size", "32", "--torch-threads", "1",
-         "--worker-batch-steps", "50", "--num-rollout-workers", "2", "--progress"]  # fmt: skip
+SMALL = [
+    "--env-id",
+    "Pendulum-v1",
+    "--learning-starts",
+    "100",
+    "--batch-size",
+    "32",
+    "--torch-threads",
+    "1",
+    "--worker-batch-steps",
+    "50",
+    "--num-rollout-workers",
+    "2",
+    "--progress",
+]
 DONE = re.compile(r"done: (\d+) env steps \((\d+) worker restarts\), (\d+) transitions in the buffer, (\d+) gradient updates")
 # A lost node is declared dead after ~3 s instead of Ray's default ~30 s (health checks every second, 3 misses)
 FAST_FAILURE = '{"health_check_initial_delay_ms": 1000, "health_check_period_ms": 1000, "health_check_failure_threshold": 3}'
@@ -52,8 +65,7 @@ class Cluster:
         self.base, self.port = base, free_port()
         self.home, self.nodes, self.temp_dirs = base / "home", [], []
         self.home.mkdir()
-        self.env = {**os.environ, **BASE_ENV, "HOME": str(self.home), "RAY_AUTH_MODE": "token",
-                    "RAY_USAGE_STATS_ENABLED": "0"}  # fmt: skip
+        self.env = {**os.environ, **BASE_ENV, "HOME": str(self.home), "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
         # the token every party needs: written to HOME/.ray/auth_token, read by the nodes and the script alike
         subprocess.run([RAY, "get-auth-token", "--generate"], env=self.env, check=True, capture_output=True, timeout=60)
         self.address = f"127.0.0.1:{self.port}"
@@ -62,19 +74,27 @@ class Cluster:
         temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
         self.temp_dirs.append(temp_dir)
         log = open(self.base / f"node{len(self.nodes)}.log", "w")
-        node = subprocess.Popen([RAY, "start", *flags, "--num-cpus", "2", "--block", "--temp-dir", str(temp_dir)],
-                                env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)  # fmt: skip
+        node = subprocess.Popen(
+            [RAY, "start", *flags, "--num-cpus", "2", "--block", "--temp-dir", str(temp_dir)],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self.nodes.append(node)
         return node
 
     def wait_for_nodes(self, n: int, timeout: float = 90) -> list:
         """The alive nodes' ids once n have joined (a driver of its own, in a subprocess, with the token)."""
-        code = ("import ray, time, sys\nray.init(address=sys.argv[1], logging_level='ERROR')\nfor _ in range(300):\n"
-                "    alive = [x['NodeID'] for x in ray.nodes() if x['Alive']]\n    if len(alive) >= int(sys.argv[2]): break\n"
-                "    time.sleep(0.2)\nprint(' '.join(alive))")  # fmt: skip
-        proc = subprocess.run([sys.executable, "-c", code, self.address, str(n)], env=self.env, capture_output=True,
-                              text=True, timeout=timeout)  # fmt: skip
+        code = (
+            "import ray, time, sys\nray.init(address=sys.argv[1], logging_level='ERROR')\nfor _ in range(300):\n"
+            "    alive = [x['NodeID'] for x in ray.nodes() if x['Alive']]\n    if len(alive) >= int(sys.argv[2]): break\n"
+            "    time.sleep(0.2)\nprint(' '.join(alive))"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code, self.address, str(n)], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
         assert proc.returncode == 0, proc.stderr + self.logs()
         alive = proc.stdout.split()
         assert len(alive) >= n, f"only {alive} joined\n{self.logs()}"
@@ -121,8 +141,17 @@ def cluster():
     base = Path(tempfile.mkdtemp(prefix="i23cluster"))
     c = Cluster(base)
     try:
-        c.start_node("--head", "--port", str(c.port), "--node-ip-address", "127.0.0.1", "--include-dashboard", "false",
-                     "--system-config", FAST_FAILURE)  # fmt: skip
+        c.start_node(
+            "--head",
+            "--port",
+            str(c.port),
+            "--node-ip-address",
+            "127.0.0.1",
+            "--include-dashboard",
+            "false",
+            "--system-config",
+            FAST_FAILURE,
+        )
         c.wait_for_nodes(1)
         c.start_node("--address", c.address)
         c.nodes_alive = c.wait_for_nodes(2)
@@ -141,8 +170,16 @@ def cluster():
 def start_run(cluster: Cluster, *args) -> subprocess.Popen:
     """The script as a driver joining the cluster, in a session of its own (so that it is stopped by id)."""
     cmd = [sys.executable, str(ROOT / "sac_continuous_ray.py"), "--ray-address", cluster.address, *map(str, args)]
-    return subprocess.Popen(cmd, cwd=ROOT, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=cluster.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 240) -> tuple:
@@ -163,8 +200,9 @@ def worker_nodes(stdout: str) -> list:
 
 
 def test_workers_run_on_both_nodes_every_step_is_stored_once_and_a_checkpoint_resumes(cluster, tmp_path):
-    proc = start_run(cluster, *SMALL, "--total-timesteps", "2000", "--checkpoint-interval", "1000", "--save-buffer",
-                     "--runs-dir", tmp_path)  # fmt: skip
+    proc = start_run(
+        cluster, *SMALL, "--total-timesteps", "2000", "--checkpoint-interval", "1000", "--save-buffer", "--runs-dir", tmp_path
+    )
     out, err = finish(proc)
     assert proc.returncode == 0, err + cluster.logs()
     workers, learner = worker_nodes(out)

@@ -32,21 +32,40 @@ def old_decide(batches, state, args, total: int, lowest_free: bool = True):
     return i, steps, random_steps, steps > random_steps and batches.own_steps[i] >= args.weight_sync_interval
 
 
-def simulate(workers: int, total: int = 40_000, batch_steps: int = 100, sync_interval: int = 1_000,
-             learning_starts: int = 5_000, policy_frequency: int = 2, decide=None) -> dict:  # fmt: skip
+def simulate(
+    workers: int,
+    total: int = 40_000,
+    batch_steps: int = 100,
+    sync_interval: int = 1_000,
+    learning_starts: int = 5_000,
+    policy_frequency: int = 2,
+    decide=None,
+) -> dict:
     """One run of main()'s driver loop on a simulated clock at utd 1, one env per worker; `decide` (default: the
     script's next_dispatch) makes every dispatch decision. Returns the staleness of every stored batch (actor updates
     between the weights that collected it and the learner's version when it is stored), each worker's batch count,
     the fraction of the run's time the learner spent updating and each worker spent collecting, and the most env
     steps dispatched ahead of the learner's updates."""
     decide = decide or sr.next_dispatch  # looked up at call time: a test may replace it
-    args = sr.Args(total_timesteps=total, learning_starts=learning_starts, policy_frequency=policy_frequency,
-                   num_rollout_workers=workers, weight_sync_interval=sync_interval,
-                   worker_batch_steps=batch_steps)  # fmt: skip
+    args = sr.Args(
+        total_timesteps=total,
+        learning_starts=learning_starts,
+        policy_frequency=policy_frequency,
+        num_rollout_workers=workers,
+        weight_sync_interval=sync_interval,
+        worker_batch_steps=batch_steps,
+    )
     state = sr.LoopState(updates_start=learning_starts)  # as main() starts a fresh run
     # Batches' bookkeeping (what next_dispatch reads), and each worker's env steps since its last pull (old_decide)
-    batches = SimpleNamespace(busy=[0] * workers, started=0, last_start=[0] * workers, dispatched=0,
-                              last_pull=[0] * workers, versions=[-1] * workers, own_steps=[0] * workers)  # fmt: skip
+    batches = SimpleNamespace(
+        busy=[0] * workers,
+        started=0,
+        last_start=[0] * workers,
+        dispatched=0,
+        last_pull=[0] * workers,
+        versions=[-1] * workers,
+        own_steps=[0] * workers,
+    )
     t, learner_time, worker_time, lead = 0.0, 0.0, np.zeros(workers), 0
     published_at, published = [0.0], [0]  # the parameter server's versions over time
     free_at = [0.0] * workers  # when each worker has finished the batches queued on it
@@ -102,8 +121,13 @@ def simulate(workers: int, total: int = 40_000, batch_steps: int = 100, sync_int
             assert pending, "nothing in flight and nothing to learn: the run stalls"
             t = max(t, min(b[0] for b in pending))  # nothing to learn: wait for the next batch
     assert state.global_step == total and state.grad_steps == total - learning_starts + 1
-    return {"staleness": np.array(staleness), "shares": np.array(shares), "learner_busy": learner_time / t,
-            "worker_busy": worker_time / t, "lead": lead}  # fmt: skip
+    return {
+        "staleness": np.array(staleness),
+        "shares": np.array(shares),
+        "learner_busy": learner_time / t,
+        "worker_busy": worker_time / t,
+        "lead": lead,
+    }
 
 
 def check_staleness(runs: dict) -> None:
@@ -142,8 +166,10 @@ def test_the_learner_is_the_bottleneck_in_the_simulated_run(runs):
     """The regime these checks are about, as the simulated runs show it: the learner updates nearly all the time, and
     the workers, held back by the utd ratio (never more than one batch each ahead of the learner), are idle most of it."""
     for n, r in runs.items():
-        print(f"{n} workers: learner busy {r['learner_busy']:.3f}, workers busy {np.round(r['worker_busy'], 3).tolist()}, "
-              f"collection ahead of the learner by {r['lead']} env steps at most")  # fmt: skip
+        print(
+            f"{n} workers: learner busy {r['learner_busy']:.3f}, workers busy {np.round(r['worker_busy'], 3).tolist()}, "
+            f"collection ahead of the learner by {r['lead']} env steps at most"
+        )
         assert r["learner_busy"] > 0.9
         assert np.all(r["worker_busy"] < 0.5)
         assert r["lead"] <= n * 100, f"{n} workers: collection ran {r['lead']} env steps ahead of the learner"
@@ -195,7 +221,8 @@ def test_the_simulation_decides_with_the_scripts_function(monkeypatch):
 
 def calls_in(node: ast.AST) -> set:
     return {n.func.id for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)} | {
-        n.func.attr for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}  # fmt: skip
+        n.func.attr for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+    }
 
 
 def test_main_dispatches_through_next_dispatch_only():

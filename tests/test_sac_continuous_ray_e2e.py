@@ -13,8 +13,16 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import (BASE_ENV, ROOT, assert_clean_error, episode_lines, only_run_dir, run_script, scalars,
-                            wait_for_updates)
+from tests.conftest import (
+    BASE_ENV,
+    ROOT,
+    assert_clean_error,
+    episode_lines,
+    only_run_dir,
+    run_script,
+    scalars,
+    wait_for_updates,
+)
 from tests.fork_runner import run_fresh, run_python
 
 pytest.importorskip("ray")
@@ -23,13 +31,27 @@ psutil = pytest.importorskip("psutil")  # Ray vendors it: ray/thirdparty_files i
 SCRIPT = "sac_continuous_ray.py"
 # Short runs that reach the update: a small batch, an early learning_starts, one learner thread.
 SMALL = ["--learning-starts", "100", "--batch-size", "32", "--torch-threads", "1", "--worker-batch-steps", "50"]
-LOSS_TAGS = ["losses/qf1_values", "losses/qf2_values", "losses/qf1_loss", "losses/qf2_loss", "losses/qf_loss",
-             "losses/actor_loss", "losses/alpha", "losses/alpha_loss"]  # fmt: skip
+LOSS_TAGS = [
+    "losses/qf1_values",
+    "losses/qf2_values",
+    "losses/qf1_loss",
+    "losses/qf2_loss",
+    "losses/qf_loss",
+    "losses/actor_loss",
+    "losses/alpha",
+    "losses/alpha_loss",
+]
 CHART_TAGS = [
-    "charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/env_steps_per_second",
-    "charts/updates_per_second", "charts/weight_staleness", "charts/weight_staleness_max", "charts/learner_busy",
+    "charts/episodic_return",
+    "charts/episodic_length",
+    "charts/SPS",
+    "charts/env_steps_per_second",
+    "charts/updates_per_second",
+    "charts/weight_staleness",
+    "charts/weight_staleness_max",
+    "charts/learner_busy",
     "charts/worker_restarts",
-]  # fmt: skip
+]
 DONE = re.compile(r"done: (\d+) env steps \((\d+) worker restarts\), (\d+) transitions in the buffer, (\d+) gradient updates")
 
 
@@ -64,17 +86,31 @@ def ray_command(*args, script: str = SCRIPT) -> list:
 
 def start_ray_run(*args, script: str = SCRIPT) -> subprocess.Popen:
     """The script in a session of its own (so that everything Ray starts for it can be found, and stopped, by id)."""
-    return subprocess.Popen(ray_command(*args, script=script), cwd=ROOT, env={**os.environ, **BASE_ENV},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        ray_command(*args, script=script),
+        cwd=ROOT,
+        env={**os.environ, **BASE_ENV},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def run_ray(*args, timeout: float = 300, script: str = SCRIPT, stop_when=None) -> subprocess.CompletedProcess:
     """run_script for runs that start Ray: a timed-out or crashed run leaves no Ray process behind."""
     started = []
     try:
-        return run_fresh(ray_command(*args, script=script), ROOT, {**os.environ, **BASE_ENV}, timeout, stop_when, started,
-                         start_new_session=True)  # fmt: skip
+        return run_fresh(
+            ray_command(*args, script=script),
+            ROOT,
+            {**os.environ, **BASE_ENV},
+            timeout,
+            stop_when,
+            started,
+            start_new_session=True,
+        )
     finally:
         if started:
             stop_session(started[0].pid)
@@ -91,9 +127,25 @@ def saved_run(tmp_path_factory):
     """One 1,000-step run on 2 workers that the tests below read and resume: checkpoints at 500 and 1,000 with the
     buffer, an evaluation every 500 steps, the final checkpoint and its evaluation."""
     runs = tmp_path_factory.mktemp("runs")
-    proc = run_ray("--env-id", "Pendulum-v1", *SMALL, "--num-rollout-workers", "2", "--total-timesteps", "1000",
-                   "--checkpoint-interval", "500", "--eval-interval", "500", "--eval-episodes", "1", "--save-model",
-                   "--save-buffer", "--runs-dir", runs)  # fmt: skip
+    proc = run_ray(
+        "--env-id",
+        "Pendulum-v1",
+        *SMALL,
+        "--num-rollout-workers",
+        "2",
+        "--total-timesteps",
+        "1000",
+        "--checkpoint-interval",
+        "500",
+        "--eval-interval",
+        "500",
+        "--eval-episodes",
+        "1",
+        "--save-model",
+        "--save-buffer",
+        "--runs-dir",
+        runs,
+    )
     assert proc.returncode == 0, proc.stderr
     return only_run_dir(runs), proc
 
@@ -114,13 +166,13 @@ def test_two_workers_reach_the_update_hold_the_utd_ratio_and_log_every_tag(saved
     assert 4 <= len(lengths) <= 5  # 1000 steps over 2 workers, 200-step episodes (5 when one worker took 600)
     assert sorted(scalars(run_dir, "eval/episodic_return")) == [500, 1000]  # the evaluator's, then the final one
     ckpt_dir = run_dir / "checkpoints"
-    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["final_0000001000.pt", "step_0000000500.pt",
-                                                          "step_0000001000.pt"]  # fmt: skip
+    assert sorted(p.name for p in ckpt_dir.iterdir()) == ["final_0000001000.pt", "step_0000000500.pt", "step_0000001000.pt"]
     ckpt = torch.load(ckpt_dir / "final_0000001000.pt", weights_only=True, map_location="cpu")
     assert ckpt["script"] == "sac_continuous_ray" and ckpt["global_step"] == 1000
     assert {"learner", "run_state", "rng_states", "args", "replay_buffers"} <= ckpt.keys()
     assert {"actor", "qf", "qf_target", "actor_optimizer", "q_optimizer", "log_alpha", "alpha_optimizer"} <= ckpt[
-        "learner"].keys()  # fmt: skip
+        "learner"
+    ].keys()
     assert ckpt["run_state"]["grad_steps"] == 901 and sum(b["size"] for b in ckpt["replay_buffers"]) == 1000
     learner = ckpt["learner"]
     assert learner["log_alpha"].item() < 0 and not torch.equal(learner["qf"]["0.0.weight"], learner["qf_target"]["0.0.weight"])
@@ -128,10 +180,32 @@ def test_two_workers_reach_the_update_hold_the_utd_ratio_and_log_every_tag(saved
 
 def test_halfcheetah_with_sharded_buffer_and_two_envs_per_worker(tmp_path):
     """MuJoCo (float64 obs, 6-d actions), 2 shards, 2 envs per worker, utd 0.5, the default batch of 256."""
-    proc = run_ray("--env-id", "HalfCheetah-v4", "--learning-starts", "300", "--torch-threads", "1",
-                   "--total-timesteps", "600", "--buffer-size", "2000", "--num-buffer-shards", "2",
-                   "--envs-per-worker", "2", "--utd-ratio", "0.5", "--worker-batch-steps", "25", "--save-model",
-                   "--save-buffer", "--eval-episodes", "1", "--runs-dir", tmp_path)  # fmt: skip
+    proc = run_ray(
+        "--env-id",
+        "HalfCheetah-v4",
+        "--learning-starts",
+        "300",
+        "--torch-threads",
+        "1",
+        "--total-timesteps",
+        "600",
+        "--buffer-size",
+        "2000",
+        "--num-buffer-shards",
+        "2",
+        "--envs-per-worker",
+        "2",
+        "--utd-ratio",
+        "0.5",
+        "--worker-batch-steps",
+        "25",
+        "--save-model",
+        "--save-buffer",
+        "--eval-episodes",
+        "1",
+        "--runs-dir",
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "settotalmass" not in proc.stderr + proc.stdout
     assert "Token authentication" not in proc.stderr  # the embedded cluster listens on 127.0.0.1 only: no token, no warning
@@ -163,8 +237,19 @@ def test_a_killed_worker_and_parameter_server_come_back_and_no_step_is_counted_t
     step count only rises. Ray restarts the server empty: the driver publishes the weights to it again, and workers
     that pull meanwhile act on with the weights they have. The run ends with exactly total_timesteps steps, all in the
     buffer once."""
-    proc = start_ray_run("--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "3000", "--checkpoint-interval", "0",
-                         "--weight-sync-interval", "100", "--runs-dir", tmp_path)  # fmt: skip
+    proc = start_ray_run(
+        "--env-id",
+        "Pendulum-v1",
+        *SMALL,
+        "--total-timesteps",
+        "3000",
+        "--checkpoint-interval",
+        "0",
+        "--weight-sync-interval",
+        "100",
+        "--runs-dir",
+        tmp_path,
+    )
     try:
         for line in proc.stdout:
             if line.startswith("ray:"):
@@ -198,8 +283,18 @@ def test_a_killed_buffer_shard_ends_the_run_with_a_checkpoint_and_one_paragraph(
     """A shard holds the only copy of its transitions and is not restarted: losing it stops the run with an
     `interrupted` checkpoint (learner and counters, no buffer), one paragraph on stderr, exit code 1, and no Ray
     process left behind."""
-    proc = start_ray_run("--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "100000", "--checkpoint-interval",
-                         "0", "--save-buffer", "--runs-dir", tmp_path)  # fmt: skip
+    proc = start_ray_run(
+        "--env-id",
+        "Pendulum-v1",
+        *SMALL,
+        "--total-timesteps",
+        "100000",
+        "--checkpoint-interval",
+        "0",
+        "--save-buffer",
+        "--runs-dir",
+        tmp_path,
+    )
     try:
         pid = actor_pid(proc.pid, "BufferShard")
         wait_for_updates(tmp_path)
@@ -227,8 +322,19 @@ def test_resume_with_buffer_continues_the_counters_and_the_curve(tmp_path, saved
         later.unlink()
     ckpt_path = run_dir / "checkpoints" / "step_0000000500.pt"
     saved = torch.load(ckpt_path, weights_only=True)
-    proc = run_ray("--resume", ckpt_path, "--total-timesteps", "1100", "--num-rollout-workers", "1",
-                   "--torch-threads", "1", "--save-model", "--eval-episodes", "1")  # fmt: skip
+    proc = run_ray(
+        "--resume",
+        ckpt_path,
+        "--total-timesteps",
+        "1100",
+        "--num-rollout-workers",
+        "1",
+        "--torch-threads",
+        "1",
+        "--save-model",
+        "--eval-episodes",
+        "1",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "resumed from" in proc.stdout and "buffer starts empty" not in proc.stderr
     assert "ray: 1 rollout workers" in proc.stdout  # the cluster layout may change on resume
@@ -328,8 +434,18 @@ def test_ctrl_c_saves_shuts_ray_down_and_resumes_with_the_learner_paused(tmp_pat
     """SIGINT to the whole process group, as a terminal's Ctrl-C: the driver saves and exits 130, no Ray process is
     left behind, and the checkpoint resumes. The resumed run has --pause-learner (a flag a resume may change): it only
     collects, with no gradient update. (One test for both: each Ray start costs the suite tens of seconds.)"""
-    proc = start_ray_run("--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "10000000", "--checkpoint-interval", "0",
-                         "--save-buffer", "--runs-dir", tmp_path)  # fmt: skip
+    proc = start_ray_run(
+        "--env-id",
+        "Pendulum-v1",
+        *SMALL,
+        "--total-timesteps",
+        "10000000",
+        "--checkpoint-interval",
+        "0",
+        "--save-buffer",
+        "--runs-dir",
+        tmp_path,
+    )
     try:
         deadline = time.time() + 120
         while time.time() < deadline:  # wait until a few updates have been logged

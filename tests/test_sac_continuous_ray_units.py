@@ -185,7 +185,11 @@ def test_updates_owed_follow_the_schedule_and_async_owes_one_at_a_time():
     assert sr.updates_owed(s, 1.0, total=1000) == 200 + 501 - 600
     # utd 0 (asynchronous): one at a time, from updates_start on and while env steps are still being collected
     assert [sr.updates_owed(sr.LoopState(global_step=g, updates_start=100), 0.0, 1000) for g in (99, 100, 999, 1000)] == [
-        0, 1, 1, 0]  # fmt: skip
+        0,
+        1,
+        1,
+        0,
+    ]
 
 
 def test_shard_states_save_every_shard_only_with_save_buffer():
@@ -259,8 +263,11 @@ def test_more_workers_than_the_cluster_has_cpus_is_refused_at_once(monkeypatch):
     """Each rollout worker takes one CPU: on a cluster with fewer, the extra workers would wait forever for a CPU. A
     fake ray module stands for a cluster of 3 CPUs (the check needs nothing else from Ray)."""
     calls = []
-    fake = types.SimpleNamespace(init=lambda **kw: calls.append("init"), shutdown=lambda: calls.append("shutdown"),
-                                 cluster_resources=lambda: {"CPU": 3.0})  # fmt: skip
+    fake = types.SimpleNamespace(
+        init=lambda **kw: calls.append("init"),
+        shutdown=lambda: calls.append("shutdown"),
+        cluster_resources=lambda: {"CPU": 3.0},
+    )
     monkeypatch.setitem(sys.modules, "ray", fake)
     monkeypatch.setattr(sr.socket, "create_connection", lambda *a, **k: types.SimpleNamespace(close=lambda: None))
     assert sr.connect_ray("10.0.0.1:6379", 3) is fake  # fits

@@ -20,8 +20,14 @@ from tests.conftest import run_script
 
 def make_learner(obs_dim=3, act_dim=2, low=-2.0, high=2.0, **overrides) -> sac.Learner:
     torch.manual_seed(0)
-    return sac.Learner(obs_dim, act_dim, np.full(act_dim, low, np.float32), np.full(act_dim, high, np.float32),
-                       sac.Args(**overrides), torch.device("cpu"))  # fmt: skip
+    return sac.Learner(
+        obs_dim,
+        act_dim,
+        np.full(act_dim, low, np.float32),
+        np.full(act_dim, high, np.float32),
+        sac.Args(**overrides),
+        torch.device("cpu"),
+    )
 
 
 def flat(module) -> torch.Tensor:
@@ -76,7 +82,9 @@ def test_actor_log_std_is_bounded_smoothly():
         actor.net[-1].bias.copy_(torch.tensor([0.0, 0.0, 0.0, -100.0, 0.0, 100.0]))  # 3 means, then 3 raw log-stds
     mean, log_std = actor(torch.zeros(1, 2))
     assert mean.abs().max() == 0
-    torch.testing.assert_close(log_std[0], torch.tensor([sac.LOG_STD_MIN, (sac.LOG_STD_MIN + sac.LOG_STD_MAX) / 2, sac.LOG_STD_MAX]))
+    torch.testing.assert_close(
+        log_std[0], torch.tensor([sac.LOG_STD_MIN, (sac.LOG_STD_MIN + sac.LOG_STD_MAX) / 2, sac.LOG_STD_MAX])
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -126,8 +134,13 @@ def test_policy_from_a_checkpoint_is_the_saved_actor_and_evaluates_deterministic
     """policy_from_checkpoint (what tools/agent.py loads) rebuilds the learner's actor with the env's bounds, and
     evaluate plays the same returns with it as with the learner's own actor: seeded, deterministic episodes."""
     learner = make_learner(obs_dim=3, act_dim=1)
-    ckpt = {"script": sac.SCRIPT_NAME, "args": {"env_id": "Pendulum-v1"}, "obs_shape": [3], "act_shape": [1],
-            "learner": learner.state_dict()}  # fmt: skip
+    ckpt = {
+        "script": sac.SCRIPT_NAME,
+        "args": {"env_id": "Pendulum-v1"},
+        "obs_shape": [3],
+        "act_shape": [1],
+        "learner": learner.state_dict(),
+    }
     policy = sac.policy_from_checkpoint(ckpt)
     assert set(policy.state_dict()) == {f"actor.{k}" for k in learner.actor.state_dict()} | {"scale", "bias"}
     live = sac.Policy(learner.actor, np.full(1, -2.0, np.float32), np.full(1, 2.0, np.float32))  # Pendulum's bounds
@@ -165,9 +178,13 @@ def test_soft_update_is_polyak_averaging():
 
 def random_batch(n=16, obs_dim=3, act_dim=2) -> dict:
     g = torch.Generator().manual_seed(1)
-    return {"obs": torch.randn(n, obs_dim, generator=g), "next_obs": torch.randn(n, obs_dim, generator=g),
-            "actions": torch.rand(n, act_dim, generator=g) * 4 - 2, "rewards": torch.randn(n, generator=g),
-            "terminated": (torch.rand(n, generator=g) < 0.3).float()}  # fmt: skip
+    return {
+        "obs": torch.randn(n, obs_dim, generator=g),
+        "next_obs": torch.randn(n, obs_dim, generator=g),
+        "actions": torch.rand(n, act_dim, generator=g) * 4 - 2,
+        "rewards": torch.randn(n, generator=g),
+        "terminated": (torch.rand(n, generator=g) < 0.3).float(),
+    }
 
 
 def test_critic_update_regresses_on_the_soft_bellman_target():
@@ -383,9 +400,28 @@ def test_gradient_step_runs_the_delayed_schedule(monkeypatch):
         calls.append(step)
         _, actor_metrics = sac.gradient_step(learner, batch, step, args)
         actor_sums.append(actor_metrics)
-    assert calls == [1, "critic_update", 2, "critic_update", "actor_update", "actor_update", 3, "critic_update",
-                     "soft_update", 4, "critic_update", "actor_update", "actor_update", 5, "critic_update", 6,
-                     "critic_update", "actor_update", "actor_update", "soft_update"]  # fmt: skip
+    assert calls == [
+        1,
+        "critic_update",
+        2,
+        "critic_update",
+        "actor_update",
+        "actor_update",
+        3,
+        "critic_update",
+        "soft_update",
+        4,
+        "critic_update",
+        "actor_update",
+        "actor_update",
+        5,
+        "critic_update",
+        6,
+        "critic_update",
+        "actor_update",
+        "actor_update",
+        "soft_update",
+    ]
     assert [m is None for m in actor_sums] == [True, False, True, False, True, False]
     assert actor_sums[1].shape == (3,) and actor_sums[1][1].item() < 2.0  # alpha summed over 2 updates, below 1 each
 
@@ -428,8 +464,9 @@ def test_speed_setup_flushes_denormals_in_every_torch_thread_and_adam():
     thread, Adam's decaying first moment included; called after it, the threads already running keep denormals."""
 
     def run(mode: str) -> list:
-        out = subprocess.run([sys.executable, "-c", FLUSH, mode], capture_output=True, text=True, check=True,
-                             cwd=str(Path(sac.__file__).parent))  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", FLUSH, mode], capture_output=True, text=True, check=True, cwd=str(Path(sac.__file__).parent)
+        )
         return out.stdout.split()
 
     if not torch.set_flush_denormal(True):
@@ -445,9 +482,14 @@ def test_speed_setup_flushes_denormals_in_every_torch_thread_and_adam():
 def test_a_replay_buffer_the_machine_cannot_hold_is_refused_before_anything_starts(tmp_path, monkeypatch):
     """numpy allocates the buffer lazily: without the check, --buffer-size 10^11 (3.6 TB on Pendulum) would start and
     be killed hours later as it fills. --save-buffer also needs the disk for it (two copies while a save runs)."""
-    proc = run_script("sac_continuous.py", "--env-id", "Pendulum-v1", "--buffer-size", 10**11, "--runs-dir",
-                      tmp_path / "runs", timeout=120)  # fmt: skip
-    assert proc.returncode == 2 and "--buffer-size 100,000,000,000: the replay buffer needs" in proc.stderr and "at most" in proc.stderr
+    proc = run_script(
+        "sac_continuous.py", "--env-id", "Pendulum-v1", "--buffer-size", 10**11, "--runs-dir", tmp_path / "runs", timeout=120
+    )
+    assert (
+        proc.returncode == 2
+        and "--buffer-size 100,000,000,000: the replay buffer needs" in proc.stderr
+        and "at most" in proc.stderr
+    )
     assert not (tmp_path / "runs").exists()  # refused before the run folder is made
     args = sac.Args(buffer_size=1_000_000, save_buffer=True, runs_dir=str(tmp_path))  # 36 MB of rows on Pendulum
     sac.check_buffer_fits(args, (3,), (1,))  # fits

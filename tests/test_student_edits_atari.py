@@ -17,12 +17,12 @@ TRUNK = """        self.network = nn.Sequential(
             layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
             layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
             nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU(),
-        )  # fmt: skip
+        )
 """
 FIRST_CONV = "layer_init(nn.Conv2d(4, 32, 8, stride=4)), "
 AGENT = "class Agent(nn.Module):\n"
 # a trunk that subclasses nn.Sequential with a forward of its own: it adds a learned offset (0.5 at the start)
-SEQUENTIAL_SUBCLASS = '''class Trunk(nn.Sequential):
+SEQUENTIAL_SUBCLASS = """class Trunk(nn.Sequential):
     def __init__(self, *layers):
         super().__init__(*layers)
         self.offset = nn.Parameter(torch.full((512,), 0.5))
@@ -31,9 +31,9 @@ SEQUENTIAL_SUBCLASS = '''class Trunk(nn.Sequential):
         return super().forward(x) + self.offset
 
 
-'''
+"""
 # a trunk that is not a Sequential; a view() to flatten needs contiguous memory (channels-last is not)
-CUSTOM_TRUNK = '''class Trunk(nn.Module):
+CUSTOM_TRUNK = """class Trunk(nn.Module):
     def __init__(self):
         super().__init__()
         self.convs = nn.ModuleList([layer_init(nn.Conv2d(4, 32, 8, stride=4)), layer_init(nn.Conv2d(32, 64, 4, stride=2)),
@@ -46,7 +46,7 @@ CUSTOM_TRUNK = '''class Trunk(nn.Module):
         return torch.relu(self.hidden(FLATTEN))
 
 
-'''
+"""
 LOSS = "loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss"
 ZERO_GRAD = "optimizer.zero_grad()"
 
@@ -60,8 +60,10 @@ WORKING_EDITS = {
     "unedited": [],
     "activation Tanh": [(TRUNK, TRUNK.replace("nn.ReLU()", "nn.Tanh()"))],
     "channels 32 -> 16": [(TRUNK, TRUNK.replace("Conv2d(4, 32", "Conv2d(4, 16").replace("Conv2d(32, 64", "Conv2d(16, 64"))],
-    "Sequential subclass with its own forward": [(AGENT, SEQUENTIAL_SUBCLASS + AGENT),
-                                                 (TRUNK, TRUNK.replace("nn.Sequential(", "Trunk("))],  # fmt: skip
+    "Sequential subclass with its own forward": [
+        (AGENT, SEQUENTIAL_SUBCLASS + AGENT),
+        (TRUNK, TRUNK.replace("nn.Sequential(", "Trunk(")),
+    ],
     "custom module trunk": trunk_class(CUSTOM_TRUNK, "torch.flatten(x, 1)"),
     "BatchNorm2d": [(TRUNK, TRUNK.replace(FIRST_CONV, FIRST_CONV + "nn.BatchNorm2d(32), "))],
     "zero_grad(set_to_none=False)": [(ZERO_GRAD, "optimizer.zero_grad(set_to_none=False)")],
@@ -150,8 +152,11 @@ def test_the_unedited_zero_grad_sets_the_gradients_to_none(script, tmp_path):
     student = import_copy(path)
     assert path.read_text().count(f"{ZERO_GRAD}\n") == 1  # main()'s call, without arguments
     agent = student.Agent(NUM_ACTIONS)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5) if script == "ppo_atari.py" else (
-        student.RMSpropTF(agent.parameters(), lr=7e-4, alpha=0.99, eps=1e-5))  # fmt: skip
+    optimizer = (
+        torch.optim.Adam(agent.parameters(), lr=2.5e-4, eps=1e-5)
+        if script == "ppo_atari.py"
+        else (student.RMSpropTF(agent.parameters(), lr=7e-4, alpha=0.99, eps=1e-5))
+    )
     _, logprob, _, value = agent.get_action_and_value(torch.randint(0, 256, (8, *OBS_SHAPE), dtype=torch.uint8))
     (logprob.sum() + value.sum()).backward()
     optimizer.step()

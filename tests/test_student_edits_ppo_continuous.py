@@ -29,8 +29,10 @@ DIST = "        return Independent(Normal(self.actor_mean(x), self.actor_logstd.
 
 def state_std(bias: float) -> list:
     """The std as a second head, a function of the state, its log started at `bias`."""
-    head = ("        self.actor_logstd = nn.Sequential(layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(),\n"
-            f"                                          layer_init(nn.Linear(64, act_dim), std=0.01, bias_const={bias}))\n")
+    head = (
+        "        self.actor_logstd = nn.Sequential(layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(),\n"
+        f"                                          layer_init(nn.Linear(64, act_dim), std=0.01, bias_const={bias}))\n"
+    )
     return [(LOGSTD, head), (DIST, DIST.replace("self.actor_logstd.exp()", "self.actor_logstd(x).exp()"))]
 
 
@@ -38,9 +40,14 @@ def state_std(bias: float) -> list:
 STATE_STD = state_std(-1.0)
 # a tanh-squashed Gaussian scaled to Pendulum's bounds (+-2); torch's TransformedDistribution adds the log-prob
 # correction log|d a / d u| = log(2 (1 - tanh(u)^2)) itself
-SQUASHED = [(DIST, "        base = Independent(Normal(self.actor_mean(x), self.actor_logstd.exp(), validate_args=False), 1)\n"
-                   "        squash = [torch.distributions.TanhTransform(cache_size=1), torch.distributions.AffineTransform(0.0, 2.0)]\n"
-                   "        return torch.distributions.TransformedDistribution(base, squash)\n")]  # fmt: skip
+SQUASHED = [
+    (
+        DIST,
+        "        base = Independent(Normal(self.actor_mean(x), self.actor_logstd.exp(), validate_args=False), 1)\n"
+        "        squash = [torch.distributions.TanhTransform(cache_size=1), torch.distributions.AffineTransform(0.0, 2.0)]\n"
+        "        return torch.distributions.TransformedDistribution(base, squash)\n",
+    )
+]
 
 # edit -> (old, new) replacements; each must leave the script correct
 WORKING_EDITS = {
@@ -57,17 +64,39 @@ WORKING_EDITS = {
 }
 # edit -> (replacements, what the message must name); each must stop the run before any update
 STOPPING_EDITS = {
-    "first layer widened alone": ([(ACTOR, ACTOR.replace("Linear(obs_dim, 64)", "Linear(obs_dim, 128)"))],
-                                  ("Agent", "input size")),  # fmt: skip
+    "first layer widened alone": (
+        [(ACTOR, ACTOR.replace("Linear(obs_dim, 64)", "Linear(obs_dim, 128)"))],
+        ("Agent", "input size"),
+    ),
     "action size hard-coded": ([(ACTOR, ACTOR.replace("Linear(64, act_dim)", "Linear(64, 2)"))], ("Agent", "act_dim")),
 }
 
 OBS_DIM, ACT_DIM = 17, 6  # HalfCheetah's sizes for the in-process check; the real run is Pendulum's (3, 1)
 # one iteration of 64 steps: 2 epochs x 2 minibatches = 4 Adam steps, then a checkpoint of the updated agent
 LR, ADAM_STEPS = 3e-4, 4
-ONE_UPDATE = ["--env-id", "Pendulum-v1", "--num-envs", 1, "--num-steps", 64, "--num-minibatches", 2,
-              "--update-epochs", 2, "--total-timesteps", 64, "--checkpoint-interval", 64, "--learning-rate", LR,
-              "--seed", 1, "--torch-threads", 1, "--no-progress"]  # fmt: skip
+ONE_UPDATE = [
+    "--env-id",
+    "Pendulum-v1",
+    "--num-envs",
+    1,
+    "--num-steps",
+    64,
+    "--num-minibatches",
+    2,
+    "--update-epochs",
+    2,
+    "--total-timesteps",
+    64,
+    "--checkpoint-interval",
+    64,
+    "--learning-rate",
+    LR,
+    "--seed",
+    1,
+    "--torch-threads",
+    1,
+    "--no-progress",
+]
 
 
 def rollout_samples(script, monkeypatch, tmp_path, steps: int = 512) -> tuple:
@@ -84,11 +113,36 @@ def rollout_samples(script, monkeypatch, tmp_path, steps: int = 512) -> tuple:
 
     real_reset = script.gym.vector.SyncVectorEnv.reset
     monkeypatch.setattr(script.gym.vector.SyncVectorEnv, "step", recording_step)
-    monkeypatch.setattr(script.gym.vector.SyncVectorEnv, "reset",
-                        lambda envs, **kw: (lambda out: (seen.append(out[0].copy()), out)[1])(real_reset(envs, **kw)))  # fmt: skip
-    main_in_process(script, ["--env-id", "Pendulum-v1", "--num-steps", steps, "--num-minibatches", 2, "--update-epochs",
-                             1, "--total-timesteps", steps, "--no-norm-obs", "--no-norm-reward", "--torch-threads", 1,
-                             "--runs-dir", tmp_path, "--checkpoint-interval", 0, "--no-progress"], monkeypatch)  # fmt: skip
+    monkeypatch.setattr(
+        script.gym.vector.SyncVectorEnv,
+        "reset",
+        lambda envs, **kw: (lambda out: (seen.append(out[0].copy()), out)[1])(real_reset(envs, **kw)),
+    )
+    main_in_process(
+        script,
+        [
+            "--env-id",
+            "Pendulum-v1",
+            "--num-steps",
+            steps,
+            "--num-minibatches",
+            2,
+            "--update-epochs",
+            1,
+            "--total-timesteps",
+            steps,
+            "--no-norm-obs",
+            "--no-norm-reward",
+            "--torch-threads",
+            1,
+            "--runs-dir",
+            tmp_path,
+            "--checkpoint-interval",
+            0,
+            "--no-progress",
+        ],
+        monkeypatch,
+    )
     return np.concatenate(seen[:steps]).astype(np.float32), np.concatenate(chosen)
 
 
@@ -103,12 +157,13 @@ def test_rollout_samples_the_edited_policy(edit, tmp_path, monkeypatch):
     agent = script.Agent(3, 1)
     with torch.no_grad():
         dist = agent.distribution(torch.from_numpy(obs))
-        inside = (np.abs(actions[:, 0]) < 2.0)  # Pendulum clips to +-2; a clipped action has no density to compare
+        inside = np.abs(actions[:, 0]) < 2.0  # Pendulum clips to +-2; a clipped action has no density to compare
         taken = dist.log_prob(torch.from_numpy(np.clip(actions, -1.999, 1.999)))[torch.from_numpy(inside)].mean()
         fresh = torch.stack([dist.log_prob(dist.sample()) for _ in range(20)])  # (20, steps)
         fresh = fresh[(fresh.isfinite()) & (dist.sample().abs()[..., 0] < 2.0).expand(20, -1)].mean()
-    assert abs(float(taken) - float(fresh)) < 0.15, f"{edit}: log-likelihood of the rollout's actions {taken:.3f}, " \
-        f"of the policy's own samples {fresh:.3f}"  # fmt: skip
+    assert abs(float(taken) - float(fresh)) < 0.15, (
+        f"{edit}: log-likelihood of the rollout's actions {taken:.3f}, of the policy's own samples {fresh:.3f}"
+    )
 
 
 @pytest.mark.parametrize("edit", WORKING_EDITS)
@@ -143,8 +198,12 @@ def test_edit_that_cannot_run_stops_with_a_message(edit, tmp_path):
 
 # The learning runs: the state-dependent std starts at std 1, as the unedited policy (started at e^-1 it explores less:
 # -552 best 10 episodes by 102,400 steps, seed 1, against -117 started at 1)
-LEARNING_EDITS = {"activation ReLU": WORKING_EDITS["activation ReLU"], "width 128": WORKING_EDITS["width 128"],
-                  "state-dependent std": state_std(0.0), "tanh-squashed Gaussian": SQUASHED}  # fmt: skip
+LEARNING_EDITS = {
+    "activation ReLU": WORKING_EDITS["activation ReLU"],
+    "width 128": WORKING_EDITS["width 128"],
+    "state-dependent std": state_std(0.0),
+    "tanh-squashed Gaussian": SQUASHED,
+}
 
 
 @pytest.mark.slow
@@ -153,7 +212,8 @@ def test_edited_copy_learns_pendulum(edit, tmp_path):
     """The unedited script's Pendulum run and threshold (tests/test_ppo_continuous_learning.py). Measured (seed 1):
     -300 reached at 50,400 steps (ReLU) and 65,600 (width 128), the unedited copy at 59,200."""
     path = copy_alone(SCRIPT, tmp_path / "student", LEARNING_EDITS[edit])
-    proc = run_copy(path, *PENDULUM_RUN, "--runs-dir", tmp_path / "runs", timeout=600,
-                    stop_when=reached_return(tmp_path / "runs", -300))  # fmt: skip
+    proc = run_copy(
+        path, *PENDULUM_RUN, "--runs-dir", tmp_path / "runs", timeout=600, stop_when=reached_return(tmp_path / "runs", -300)
+    )
     assert proc.returncode == 0, proc.stderr
     assert best_last10(tmp_path / "runs") >= -300

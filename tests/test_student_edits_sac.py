@@ -20,16 +20,20 @@ CRITIC = """    return nn.Sequential(
         nn.Linear(obs_dim + act_dim, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 1)
     )"""
 # SimBa / BRO-style: a LayerNorm after each hidden layer of the critic (learnable scale and shift: more parameters)
-CRITIC_LAYERNORM = CRITIC.replace("nn.Linear(obs_dim + act_dim, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU()",
-                                  "nn.Linear(obs_dim + act_dim, HIDDEN), nn.LayerNorm(HIDDEN), nn.ReLU(), "
-                                  "nn.Linear(HIDDEN, HIDDEN), nn.LayerNorm(HIDDEN), nn.ReLU()")  # fmt: skip
+CRITIC_LAYERNORM = CRITIC.replace(
+    "nn.Linear(obs_dim + act_dim, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU()",
+    "nn.Linear(obs_dim + act_dim, HIDDEN), nn.LayerNorm(HIDDEN), nn.ReLU(), "
+    "nn.Linear(HIDDEN, HIDDEN), nn.LayerNorm(HIDDEN), nn.ReLU()",
+)
 Q_ZERO_GRAD, ACTOR_ZERO_GRAD = "learner.q_optimizer.zero_grad()", "learner.actor_optimizer.zero_grad()"
 LOSS = "actor_loss = (alpha * log_prob - q).mean()"
 
 
 def zero_grad(form: str) -> list:
-    return [(Q_ZERO_GRAD, f"learner.q_optimizer.zero_grad({form})"),
-            (ACTOR_ZERO_GRAD, f"learner.actor_optimizer.zero_grad({form})")]  # fmt: skip
+    return [
+        (Q_ZERO_GRAD, f"learner.q_optimizer.zero_grad({form})"),
+        (ACTOR_ZERO_GRAD, f"learner.actor_optimizer.zero_grad({form})"),
+    ]
 
 
 # edit -> (old, new) replacements; each must leave the script correct
@@ -38,7 +42,9 @@ WORKING_EDITS = {
     "activation Tanh": [(ACTOR, ACTOR.replace("nn.ReLU()", "nn.Tanh()"))],
     "hidden size 64": [("HIDDEN = 256", "HIDDEN = 64")],
     "one more hidden layer": [(ACTOR, ACTOR.replace(LAST, "nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), " + LAST))],
-    "LayerNorm": [(ACTOR, ACTOR.replace("nn.Linear(obs_dim, HIDDEN), ", "nn.Linear(obs_dim, HIDDEN), nn.LayerNorm(HIDDEN), "))],
+    "LayerNorm": [
+        (ACTOR, ACTOR.replace("nn.Linear(obs_dim, HIDDEN), ", "nn.Linear(obs_dim, HIDDEN), nn.LayerNorm(HIDDEN), "))
+    ],
     "critic LayerNorm": [(CRITIC, CRITIC_LAYERNORM)],
     "zero_grad(set_to_none=True)": zero_grad("set_to_none=True"),
     "zero_grad(set_to_none=False)": zero_grad("set_to_none=False"),
@@ -46,19 +52,38 @@ WORKING_EDITS = {
 }
 # edit -> (replacements, what the message must name); each must stop the run before any update
 STOPPING_EDITS = {
-    "first layer widened alone": ([(ACTOR, ACTOR.replace("nn.Linear(obs_dim, HIDDEN)", "nn.Linear(obs_dim, 128)"))],
-                                  ("Actor", "input size")),  # fmt: skip
+    "first layer widened alone": (
+        [(ACTOR, ACTOR.replace("nn.Linear(obs_dim, HIDDEN)", "nn.Linear(obs_dim, 128)"))],
+        ("Actor", "input size"),
+    ),
     "output size hard-coded": ([(ACTOR, ACTOR.replace(LAST, "nn.Linear(HIDDEN, 4)"))], ("Actor", "2 * act_dim = 2")),
-    "critic without the action": ([(CRITIC, CRITIC.replace("obs_dim + act_dim", "obs_dim"))],
-                                  ("q_network", "obs_dim + act_dim = 4")),  # fmt: skip
+    "critic without the action": (
+        [(CRITIC, CRITIC.replace("obs_dim + act_dim", "obs_dim"))],
+        ("q_network", "obs_dim + act_dim = 4"),
+    ),
 }
 
 OBS_DIM, ACT_DIM = 17, 6  # HalfCheetah's sizes for the in-process check; the real run is Pendulum's (3, 1)
 LRS = {"actor": 3e-4, "qf": 1e-3, "qf_target": 1e-3}  # --policy-lr, --q-lr (the targets follow the critics)
 # 200 steps, updates from step 100 on: 101 gradient steps and 100 actor updates, then a checkpoint at step 200
 STEPS = 101
-SHORT_RUN = ["--env-id", "Pendulum-v1", "--total-timesteps", 200, "--learning-starts", 100, "--batch-size", 32,
-             "--checkpoint-interval", 200, "--seed", 1, "--torch-threads", 1, "--no-progress"]  # fmt: skip
+SHORT_RUN = [
+    "--env-id",
+    "Pendulum-v1",
+    "--total-timesteps",
+    200,
+    "--learning-starts",
+    100,
+    "--batch-size",
+    32,
+    "--checkpoint-interval",
+    200,
+    "--seed",
+    1,
+    "--torch-threads",
+    1,
+    "--no-progress",
+]
 
 
 def trained_like(actor: torch.nn.Module) -> None:
@@ -136,8 +161,14 @@ def test_edit_that_cannot_run_stops_with_a_message(edit, tmp_path):
     assert not list((tmp_path / "runs").rglob("*.pt")), "no update may run"
 
 
-RAY_EDITS = ["unedited", "activation Tanh", "LayerNorm", "critic LayerNorm", "zero_grad(set_to_none=True)",
-             "zero_grad(set_to_none=False)"]  # fmt: skip
+RAY_EDITS = [
+    "unedited",
+    "activation Tanh",
+    "LayerNorm",
+    "critic LayerNorm",
+    "zero_grad(set_to_none=True)",
+    "zero_grad(set_to_none=False)",
+]
 
 
 @pytest.mark.parametrize("edit", RAY_EDITS)
@@ -175,9 +206,13 @@ def test_critic_layernorm_trains_and_each_critic_is_called_on_its_own(tmp_path):
     assert sum(isinstance(m, torch.nn.LayerNorm) for m in learner.qf.modules()) == 4  # 2 per critic
     g = torch.Generator().manual_seed(3)
     for step in range(1, 5):
-        batch = {"obs": torch.randn(32, OBS_DIM, generator=g), "next_obs": torch.randn(32, OBS_DIM, generator=g),
-                 "actions": torch.rand(32, ACT_DIM, generator=g) * 2 - 1, "rewards": torch.randn(32, generator=g),
-                 "terminated": torch.zeros(32)}  # fmt: skip
+        batch = {
+            "obs": torch.randn(32, OBS_DIM, generator=g),
+            "next_obs": torch.randn(32, OBS_DIM, generator=g),
+            "actions": torch.rand(32, ACT_DIM, generator=g) * 2 - 1,
+            "rewards": torch.randn(32, generator=g),
+            "terminated": torch.zeros(32),
+        }
         script.gradient_step(learner, batch, step, script.Args())
     trained = {network: getattr(learner, network).state_dict() for network in LRS} | {"log_alpha": learner.log_alpha}
     assert_every_tensor_moved("critic LayerNorm", trained, initial, 4)  # the LayerNorms' weights and biases too
@@ -193,7 +228,8 @@ def test_critic_layernorm_trains_and_each_critic_is_called_on_its_own(tmp_path):
 def test_edited_copy_learns_pendulum(edit, tmp_path):
     """The unedited script's Pendulum recipe and threshold (tests/test_sac_continuous_learning.py)."""
     path = copy_alone(SCRIPT, tmp_path / "student", WORKING_EDITS[edit])
-    proc = run_copy(path, *PENDULUM_RUN, "--runs-dir", tmp_path / "runs", timeout=600,
-                    stop_when=reached_return(tmp_path / "runs", -300))  # fmt: skip
+    proc = run_copy(
+        path, *PENDULUM_RUN, "--runs-dir", tmp_path / "runs", timeout=600, stop_when=reached_return(tmp_path / "runs", -300)
+    )
     assert proc.returncode == 0, proc.stderr
     assert best_last10(tmp_path / "runs") >= -300

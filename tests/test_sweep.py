@@ -22,8 +22,18 @@ from tests.conftest import BASE_ENV, ROOT, assert_clean_error, scalars
 from tools.sweep import concurrency, expand_grid, flag_args, parse_grid
 
 SWEEP = str(ROOT / "tools" / "sweep.py")
-TINY = ["--total-timesteps", "256", "--num-steps", "64", "--num-minibatches", "2", "--eval-interval", "128",
-        "--eval-episodes", "1"]  # fmt: skip
+TINY = [
+    "--total-timesteps",
+    "256",
+    "--num-steps",
+    "64",
+    "--num-minibatches",
+    "2",
+    "--eval-interval",
+    "128",
+    "--eval-episodes",
+    "1",
+]
 
 
 def sweep_env(**extra) -> dict:
@@ -31,9 +41,16 @@ def sweep_env(**extra) -> dict:
 
 
 def start_sweep(*args, env: dict = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, SWEEP, *map(str, args)], cwd=ROOT, env=env or sweep_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, SWEEP, *map(str, args)],
+        cwd=ROOT,
+        env=env or sweep_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple:
@@ -81,13 +98,23 @@ def run_dir_of(trial: Path) -> Path:
 def test_grid_is_every_script_env_value_and_seed_with_threads_equal_to_cpus_per_trial(tmp_path):
     grid = parse_grid(["learning_rate=3e-4,1e-3", "--norm-adv=true,false,true"])
     assert grid == {"learning-rate": ["3e-4", "1e-3"], "norm-adv": ["true", "false"]}  # names as flags, no repeats
-    trials = expand_grid(["ppo_continuous.py"], ["Pendulum-v1", "Hopper-v4"], [1, 2], grid, ["--total-timesteps", "9"],
-                         cpus_per_trial=3, bool_flags={"ppo_continuous.py": ["norm-adv"]})  # fmt: skip
+    trials = expand_grid(
+        ["ppo_continuous.py"],
+        ["Pendulum-v1", "Hopper-v4"],
+        [1, 2],
+        grid,
+        ["--total-timesteps", "9"],
+        cpus_per_trial=3,
+        bool_flags={"ppo_continuous.py": ["norm-adv"]},
+    )
     assert len(trials) == 2 * 2 * 2 * 2 and len({t.id for t in trials}) == 16
     assert {(t.env_id, t.seed, tuple(map(tuple, t.flags))) for t in trials} == {
         (env, seed, (("learning-rate", lr), ("norm-adv", adv)))
-        for env in ("Pendulum-v1", "Hopper-v4") for seed in (1, 2) for lr in ("3e-4", "1e-3") for adv in ("true", "false")
-    }  # fmt: skip
+        for env in ("Pendulum-v1", "Hopper-v4")
+        for seed in (1, 2)
+        for lr in ("3e-4", "1e-3")
+        for adv in ("true", "false")
+    }
     cmd = trials[3].command(tmp_path / "t")  # script, env, grid point, seed: the innermost loop is the seed
     assert cmd[cmd.index("--torch-threads") + 1] == "3" and cmd[cmd.index("--runs-dir") + 1] == str(tmp_path / "t" / "runs")
     assert cmd[cmd.index("--seed") + 1] == "2" and cmd[-3:] == ["--learning-rate", "3e-4", "--no-norm-adv"]
@@ -139,9 +166,27 @@ def test_a_tiny_sweep_summarizes_each_trials_own_scalars_and_marks_a_failing_tri
     each combination) but the script refuses it at start: those trials fail with their log's last lines, the
     others finish; the JSON and the table hold the numbers each trial's TensorBoard files hold."""
     out = tmp_path / "sweep"
-    proc = run_sweep("--out", out, "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--seeds", "1", "2",
-                     "--grid", "num_steps=64,96", "--grid", "num_minibatches=2,3", "--score-range", "Pendulum-v1=-1600:0",
-                     "--report-interval", "1", "--", *TINY)  # fmt: skip
+    proc = run_sweep(
+        "--out",
+        out,
+        "--script",
+        "ppo_continuous.py",
+        "--env-id",
+        "Pendulum-v1",
+        "--seeds",
+        "1",
+        "2",
+        "--grid",
+        "num_steps=64,96",
+        "--grid",
+        "num_minibatches=2,3",
+        "--score-range",
+        "Pendulum-v1=-1600:0",
+        "--report-interval",
+        "1",
+        "--",
+        *TINY,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr  # some trials failed
     summary = json.loads((out / "summary.json").read_text())
     trials = {t["id"]: t for t in summary["trials"]}
@@ -190,11 +235,33 @@ def test_the_benchmark_harness_runs_its_seeds_as_a_sweep_and_resumes_it(tmp_path
     <out>_runs/sweep/ (--torch-threads N given to the harness becomes --cpus-per-trial N), its JSON reads each trial's
     run folder; run again, it resumes that sweep and reruns nothing (the same run folders, unchanged)."""
     out = tmp_path / "bench" / "pendulum"
-    command = [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--script", "ppo_continuous.py", "--env-id",
-               "Pendulum-v1", "--seeds", "1", "2", "--total-timesteps", "256", "--out", str(out), "--parallel", "2", "--",
-               "--num-steps", "64", "--num-minibatches", "2", "--torch-threads", "1"]  # fmt: skip
-    proc = subprocess.run(command, cwd=ROOT, env=sweep_env(), capture_output=True, text=True, timeout=600,
-                          stdin=subprocess.DEVNULL)  # fmt: skip
+    command = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "run.py"),
+        "--script",
+        "ppo_continuous.py",
+        "--env-id",
+        "Pendulum-v1",
+        "--seeds",
+        "1",
+        "2",
+        "--total-timesteps",
+        "256",
+        "--out",
+        str(out),
+        "--parallel",
+        "2",
+        "--",
+        "--num-steps",
+        "64",
+        "--num-minibatches",
+        "2",
+        "--torch-threads",
+        "1",
+    ]
+    proc = subprocess.run(
+        command, cwd=ROOT, env=sweep_env(), capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "--cpus-per-trial 1" in proc.stdout and "[sweep] 2/2 done" in proc.stdout
     report = json.loads(out.with_suffix(".json").read_text())
@@ -206,8 +273,9 @@ def test_the_benchmark_harness_runs_its_seeds_as_a_sweep_and_resumes_it(tmp_path
         assert entry["last100_mean"] == pytest.approx(np.mean(list(scalars(run_dir, "charts/episodic_return").values())))
         assert (out.parent / entry["log"]).read_text().startswith("$ ")  # the trial's own log (its command first), linked
     before = {p: p.stat().st_mtime_ns for p in sweep.rglob("events.out.*")}
-    again = subprocess.run(command, cwd=ROOT, env=sweep_env(), capture_output=True, text=True, timeout=600,
-                           stdin=subprocess.DEVNULL)  # fmt: skip
+    again = subprocess.run(
+        command, cwd=ROOT, env=sweep_env(), capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL
+    )
     assert again.returncode == 0 and "--resume" in again.stdout, again.stdout + again.stderr
     assert {p: p.stat().st_mtime_ns for p in sweep.rglob("events.out.*")} == before  # nothing ran twice
     assert json.loads(out.with_suffix(".json").read_text())["per_seed"] == report["per_seed"]
@@ -225,9 +293,29 @@ def test_ctrl_c_saves_the_running_trial_and_resume_runs_nothing_twice(tmp_path):
     run folder, and runs the third."""
     out = tmp_path / "sweep"
     cpus = str(min(2, len(os.sched_getaffinity(0))))
-    proc = start_sweep("--out", out, "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--seeds", "1",
-                       "--cpus-per-trial", cpus, "--grid", "total_timesteps=256,6016,384", "--report-interval", "1",
-                       "--", "--num-steps", "64", "--num-minibatches", "2", "--checkpoint-interval", "256")  # fmt: skip
+    proc = start_sweep(
+        "--out",
+        out,
+        "--script",
+        "ppo_continuous.py",
+        "--env-id",
+        "Pendulum-v1",
+        "--seeds",
+        "1",
+        "--cpus-per-trial",
+        cpus,
+        "--grid",
+        "total_timesteps=256,6016,384",
+        "--report-interval",
+        "1",
+        "--",
+        "--num-steps",
+        "64",
+        "--num-minibatches",
+        "2",
+        "--checkpoint-interval",
+        "256",
+    )
     trials = out / "trials"
     out1, err1 = ctrl_c_once_saved(proc, trials, "001_*/runs/*/checkpoints/step_*.pt")
     assert proc.returncode == 130, out1 + err1
@@ -264,15 +352,47 @@ def test_a_node_lost_mid_trial_its_trial_finishes_on_the_other_node_from_its_che
     out = tmp_path / "sweep"
     proc = None
     try:
-        c.start_node("--head", "--port", str(c.port), "--node-ip-address", "127.0.0.1", "--include-dashboard", "false",
-                     "--system-config", FAST_FAILURE)  # fmt: skip
+        c.start_node(
+            "--head",
+            "--port",
+            str(c.port),
+            "--node-ip-address",
+            "127.0.0.1",
+            "--include-dashboard",
+            "false",
+            "--system-config",
+            FAST_FAILURE,
+        )
         c.wait_for_nodes(1)
         c.start_node("--address", c.address)
         c.wait_for_nodes(2)
-        proc = start_sweep("--out", out, "--address", c.address, "--script", "ppo_continuous.py", "--env-id",
-                           "Pendulum-v1", "--seeds", "1", "2", "--cpus-per-trial", "2", "--report-interval", "1", "--",
-                           "--total-timesteps", "16000", "--num-steps", "64", "--num-minibatches", "2",
-                           "--checkpoint-interval", "256", env={**c.env, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"})  # fmt: skip
+        proc = start_sweep(
+            "--out",
+            out,
+            "--address",
+            c.address,
+            "--script",
+            "ppo_continuous.py",
+            "--env-id",
+            "Pendulum-v1",
+            "--seeds",
+            "1",
+            "2",
+            "--cpus-per-trial",
+            "2",
+            "--report-interval",
+            "1",
+            "--",
+            "--total-timesteps",
+            "16000",
+            "--num-steps",
+            "64",
+            "--num-minibatches",
+            "2",
+            "--checkpoint-interval",
+            "256",
+            env={**c.env, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"},
+        )
         # Why per trial: two checkpoints of one trial (the second not even started) made the kill lose a trial
         # with nothing to resume from (a CI run); and a trial that finished first has nothing left to resume.
         deadline = time.time() + 300
@@ -304,18 +424,50 @@ def test_a_node_lost_mid_trial_its_trial_finishes_on_the_other_node_from_its_che
 @pytest.mark.slow
 def test_a_tiny_tune_study_prints_the_best_command_and_reruns_it_on_fresh_seeds(tmp_path):
     out = tmp_path / "tune"
-    proc = run_sweep("--out", out, "--tune", "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--seeds", "1",
-                     "2", "--space", "learning_rate=loguniform:1e-4:1e-2", "--space", "gamma=choice:0.95,0.99",
-                     "--num-samples", "3", "--final-seeds", "3", "4", "--report-interval", "1", "--",
-                     "--total-timesteps", "512", "--num-steps", "64", "--num-minibatches", "2", "--eval-interval", "128",
-                     "--eval-episodes", "1")  # fmt: skip
+    proc = run_sweep(
+        "--out",
+        out,
+        "--tune",
+        "--script",
+        "ppo_continuous.py",
+        "--env-id",
+        "Pendulum-v1",
+        "--seeds",
+        "1",
+        "2",
+        "--space",
+        "learning_rate=loguniform:1e-4:1e-2",
+        "--space",
+        "gamma=choice:0.95,0.99",
+        "--num-samples",
+        "3",
+        "--final-seeds",
+        "3",
+        "4",
+        "--report-interval",
+        "1",
+        "--",
+        "--total-timesteps",
+        "512",
+        "--num-steps",
+        "64",
+        "--num-minibatches",
+        "2",
+        "--eval-interval",
+        "128",
+        "--eval-episodes",
+        "1",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     study = json.loads((out / "tune.json").read_text())
     assert len(study["settings"]) == 3
     best = study["best"]
     # the objective: the mean over the 2 seeds of their evaluation at the step reported, read back from their files
-    trial = next(d for d in (out / "tune_trials").iterdir()
-                 if json.loads((d / "setting.json").read_text())["flags"] == [[k, v] for k, v in best["setting"].items()])  # fmt: skip
+    trial = next(
+        d
+        for d in (out / "tune_trials").iterdir()
+        if json.loads((d / "setting.json").read_text())["flags"] == [[k, v] for k, v in best["setting"].items()]
+    )
     evals = [scalars(run_dir_of(trial / f"seed{s}"), "eval/episodic_return")[best["global_step"]] for s in (1, 2)]
     assert best["eval_return"] == pytest.approx(np.mean(evals))
     command = study["best_command"]
@@ -330,10 +482,36 @@ def test_a_tune_study_stopped_with_ctrl_c_resumes_its_settings_from_their_checkp
     """Ctrl-C once a setting's seed has a checkpoint: the driver exits 130; --resume restores the study (Tune's own
     state), the stopped setting's script resumes from its interrupted checkpoint, and the study ends with a best."""
     out = tmp_path / "tune"
-    proc = start_sweep("--out", out, "--tune", "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--seeds", "1",
-                       "--space", "learning_rate=loguniform:1e-4:1e-2", "--num-samples", "2", "--report-interval", "1",
-                       "--", "--total-timesteps", "4096", "--num-steps", "64", "--num-minibatches", "2", "--eval-interval",
-                       "512", "--eval-episodes", "1", "--checkpoint-interval", "256")  # fmt: skip
+    proc = start_sweep(
+        "--out",
+        out,
+        "--tune",
+        "--script",
+        "ppo_continuous.py",
+        "--env-id",
+        "Pendulum-v1",
+        "--seeds",
+        "1",
+        "--space",
+        "learning_rate=loguniform:1e-4:1e-2",
+        "--num-samples",
+        "2",
+        "--report-interval",
+        "1",
+        "--",
+        "--total-timesteps",
+        "4096",
+        "--num-steps",
+        "64",
+        "--num-minibatches",
+        "2",
+        "--eval-interval",
+        "512",
+        "--eval-episodes",
+        "1",
+        "--checkpoint-interval",
+        "256",
+    )
     out1, err1 = ctrl_c_once_saved(proc, out, "tune_trials/*/seed1/runs/*/checkpoints/step_*.pt")
     assert proc.returncode == 130, out1 + err1
     interrupted = list(out.glob("tune_trials/*/seed1/runs/*/checkpoints/interrupted_*.pt"))

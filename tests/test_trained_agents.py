@@ -65,8 +65,14 @@ def policy_pt2_actions(export_dir, obs: torch.Tensor, tmp_path) -> torch.Tensor:
     fresh.mkdir(exist_ok=True)
     torch.save(obs, fresh / "obs.pt")
     env = {k: v for k, v in {**os.environ, **BASE_ENV}.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(export_dir / "policy.pt2"), "obs.pt", "actions.pt"],
-                          cwd=fresh, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, str(export_dir / "policy.pt2"), "obs.pt", "actions.pt"],
+        cwd=fresh,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     imported = proc.stdout.split("IMPORTED", 1)[1]
     assert not [name for name in SCRIPTS if f"'{name}'" in imported], "policy.pt2 must not need the scripts"
@@ -136,8 +142,12 @@ def test_run_keeps_the_best_evaluated_agent_a_snapshot_and_its_score_on_resume(t
     shapes = {"obs_shape": [3], "act_shape": [1]}
     run = ppo.Run(args, "ppo_continuous", None, shapes, 10)
     net = torch.nn.Linear(2, 1)
-    s = ppo.LoopState(raw_obs=np.zeros((1, 3)), episode_return=np.zeros(1), episode_length=np.zeros(1, np.int64),
-                      discounted_return=np.zeros(1))  # fmt: skip
+    s = ppo.LoopState(
+        raw_obs=np.zeros((1, 3)),
+        episode_return=np.zeros(1),
+        episode_length=np.zeros(1, np.int64),
+        discounted_return=np.zeros(1),
+    )
     run.attach(s, None, model=net, replay_buffer=FakeBuffer())
 
     def at(step: int, weight: float) -> None:
@@ -177,9 +187,25 @@ def test_run_keeps_the_best_evaluated_agent_a_snapshot_and_its_score_on_resume(t
 # ---- keep-best in real runs whose training return falls (no evaluation: the recent training returns) ----
 def test_ppo_keep_best_keeps_the_agent_before_the_return_fell_and_a_resumed_run_keeps_it(tmp_path):
     common = ["--torch-threads", 1, "--runs-dir", tmp_path, "--no-progress"]
-    proc = run_script("ppo_continuous.py", "--env-id", FALLING, "--num-steps", 16, "--num-minibatches", 2,
-                      "--update-epochs", 1, "--total-timesteps", 96, "--checkpoint-interval", 16,
-                      "--keep-checkpoints", 10, "--keep-best", *common)  # fmt: skip
+    proc = run_script(
+        "ppo_continuous.py",
+        "--env-id",
+        FALLING,
+        "--num-steps",
+        16,
+        "--num-minibatches",
+        2,
+        "--update-epochs",
+        1,
+        "--total-timesteps",
+        96,
+        "--checkpoint-interval",
+        16,
+        "--keep-checkpoints",
+        10,
+        "--keep-best",
+        *common,
+    )
     assert proc.returncode == 0, proc.stderr
     run_dir = only_run_dir(tmp_path)
     ckpts = run_dir / "checkpoints"
@@ -192,18 +218,51 @@ def test_ppo_keep_best_keeps_the_agent_before_the_return_fell_and_a_resumed_run_
     assert not same_tensors(best["model"], last["model"]) and last["run_state"]["best_score"] == 7.0
     # resumed from its last checkpoint: the env restarts (its returns are 7 again), never above the stored best 7
     before = (ckpts / "best.pt").read_bytes()
-    resumed = run_script("ppo_continuous.py", "--resume", ckpts / "step_0000000096.pt", "--env-id", FALLING,
-                         "--total-timesteps", 128, "--checkpoint-interval", 16, "--keep-checkpoints", 10, "--keep-best",
-                         *common)  # fmt: skip
+    resumed = run_script(
+        "ppo_continuous.py",
+        "--resume",
+        ckpts / "step_0000000096.pt",
+        "--env-id",
+        FALLING,
+        "--total-timesteps",
+        128,
+        "--checkpoint-interval",
+        16,
+        "--keep-checkpoints",
+        10,
+        "--keep-best",
+        *common,
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert (ckpts / "best.pt").read_bytes() == before
     assert torch.load(ckpts / "step_0000000128.pt", weights_only=True)["run_state"]["best_score"] == 7.0
 
 
 def test_sac_keep_best_keeps_the_agent_before_the_return_fell_without_the_buffer(tmp_path):
-    proc = run_script("sac_continuous.py", "--env-id", FALLING, "--total-timesteps", 96, "--learning-starts", 24,
-                      "--batch-size", 8, "--buffer-size", 100, "--checkpoint-interval", 16, "--keep-checkpoints", 10,
-                      "--keep-best", "--save-buffer", "--torch-threads", 1, "--runs-dir", tmp_path, "--no-progress")  # fmt: skip
+    proc = run_script(
+        "sac_continuous.py",
+        "--env-id",
+        FALLING,
+        "--total-timesteps",
+        96,
+        "--learning-starts",
+        24,
+        "--batch-size",
+        8,
+        "--buffer-size",
+        100,
+        "--checkpoint-interval",
+        16,
+        "--keep-checkpoints",
+        10,
+        "--keep-best",
+        "--save-buffer",
+        "--torch-threads",
+        1,
+        "--runs-dir",
+        tmp_path,
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     run_dir = only_run_dir(tmp_path)
     ckpts = run_dir / "checkpoints"
@@ -221,16 +280,38 @@ def test_sac_keep_best_keeps_the_agent_before_the_return_fell_without_the_buffer
 def test_ppo_continuous_keep_best_export_and_replay(tmp_path):
     needs_video_encoder()
     needs_mujoco_rendering()
-    proc = run_script("ppo_continuous.py", "--env-id", MUJOCO, "--num-steps", 256, "--num-minibatches", 4,
-                      "--update-epochs", 2, "--total-timesteps", 1024, "--eval-interval", 256, "--eval-episodes", 2,
-                      "--keep-best", "--checkpoint-interval", 0, "--torch-threads", 1, "--runs-dir", tmp_path,
-                      "--no-progress")  # fmt: skip
+    proc = run_script(
+        "ppo_continuous.py",
+        "--env-id",
+        MUJOCO,
+        "--num-steps",
+        256,
+        "--num-minibatches",
+        4,
+        "--update-epochs",
+        2,
+        "--total-timesteps",
+        1024,
+        "--eval-interval",
+        256,
+        "--eval-episodes",
+        2,
+        "--keep-best",
+        "--checkpoint-interval",
+        0,
+        "--torch-threads",
+        1,
+        "--runs-dir",
+        tmp_path,
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     run_dir = only_run_dir(tmp_path)
     ckpt = check_best_of_evaluations(run_dir)
     export_dir = tmp_path / "export"
-    proc = run_script(TOOL, "export", run_dir / "checkpoints" / "best.pt", "--out", export_dir, "--capture-video",
-                      "--episodes", 2)  # fmt: skip
+    proc = run_script(
+        TOOL, "export", run_dir / "checkpoints" / "best.pt", "--out", export_dir, "--capture-video", "--episodes", 2
+    )
     assert proc.returncode == 0, proc.stderr
     assert "Overwriting existing videos" not in proc.stderr  # no warning about the tool's own folders
     # progress: a line per evaluation episode as it ends, then one for the replay recorded on video
@@ -261,8 +342,22 @@ def test_export_never_overwrites_and_a_failed_export_leaves_nothing(tmp_path, mo
     an export that fails half-way leaves no folder and no temporary files."""
     from tools import agent as tool
 
-    proc = run_script("ppo_continuous.py", "--env-id", "Pendulum-v1", "--num-steps", 64, "--num-minibatches", 2,
-                      "--total-timesteps", 64, "--save-model", "--eval-episodes", 1, "--runs-dir", tmp_path / "runs")  # fmt: skip
+    proc = run_script(
+        "ppo_continuous.py",
+        "--env-id",
+        "Pendulum-v1",
+        "--num-steps",
+        64,
+        "--num-minibatches",
+        2,
+        "--total-timesteps",
+        64,
+        "--save-model",
+        "--eval-episodes",
+        1,
+        "--runs-dir",
+        tmp_path / "runs",
+    )
     assert proc.returncode == 0, proc.stderr
     ckpt = next((tmp_path / "runs").rglob("final_*.pt"))
     project = tmp_path / "project"
@@ -288,15 +383,51 @@ def test_sac_keep_best_export_and_replay(tmp_path, script):
     needs_video_encoder()
     needs_mujoco_rendering()
     module = {"sac_continuous": sac, "sac_continuous_ray": sac_ray}[script]
-    common = ["--env-id", MUJOCO, "--learning-starts", 100, "--batch-size", 32, "--eval-episodes", 2, "--keep-best",
-              "--save-buffer", "--torch-threads", 1, "--runs-dir", tmp_path, "--no-progress"]  # fmt: skip
+    common = [
+        "--env-id",
+        MUJOCO,
+        "--learning-starts",
+        100,
+        "--batch-size",
+        32,
+        "--eval-episodes",
+        2,
+        "--keep-best",
+        "--save-buffer",
+        "--torch-threads",
+        1,
+        "--runs-dir",
+        tmp_path,
+        "--no-progress",
+    ]
     if script == "sac_continuous":
-        proc = run_script("sac_continuous.py", *common, "--total-timesteps", 400, "--eval-interval", 100,
-                          "--checkpoint-interval", 0, "--save-model")  # fmt: skip
+        proc = run_script(
+            "sac_continuous.py",
+            *common,
+            "--total-timesteps",
+            400,
+            "--eval-interval",
+            100,
+            "--checkpoint-interval",
+            0,
+            "--save-model",
+        )
     else:  # the evaluator runs beside training: best.pt is the snapshot taken when its weights were sent. It skips an
         # evaluation while the previous one runs, so a loaded machine gets fewer: 8 chances for the 2 checked below
-        proc = run_ray(*common, "--total-timesteps", 1200, "--eval-interval", 150, "--checkpoint-interval", 300,
-                       "--num-rollout-workers", 1, "--worker-batch-steps", 50, script="sac_continuous_ray.py")  # fmt: skip
+        proc = run_ray(
+            *common,
+            "--total-timesteps",
+            1200,
+            "--eval-interval",
+            150,
+            "--checkpoint-interval",
+            300,
+            "--num-rollout-workers",
+            1,
+            "--worker-batch-steps",
+            50,
+            script="sac_continuous_ray.py",
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = only_run_dir(tmp_path)
     ckpt = check_best_of_evaluations(run_dir)
@@ -304,8 +435,9 @@ def test_sac_keep_best_export_and_replay(tmp_path, script):
     last = sorted(p for p in (run_dir / "checkpoints").glob("*.pt") if p.name != "best.pt")[-1]
     assert ckpt[buffer_part] is None and torch.load(last, weights_only=True)[buffer_part] is not None
     export_dir = tmp_path / "export"
-    proc = run_script(TOOL, "export", run_dir / "checkpoints" / "best.pt", "--out", export_dir, "--capture-video",
-                      "--episodes", 2)  # fmt: skip
+    proc = run_script(
+        TOOL, "export", run_dir / "checkpoints" / "best.pt", "--out", export_dir, "--capture-video", "--episodes", 2
+    )
     assert proc.returncode == 0, proc.stderr
     check_export_folder(export_dir, script, ckpt, 2, video=True)
     policy = model_pt_policy(module, export_dir, ckpt)
@@ -326,16 +458,46 @@ def test_atari_keep_best_export_and_replay(tmp_path, script):
     needs_video_encoder()
     module = {"ppo_atari": ppo_atari, "a2c_atari": a2c_atari}[script]
     small = ["--num-minibatches", 2, "--update-epochs", 1] if script == "ppo_atari" else []
-    proc = run_script(f"{script}.py", "--env-id", "BreakoutNoFrameskip-v4", "--num-envs", 2, "--num-steps", 32, *small,
-                      "--total-timesteps", 384, "--eval-interval", 128, "--eval-episodes", 1, "--keep-best",
-                      "--checkpoint-interval", 0, "--torch-threads", 1, "--runs-dir", tmp_path, "--no-progress",
-                      timeout=600)  # fmt: skip
+    proc = run_script(
+        f"{script}.py",
+        "--env-id",
+        "BreakoutNoFrameskip-v4",
+        "--num-envs",
+        2,
+        "--num-steps",
+        32,
+        *small,
+        "--total-timesteps",
+        384,
+        "--eval-interval",
+        128,
+        "--eval-episodes",
+        1,
+        "--keep-best",
+        "--checkpoint-interval",
+        0,
+        "--torch-threads",
+        1,
+        "--runs-dir",
+        tmp_path,
+        "--no-progress",
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     run_dir = only_run_dir(tmp_path)
     ckpt = check_best_of_evaluations(run_dir)
     export_dir = tmp_path / "export"
-    proc = run_script(TOOL, "export", run_dir / "checkpoints" / "best.pt", "--out", export_dir, "--capture-video",
-                      "--episodes", 1, timeout=600)  # fmt: skip
+    proc = run_script(
+        TOOL,
+        "export",
+        run_dir / "checkpoints" / "best.pt",
+        "--out",
+        export_dir,
+        "--capture-video",
+        "--episodes",
+        1,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     check_export_folder(export_dir, script, ckpt, 1, video=True)
     agent = model_pt_policy(module, export_dir, ckpt).agent
@@ -356,15 +518,26 @@ def test_evaluating_every_eval_interval_leaves_the_training_run_unchanged(tmp_pa
     """The on-policy scripts' periodic evaluation uses no RNG of the training run (and gives a --bf16 trunk back):
     the same seed logs the same losses with and without it."""
     if script == "ppo_continuous":
-        flags = ["--env-id", "Pendulum-v1", "--num-steps", 128, "--num-minibatches", 2, "--update-epochs", 1,
-                 "--total-timesteps", 512]  # fmt: skip
+        flags = [
+            "--env-id",
+            "Pendulum-v1",
+            "--num-steps",
+            128,
+            "--num-minibatches",
+            2,
+            "--update-epochs",
+            1,
+            "--total-timesteps",
+            512,
+        ]
     else:
         flags = ["--env-id", "BreakoutNoFrameskip-v4", "--num-envs", 2, "--num-steps", 5, "--total-timesteps", 200]
     curves = []
     for name, extra in (("plain", []), ("evaluated", ["--eval-interval", 100, "--eval-episodes", 1])):
         runs = tmp_path / name
-        proc = run_script(f"{script}.py", *flags, *extra, "--torch-threads", 1, "--runs-dir", runs, "--no-progress",
-                          timeout=600)  # fmt: skip
+        proc = run_script(
+            f"{script}.py", *flags, *extra, "--torch-threads", 1, "--runs-dir", runs, "--no-progress", timeout=600
+        )
         assert proc.returncode == 0, proc.stderr
         curves.append(scalars(only_run_dir(runs), "losses/policy_loss"))
         if extra:

@@ -32,8 +32,10 @@ def known_value(obs: torch.Tensor) -> torch.Tensor:
 def wiring_rollout(num_envs: int, num_steps: int) -> dict:
     """What Wiring-v0 gives, step by step, worked out from its rules: obs before each step, reward, terminated,
     truncated, and the true next observation (the last one of an episode, not the next episode's first)."""
-    out = {k: np.zeros((num_steps, num_envs, 2) if "obs" in k else (num_steps, num_envs), bool if "ated" in k else float)
-           for k in ("obs", "reward", "terminated", "truncated", "next_obs")}  # fmt: skip
+    out = {
+        k: np.zeros((num_steps, num_envs, 2) if "obs" in k else (num_steps, num_envs), bool if "ated" in k else float)
+        for k in ("obs", "reward", "terminated", "truncated", "next_obs")
+    }
     for env in range(num_envs):
         t, episode = 0, 0
         for step in range(num_steps):
@@ -57,8 +59,9 @@ def expected_advantages(r: dict) -> tuple[np.ndarray, np.ndarray]:
     advantages, running = np.zeros_like(r["reward"]), np.zeros(r["reward"].shape[1])
     for t in reversed(range(r["reward"].shape[0])):
         bootstrap = np.where(r["terminated"][t], 0.0, GAMMA * v_next[t])
-        running = r["reward"][t] + bootstrap - v[t] + np.where(
-            r["terminated"][t] | r["truncated"][t], 0.0, GAMMA * LAMBDA * running)  # fmt: skip
+        running = (
+            r["reward"][t] + bootstrap - v[t] + np.where(r["terminated"][t] | r["truncated"][t], 0.0, GAMMA * LAMBDA * running)
+        )
         advantages[t] = running
     return advantages, v
 
@@ -78,8 +81,11 @@ def recording_ppo_losses(module, monkeypatch) -> list:
 
 
 def run_main(module, monkeypatch, tmp_path, argv: list) -> None:
-    main_in_process(module, [*argv, "--runs-dir", tmp_path, "--torch-threads", "1", "--no-progress",
-                             "--checkpoint-interval", "0", "--no-cuda"], monkeypatch)  # fmt: skip
+    main_in_process(
+        module,
+        [*argv, "--runs-dir", tmp_path, "--torch-threads", "1", "--no-progress", "--checkpoint-interval", "0", "--no-cuda"],
+        monkeypatch,
+    )
 
 
 def test_ppo_continuous_main_hands_the_loss_the_advantages_and_targets_of_the_rollout(tmp_path, monkeypatch):
@@ -95,12 +101,33 @@ def test_ppo_continuous_main_hands_the_loss_the_advantages_and_targets_of_the_ro
     monkeypatch.setattr(ppo, "Agent", KnownValueAgent)
     received = recording_ppo_losses(ppo, monkeypatch)
     num_envs, num_steps = 3, 10
-    run_main(ppo, monkeypatch, tmp_path, ["--env-id", "tests.fake_envs:Wiring-v0", "--num-envs", str(num_envs),
-                                          "--num-steps", str(num_steps), "--num-minibatches", "1", "--update-epochs",
-                                          "1", "--total-timesteps", str(num_envs * num_steps), "--gamma", str(GAMMA),
-                                          "--gae-lambda", str(LAMBDA), "--no-norm-adv", "--no-norm-obs",
-                                          "--no-norm-reward"])  # fmt: skip
-    (advantages, old_values, new_values, returns), = received
+    run_main(
+        ppo,
+        monkeypatch,
+        tmp_path,
+        [
+            "--env-id",
+            "tests.fake_envs:Wiring-v0",
+            "--num-envs",
+            str(num_envs),
+            "--num-steps",
+            str(num_steps),
+            "--num-minibatches",
+            "1",
+            "--update-epochs",
+            "1",
+            "--total-timesteps",
+            str(num_envs * num_steps),
+            "--gamma",
+            str(GAMMA),
+            "--gae-lambda",
+            str(LAMBDA),
+            "--no-norm-adv",
+            "--no-norm-obs",
+            "--no-norm-reward",
+        ],
+    )
+    ((advantages, old_values, new_values, returns),) = received
     expected, v = expected_advantages(wiring_rollout(num_envs, num_steps))
     np.testing.assert_allclose(old_values.numpy(), v.reshape(-1), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(new_values.numpy(), v.reshape(-1), rtol=1e-5, atol=1e-5)  # V fixed: of the same obs
@@ -122,8 +149,10 @@ def atari_rollout(num_envs: int, num_steps: int) -> tuple[dict, list]:
     the next episode's first obs (after a lost life: a NOOP and a FIRE later in the same game; else the next game's
     FIRE); the obs recorded at the reset step is the ended episode's final obs. Returns the arrays (as wiring_rollout,
     plus reset_step) and the games that ended: (agent step, env, whole-game score, emulator steps)."""
-    out = {k: np.zeros((num_steps, num_envs, 2) if "obs" in k else (num_steps, num_envs), float if k in FLOATS else bool)
-           for k in ("obs", "reward", "terminated", "truncated", "next_obs", "reset_step")}  # fmt: skip
+    out = {
+        k: np.zeros((num_steps, num_envs, 2) if "obs" in k else (num_steps, num_envs), float if k in FLOATS else bool)
+        for k in ("obs", "reward", "terminated", "truncated", "next_obs", "reset_step")
+    }
     games = []
     for env in range(num_envs):
         script = WiringAle(env).event
@@ -220,10 +249,28 @@ def test_ppo_atari_main_hands_the_loss_the_advantages_and_targets_of_the_games(t
     game is logged whole, at the step that ended it."""
     ppo, logged = atari_copy("ppo_atari.py", monkeypatch)
     received = recording_ppo_losses(ppo, monkeypatch)
-    run_main(ppo, monkeypatch, tmp_path, ["--num-envs", ATARI_ENVS, "--num-steps", ATARI_STEPS, "--total-timesteps",
-                                          ATARI_ITERATIONS * ATARI_ENVS * ATARI_STEPS, "--num-minibatches", 1,
-                                          "--update-epochs", 1, "--gamma", GAMMA, "--gae-lambda", LAMBDA,
-                                          "--no-norm-adv"])  # fmt: skip
+    run_main(
+        ppo,
+        monkeypatch,
+        tmp_path,
+        [
+            "--num-envs",
+            ATARI_ENVS,
+            "--num-steps",
+            ATARI_STEPS,
+            "--total-timesteps",
+            ATARI_ITERATIONS * ATARI_ENVS * ATARI_STEPS,
+            "--num-minibatches",
+            1,
+            "--update-epochs",
+            1,
+            "--gamma",
+            GAMMA,
+            "--gae-lambda",
+            LAMBDA,
+            "--no-norm-adv",
+        ],
+    )
     rollout, games = atari_rollout(ATARI_ENVS, ATARI_ITERATIONS * ATARI_STEPS)
     assert len(received) == ATARI_ITERATIONS
     for iteration, (advantages, old_values, new_values, returns) in enumerate(received):
@@ -250,9 +297,24 @@ def test_a2c_atari_main_hands_the_loss_the_n_step_returns_of_the_games(tmp_path,
         return real_losses(logprob, advantages, values, returns, *rest)
 
     monkeypatch.setattr(a2c, "a2c_losses", recording_losses)
-    run_main(a2c, monkeypatch, tmp_path, ["--num-envs", ATARI_ENVS, "--num-steps", ATARI_STEPS, "--total-timesteps",
-                                          ATARI_ITERATIONS * ATARI_ENVS * ATARI_STEPS, "--gamma", GAMMA, "--no-norm-adv",
-                                          "--log-interval", 1])  # fmt: skip
+    run_main(
+        a2c,
+        monkeypatch,
+        tmp_path,
+        [
+            "--num-envs",
+            ATARI_ENVS,
+            "--num-steps",
+            ATARI_STEPS,
+            "--total-timesteps",
+            ATARI_ITERATIONS * ATARI_ENVS * ATARI_STEPS,
+            "--gamma",
+            GAMMA,
+            "--no-norm-adv",
+            "--log-interval",
+            1,
+        ],
+    )
     rollout, games = atari_rollout(ATARI_ENVS, ATARI_ITERATIONS * ATARI_STEPS)
     assert len(received) == ATARI_ITERATIONS
     for iteration, (advantages, values, returns) in enumerate(received):
@@ -294,8 +356,10 @@ class KnownQ(nn.Module):
 def transitions_by_obs(r: dict) -> dict:
     """{obs: (reward, true next obs, terminated)} from a Wiring-v0 rollout: its transitions depend on the obs alone."""
     flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in r.items()}
-    return {tuple(o): (rew, nxt, term) for o, rew, nxt, term in zip(flat["obs"], flat["reward"], flat["next_obs"],
-                                                                    flat["terminated"])}  # fmt: skip
+    return {
+        tuple(o): (rew, nxt, term)
+        for o, rew, nxt, term in zip(flat["obs"], flat["reward"], flat["next_obs"], flat["terminated"])
+    }
 
 
 def recording_env_step(module, monkeypatch) -> list:
@@ -372,10 +436,30 @@ def test_sac_continuous_main_stores_the_true_transitions_and_regresses_on_the_so
     monkeypatch.setattr(sac, "gradient_step", gradient_step)
     sent = recording_env_step(sac, monkeypatch)
     num_envs, num_steps = 2, 8
-    run_main(sac, monkeypatch, tmp_path, ["--env-id", "tests.fake_envs:Wiring-v0", "--num-envs", num_envs,
-                                          "--total-timesteps", num_envs * num_steps, "--learning-starts", 6,
-                                          "--batch-size", 8, "--buffer-size", 64, "--gamma", GAMMA, "--no-autotune",
-                                          "--alpha", ALPHA])  # fmt: skip
+    run_main(
+        sac,
+        monkeypatch,
+        tmp_path,
+        [
+            "--env-id",
+            "tests.fake_envs:Wiring-v0",
+            "--num-envs",
+            num_envs,
+            "--total-timesteps",
+            num_envs * num_steps,
+            "--learning-starts",
+            6,
+            "--batch-size",
+            8,
+            "--buffer-size",
+            64,
+            "--gamma",
+            GAMMA,
+            "--no-autotune",
+            "--alpha",
+            ALPHA,
+        ],
+    )
     r = wiring_rollout(num_envs, num_steps)
     (buffer,) = made
     assert len(sent) == num_steps and buffer.size == num_envs * num_steps

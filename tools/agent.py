@@ -34,9 +34,27 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ("ppo_continuous", "ppo_atari", "a2c_atari", "sac_continuous", "sac_continuous_ray")
 # Flags that say nothing about how the agent was trained: the model card's command leaves them out.
-NOT_TRAINING_FLAGS = ("exp_name", "cuda", "track", "wandb_project_name", "wandb_entity", "capture_video", "save_model",
-                      "runs_dir", "keep_checkpoints", "save_buffer", "resume", "log_interval", "progress",
-                      "torch_threads", "checkpoint_interval", "eval_interval", "eval_episodes", "keep_best", "ray_address")  # fmt: skip
+NOT_TRAINING_FLAGS = (
+    "exp_name",
+    "cuda",
+    "track",
+    "wandb_project_name",
+    "wandb_entity",
+    "capture_video",
+    "save_model",
+    "runs_dir",
+    "keep_checkpoints",
+    "save_buffer",
+    "resume",
+    "log_interval",
+    "progress",
+    "torch_threads",
+    "checkpoint_interval",
+    "eval_interval",
+    "eval_episodes",
+    "keep_best",
+    "ray_address",
+)
 USAGE = """import gymnasium as gym
 import torch
 
@@ -60,8 +78,10 @@ def load_script(ckpt: dict, path: str, script_path=None):
     script = ckpt.get("script")
     file = Path(script_path) if script_path else ROOT / f"{script}.py"
     if script not in SCRIPTS or not file.is_file():
-        raise ToolError(f"checkpoint '{path}' was written by '{script}', and {file} is not there: give the script "
-                        f"that wrote it with --script (this project's are {', '.join(SCRIPTS)}).")  # fmt: skip
+        raise ToolError(
+            f"checkpoint '{path}' was written by '{script}', and {file} is not there: give the script "
+            f"that wrote it with --script (this project's are {', '.join(SCRIPTS)})."
+        )
     spec = importlib.util.spec_from_file_location(f"onefile_{script}", file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up here
@@ -76,23 +96,28 @@ def load(path: str, script_path=None):
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)  # plain data only, never arbitrary objects
     except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
-        raise ToolError(f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint "
-                        f"({type(e).__name__}).") from None  # fmt: skip
+        raise ToolError(
+            f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint ({type(e).__name__})."
+        ) from None
     if not isinstance(ckpt, dict) or "args" not in ckpt or "script" not in ckpt:
         raise ToolError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
     script, ckpt["path"] = load_script(ckpt, path, script_path), path
     env_id = str(ckpt["args"]["env_id"])
     if ":" in env_id:  # why: "module:Env" would import any module on sys.path; a checkpoint is data, not code
-        raise ToolError(f"checkpoint '{path}' names the env '{env_id}', which imports a module; register the env "
-                        "and store its plain id, or run the evaluation from your own code.")  # fmt: skip
+        raise ToolError(
+            f"checkpoint '{path}' names the env '{env_id}', which imports a module; register the env "
+            "and store its plain id, or run the evaluation from your own code."
+        )
     try:  # the script checks the env id against gymnasium's registry and the checkpoint against the env
         policy = script.policy_from_checkpoint(ckpt).eval()
     except script.UserError as e:
         raise ToolError(str(e)) from None
     except (RuntimeError, KeyError, AttributeError) as e:  # load_state_dict's size mismatch or missing keys
-        raise ToolError(f"checkpoint '{path}' does not fit {Path(script.__file__).name} as it is now: the networks "
-                        f"changed shape since it was written ({str(e).splitlines()[0]}). Evaluate it with the script "
-                        "that wrote it (--script).") from None  # fmt: skip
+        raise ToolError(
+            f"checkpoint '{path}' does not fit {Path(script.__file__).name} as it is now: the networks "
+            f"changed shape since it was written ({str(e).splitlines()[0]}). Evaluate it with the script "
+            "that wrote it (--script)."
+        ) from None
     return script, ckpt, policy.requires_grad_(False)
 
 
@@ -112,8 +137,10 @@ def evaluate_command(opts) -> None:
     with SummaryWriter(str(out)) as writer:  # the checkpoint's flags beside its score, as the training run logs them
         writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in ckpt["args"].items()))
         writer.add_scalar("eval/episodic_return", float(np.mean(returns)), ckpt["global_step"])
-    print(f"eval {ckpt['args']['env_id']} at step {ckpt['global_step']}: {np.mean(returns):.2f} +- "
-          f"{np.std(returns):.2f} over {len(returns)} episodes")  # fmt: skip
+    print(
+        f"eval {ckpt['args']['env_id']} at step {ckpt['global_step']}: {np.mean(returns):.2f} +- "
+        f"{np.std(returns):.2f} over {len(returns)} episodes"
+    )
 
 
 def export_command(opts) -> Path:
@@ -123,8 +150,9 @@ def export_command(opts) -> Path:
     source = Path(opts.checkpoint).resolve()
     out = Path(opts.out) if opts.out else source.parent.parent / "export" / source.stem
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not opts.force:
-        raise ToolError(f"--out '{out}' exists and is not empty: nothing was written. Give --force to replace it, "
-                        "or another --out.")  # fmt: skip
+        raise ToolError(
+            f"--out '{out}' exists and is not empty: nothing was written. Give --force to replace it, or another --out."
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     args = ckpt["args"]
     env = script.eval_env(args["env_id"])
@@ -138,9 +166,16 @@ def export_command(opts) -> Path:
         program = torch.export.export(policy, (obs,), dynamic_shapes=({0: torch.export.Dim("batch")},))
         torch.export.save(program, tmp / "policy.pt2")
         torch.save(policy.state_dict(), tmp / "model.pt")
-        config = {"script": f"{ckpt['script']}.py", "env_id": args["env_id"], "global_step": ckpt["global_step"],
-                  "run_name": ckpt["run_name"], "obs_shape": list(obs.shape[1:]), "obs_dtype": dtype,
-                  "policy": f"{ckpt['script']}.policy_from_checkpoint(checkpoint)", "args": args}  # fmt: skip
+        config = {
+            "script": f"{ckpt['script']}.py",
+            "env_id": args["env_id"],
+            "global_step": ckpt["global_step"],
+            "run_name": ckpt["run_name"],
+            "obs_shape": list(obs.shape[1:]),
+            "obs_dtype": dtype,
+            "policy": f"{ckpt['script']}.policy_from_checkpoint(checkpoint)",
+            "args": args,
+        }
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         returns = play(script, ckpt, policy, opts.episodes)
         if opts.capture_video:
@@ -153,8 +188,10 @@ def export_command(opts) -> Path:
         if out.exists():  # --force: the old folder goes only once the new one is complete
             shutil.rmtree(out) if out.is_dir() else out.unlink()
         os.replace(tmp, out)
-    print(f"exported {opts.checkpoint} (step {ckpt['global_step']}) to {out}: eval {np.mean(returns):.2f} +- "
-          f"{np.std(returns):.2f} over {len(returns)} episodes")  # fmt: skip
+    print(
+        f"exported {opts.checkpoint} (step {ckpt['global_step']}) to {out}: eval {np.mean(returns):.2f} +- "
+        f"{np.std(returns):.2f} over {len(returns)} episodes"
+    )
     return out
 
 
@@ -176,32 +213,61 @@ def model_card(script, ckpt: dict, path: str, returns: list, video: bool, dtype:
     """The export's README.md."""
     file, saved = Path(script.__file__), ckpt["args"]
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    make_env = ("gym.make(...) with the wrappers of make_env in " + file.name) if "atari" in file.name else \
-        f'gym.make("{saved["env_id"]}")'  # fmt: skip
-    return "\n".join([
-        f"# {script.__doc__.splitlines()[0].split(' (')[0].split(',')[0]} on {saved['env_id']}", "",
-        f"Trained by `{file.name}` (onefile-rl) for {ckpt['global_step']:,} env steps (checkpoint "
-        f"`{Path(path).name}` of run `{ckpt['run_name']}`).", "",
-        "## Evaluation", "",
-        f"Return **{np.mean(returns):.2f} ± {np.std(returns):.2f}** (mean ± std) over {len(returns)} deterministic "
-        f"episodes (seeds from {saved['seed'] + 10_000}).", "",
-        "## Use", "",
-        "```python", USAGE.format(make_env=make_env, dtype=dtype), "```", "",
-        "`policy.pt2` is a program: load only programs from people you trust. `model.pt` holds plain tensors "
-        f"(`torch.load(path, weights_only=True)`), the state_dict of `{file.name}`'s `Policy`.", "",
-        "## Files", "", "- `policy.pt2`, `model.pt`, `config.json`, `README.md`" + (", `replay.mp4`" if video else ""), "",
-        "## Reproduce", "", "```", reproduce_command(script, saved), "```", "",
-        f"Script `{file.name}`, SHA-256 `{hashlib.sha256(file.read_bytes()).hexdigest()}`"
-        + (f", git commit `{commit}`" if commit else "") + f"; torch {torch.__version__}.", "",
-    ])  # fmt: skip
+    make_env = (
+        ("gym.make(...) with the wrappers of make_env in " + file.name)
+        if "atari" in file.name
+        else f'gym.make("{saved["env_id"]}")'
+    )
+    return "\n".join(
+        [
+            f"# {script.__doc__.splitlines()[0].split(' (')[0].split(',')[0]} on {saved['env_id']}",
+            "",
+            f"Trained by `{file.name}` (onefile-rl) for {ckpt['global_step']:,} env steps (checkpoint "
+            f"`{Path(path).name}` of run `{ckpt['run_name']}`).",
+            "",
+            "## Evaluation",
+            "",
+            f"Return **{np.mean(returns):.2f} ± {np.std(returns):.2f}** (mean ± std) over {len(returns)} deterministic "
+            f"episodes (seeds from {saved['seed'] + 10_000}).",
+            "",
+            "## Use",
+            "",
+            "```python",
+            USAGE.format(make_env=make_env, dtype=dtype),
+            "```",
+            "",
+            "`policy.pt2` is a program: load only programs from people you trust. `model.pt` holds plain tensors "
+            f"(`torch.load(path, weights_only=True)`), the state_dict of `{file.name}`'s `Policy`.",
+            "",
+            "## Files",
+            "",
+            "- `policy.pt2`, `model.pt`, `config.json`, `README.md`" + (", `replay.mp4`" if video else ""),
+            "",
+            "## Reproduce",
+            "",
+            "```",
+            reproduce_command(script, saved),
+            "```",
+            "",
+            f"Script `{file.name}`, SHA-256 `{hashlib.sha256(file.read_bytes()).hexdigest()}`"
+            + (f", git commit `{commit}`" if commit else "")
+            + f"; torch {torch.__version__}.",
+            "",
+        ]
+    )
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, text in (("eval", "play deterministic episodes, print and log their mean"),
-                       ("export", "write a folder that runs the agent with plain torch")):  # fmt: skip
+    for name, text in (
+        ("eval", "play deterministic episodes, print and log their mean"),
+        ("export", "write a folder that runs the agent with plain torch"),
+    ):
         command = commands.add_parser(name, help=text)
         command.add_argument("checkpoint", help="a checkpoint written by one of the scripts (runs/<run>/checkpoints/*.pt)")
         command.add_argument("--episodes", type=int, default=10, help="evaluation episodes (default 10)")

@@ -78,9 +78,21 @@ class Trial:
     bool_flags: list = field(default_factory=list)
 
     def command(self, trial_dir: Path, python: str = sys.executable) -> list:
-        return [python, str(ROOT / self.script), "--env-id", self.env_id, "--seed", str(self.seed), "--runs-dir",
-                str(trial_dir / "runs"), "--torch-threads", str(self.threads), "--progress", *self.extra,
-                *flag_args(self.flags, self.bool_flags)]  # fmt: skip
+        return [
+            python,
+            str(ROOT / self.script),
+            "--env-id",
+            self.env_id,
+            "--seed",
+            str(self.seed),
+            "--runs-dir",
+            str(trial_dir / "runs"),
+            "--torch-threads",
+            str(self.threads),
+            "--progress",
+            *self.extra,
+            *flag_args(self.flags, self.bool_flags),
+        ]
 
     @property
     def task(self) -> str:
@@ -117,8 +129,9 @@ def flag_name(name: str) -> str:
     return name.strip().lstrip("-").replace("_", "-")
 
 
-def expand_grid(scripts: list, env_ids: list, seeds: list, grid: dict, extra: list, cpus_per_trial: int,
-                bool_flags: Optional[dict] = None) -> list:  # fmt: skip
+def expand_grid(
+    scripts: list, env_ids: list, seeds: list, grid: dict, extra: list, cpus_per_trial: int, bool_flags: Optional[dict] = None
+) -> list:
     """Every script x env id x flag values x seed, in that order, each a Trial with a stable, readable id."""
     trials = []
     points = list(itertools.product(*grid.values())) if grid else [()]
@@ -127,8 +140,9 @@ def expand_grid(scripts: list, env_ids: list, seeds: list, grid: dict, extra: li
         label = "_".join(f"{name}={value}" for name, value in flags)
         raw = "_".join(x for x in (Path(script).stem, env_id, label, f"seed{seed}") if x)
         trial_id = f"{len(trials):03d}_" + re.sub(r"[^A-Za-z0-9=.+_-]+", "-", raw)
-        trials.append(Trial(trial_id, script, env_id, seed, flags, list(extra), cpus_per_trial,
-                            list((bool_flags or {}).get(script, []))))  # fmt: skip
+        trials.append(
+            Trial(trial_id, script, env_id, seed, flags, list(extra), cpus_per_trial, list((bool_flags or {}).get(script, [])))
+        )
     return trials
 
 
@@ -148,8 +162,14 @@ def usable_cores() -> int:
 
 def script_flags(script: str) -> tuple:
     """(every flag of the script, its switches) from its own `--help` (nothing of the script is imported)."""
-    proc = subprocess.run([sys.executable, str(ROOT / script), "--help"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "COLUMNS": "200"}, cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / script), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+        cwd=ROOT,
+    )
     if proc.returncode != 0:
         raise UserError(f"{script} --help failed (exit {proc.returncode}): {one_paragraph(proc.stderr)}")
     flags = set(re.findall(r"(?<![\w-])--([a-z0-9][a-z0-9-]*)", proc.stdout))
@@ -175,8 +195,10 @@ def check_flags(script: str, names: list, known: set) -> None:
     for name in names:
         base = name[3:] if name.startswith("no-") and name[3:] in known else name
         if base in SET_BY_SWEEP or name in SET_BY_SWEEP:
-            raise UserError(f"--{name} is set by the sweep for each trial (env ids: --env-id, seeds: --seeds, threads: "
-                            "--cpus-per-trial, folders: --out, resuming: --resume); leave it out of the flags.")  # fmt: skip
+            raise UserError(
+                f"--{name} is set by the sweep for each trial (env ids: --env-id, seeds: --seeds, threads: "
+                "--cpus-per-trial, folders: --out, resuming: --resume); leave it out of the flags."
+            )
         if name not in known:
             raise UserError(f"{script} has no flag --{name} (see `python {script} --help`).")
 
@@ -186,8 +208,16 @@ def probe(cmd: list, timeout: float = 120) -> Optional[str]:
     to train), then stop it. None if it got there; else its error, one paragraph."""
     runs = Path(tempfile.mkdtemp(prefix="sweep-check-"))
     cmd = [*cmd, "--runs-dir", str(runs)]  # a later flag wins (tyro)
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                            text=True, start_new_session=True, env={**os.environ, "WANDB_MODE": "disabled"})  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "WANDB_MODE": "disabled"},
+    )
     deadline, started = time.time() + timeout, False
     try:
         while proc.poll() is None and time.time() < deadline:
@@ -248,9 +278,11 @@ def check_address(address: str) -> None:
     try:
         socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
     except (OSError, ValueError) as e:
-        raise UserError(f"--address {address}: cannot connect to {host or '127.0.0.1'}:{port} ({e}). Start the cluster "
-                        "first (`ray start --head --port=6379` prints the address), or leave --address out to run on "
-                        "this machine.") from None  # fmt: skip
+        raise UserError(
+            f"--address {address}: cannot connect to {host or '127.0.0.1'}:{port} ({e}). Start the cluster "
+            "first (`ray start --head --port=6379` prints the address), or leave --address out to run on "
+            "this machine."
+        ) from None
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -296,8 +328,16 @@ def start_script(cmd: list, log_path: Path, threads: int) -> subprocess.Popen:
     with open(log_path, "a") as log:
         log.write(f"$ {shlex.join(cmd)}\n")
         log.flush()
-        return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
+        return subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
 
 
 def resume_or_fresh(trial_dir: Path, cmd: list) -> list:
@@ -370,8 +410,14 @@ def run_trial(config: dict) -> None:
             stop_group(proc, signal.SIGINT, wait=300)
     rc = proc.returncode
     state = "done" if rc == 0 else "interrupted" if rc == INTERRUPTED and (sweep_dir / STOP_FILE).exists() else "failed"
-    result = {"state": state, "returncode": rc, "seconds": round(time.time() - start, 1), "command": shlex.join(cmd),
-              "host": socket.gethostname(), **progress_of(log_path)}  # fmt: skip
+    result = {
+        "state": state,
+        "returncode": rc,
+        "seconds": round(time.time() - start, 1),
+        "command": shlex.join(cmd),
+        "host": socket.gethostname(),
+        **progress_of(log_path),
+    }
     if state == "failed":
         result["log_tail"] = log_tail(log_path, TAIL)
     if state != "interrupted":  # the marker: a finished trial is never run again
@@ -410,12 +456,32 @@ class LocalRay:
 
     def __init__(self, cpus: int, log_path: Path):
         self.port, self.temp = free_port(), tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: socket paths <= 107 bytes
-        cmd = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--port", str(self.port), "--num-cpus",
-               str(cpus), "--include-dashboard", "false", "--node-ip-address", "127.0.0.1", "--block", "--temp-dir",
-               self.temp, "--disable-usage-stats"]  # fmt: skip
+        cmd = [
+            str(Path(sys.executable).with_name("ray")),
+            "start",
+            "--head",
+            "--port",
+            str(self.port),
+            "--num-cpus",
+            str(cpus),
+            "--include-dashboard",
+            "false",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--block",
+            "--temp-dir",
+            self.temp,
+            "--disable-usage-stats",
+        ]
         with open(log_path, "a") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         start_new_session=True, preexec_fn=die_with_parent)  # fmt: skip
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
         self.address = f"127.0.0.1:{self.port}"
 
     def stop(self) -> None:
@@ -457,8 +523,9 @@ def connect_ray(address: str, cpus_needed: int, local: bool):
     largest = max((n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]), default=0)
     if cpus_needed > largest:
         ray.shutdown()
-        raise UserError(f"a trial needs {cpus_needed} CPUs but the largest node of {address} has {largest:g}: lower "
-                        "--cpus-per-trial.")  # fmt: skip
+        raise UserError(
+            f"a trial needs {cpus_needed} CPUs but the largest node of {address} has {largest:g}: lower --cpus-per-trial."
+        )
     return ray
 
 
@@ -502,10 +569,13 @@ class Progress:
             self.running.pop(trial_id, None)
             self.done += state == "done"
             self.failed += state in ("failed", "error")
-            line = {"done": "done", "failed": f"FAILED (exit code {result.get('returncode')})",
-                    "interrupted": "stopped, checkpoint saved", "lost": "lost its worker (a node gone?): Tune "
-                    "restarts it, from its newest checkpoint", "error": "FAILED: its worker was lost more often than "
-                    "--max-failures allows (`--resume` tries again)"}[state]  # fmt: skip
+            line = {
+                "done": "done",
+                "failed": f"FAILED (exit code {result.get('returncode')})",
+                "interrupted": "stopped, checkpoint saved",
+                "lost": "lost its worker (a node gone?): Tune restarts it, from its newest checkpoint",
+                "error": "FAILED: its worker was lost more often than --max-failures allows (`--resume` tries again)",
+            }[state]
         else:
             self.running[trial_id] = result
             if "global_step" in result:
@@ -559,27 +629,40 @@ def run_grid(sweep_dir: Path, spec: dict, stopping: dict) -> int:
     kept = len(trials) - len(todo)
     if kept:
         print(f"[sweep] {kept} finished trial(s) kept; {len(todo)} to run (resumed from their newest checkpoint)")
-    progress = Progress(len(trials), sum(1 for m in markers.values() if m and m["state"] == "done"),
-                        sum(1 for m in markers.values() if m and m["state"] == "failed"))  # fmt: skip
+    progress = Progress(
+        len(trials),
+        sum(1 for m in markers.values() if m and m["state"] == "done"),
+        sum(1 for m in markers.values() if m and m["state"] == "failed"),
+    )
     if todo:
         trainable = tune.with_resources(run_trial, {"cpu": spec["cpus_per_trial"]})
         tuner = tune.Tuner(
             trainable,
-            param_space={"trial": tune.grid_search(todo), "sweep_dir": str(sweep_dir.absolute()),
-                         "report_interval": spec["report_interval"]},  # fmt: skip
-            tune_config=tune.TuneConfig(trial_name_creator=lambda t: t.config["trial"]["id"],
-                                        trial_dirname_creator=lambda t: t.config["trial"]["id"]),  # fmt: skip
-            run_config=tune.RunConfig(name="tune", storage_path=str((sweep_dir / "tune").absolute()), verbose=0,
-                                      failure_config=tune.FailureConfig(max_failures=spec["max_failures"]),
-                                      callbacks=[progress.callback()]),  # fmt: skip
+            param_space={
+                "trial": tune.grid_search(todo),
+                "sweep_dir": str(sweep_dir.absolute()),
+                "report_interval": spec["report_interval"],
+            },
+            tune_config=tune.TuneConfig(
+                trial_name_creator=lambda t: t.config["trial"]["id"], trial_dirname_creator=lambda t: t.config["trial"]["id"]
+            ),
+            run_config=tune.RunConfig(
+                name="tune",
+                storage_path=str((sweep_dir / "tune").absolute()),
+                verbose=0,
+                failure_config=tune.FailureConfig(max_failures=spec["max_failures"]),
+                callbacks=[progress.callback()],
+            ),
         )
         tuner.fit()
     results = {t.id: read_result(sweep_dir, t.id) for t in trials}
     for t in trials:
         if results[t.id] and results[t.id]["state"] == "failed":
             tail = "\n".join(f"    {line}" for line in results[t.id].get("log_tail", "").splitlines())
-            print(f"[trial {t.id}] FAILED (exit code {results[t.id]['returncode']}); last lines of its log:\n{tail}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"[trial {t.id}] FAILED (exit code {results[t.id]['returncode']}); last lines of its log:\n{tail}",
+                file=sys.stderr,
+            )
     if stopping["stopping"] or any(r is None for r in results.values()):
         return INTERRUPTED
     return 1 if any(r["state"] == "failed" for r in results.values()) else 0
@@ -618,16 +701,20 @@ def parse_space(items: list) -> dict:
         except ValueError:
             ok = False
         if not name or not ok:
-            raise UserError(f"--space '{item}': write flag=loguniform:LOW:HIGH, uniform:LOW:HIGH, int:LOW:HIGH or "
-                            "choice:A,B,... (LOW < HIGH; loguniform above 0).")  # fmt: skip
+            raise UserError(
+                f"--space '{item}': write flag=loguniform:LOW:HIGH, uniform:LOW:HIGH, int:LOW:HIGH or "
+                "choice:A,B,... (LOW < HIGH; loguniform above 0)."
+            )
         space[flag_name(name)] = [kind, [v.strip() for v in args.split(",") if v.strip()] if kind == "choice" else [low, high]]
     return space
 
 
 def space_values(space: dict) -> dict:
     """What the value check probes: each range's ends, every choice."""
-    return {name: [str(v) for v in args] if kind == "choice" else [fmt(args[0]), fmt(args[1])]
-            for name, (kind, args) in space.items()}  # fmt: skip
+    return {
+        name: [str(v) for v in args] if kind == "choice" else [fmt(args[0]), fmt(args[1])]
+        for name, (kind, args) in space.items()
+    }
 
 
 def fmt(value) -> str:
@@ -638,8 +725,12 @@ def fmt(value) -> str:
 def tune_space(space: dict) -> dict:
     from ray import tune
 
-    make = {"loguniform": lambda a: tune.loguniform(*a), "uniform": lambda a: tune.uniform(*a),
-            "int": lambda a: tune.randint(a[0], a[1] + 1), "choice": lambda a: tune.choice(a)}  # fmt: skip
+    make = {
+        "loguniform": lambda a: tune.loguniform(*a),
+        "uniform": lambda a: tune.uniform(*a),
+        "int": lambda a: tune.randint(a[0], a[1] + 1),
+        "choice": lambda a: tune.choice(a),
+    }
     return {name: make[kind](args) for name, (kind, args) in space.items()}
 
 
@@ -722,9 +813,11 @@ def run_tune(sweep_dir: Path, spec: dict, ns, stopping: dict) -> int:
         def on_trial_result(self, iteration, trials, trial, result, **info):
             setting = " ".join(f"{k}={fmt(v)}" for k, v in trial.config["setting"].items())
             done = sum(x.status == "TERMINATED" for x in trials)
-            print(f"[tune {trial.trial_id}] {setting}: mean eval return {result['eval_return']:.1f} at step "
-                  f"{result['global_step']:,} ({len(base['seeds'])} seeds); settings finished {done}/{t['num_samples']}",
-                  flush=True)  # fmt: skip
+            print(
+                f"[tune {trial.trial_id}] {setting}: mean eval return {result['eval_return']:.1f} at step "
+                f"{result['global_step']:,} ({len(base['seeds'])} seeds); settings finished {done}/{t['num_samples']}",
+                flush=True,
+            )
 
     trainable = tune.with_resources(tune_trial, {"cpu": spec["cpus_per_trial"] * len(base["seeds"])})
     study = (sweep_dir / "tune" / "tune").absolute()
@@ -734,20 +827,34 @@ def run_tune(sweep_dir: Path, spec: dict, ns, stopping: dict) -> int:
     else:
         tuner = tune.Tuner(
             trainable,
-            param_space={"setting": tune_space(t["space"]), "base": base, "sweep_dir": str(sweep_dir.absolute()),
-                         "report_interval": spec["report_interval"]},  # fmt: skip
-            tune_config=tune.TuneConfig(metric="eval_return", mode="max", search_alg=searcher, scheduler=scheduler,
-                                        num_samples=t["num_samples"]),  # fmt: skip
-            run_config=tune.RunConfig(name="tune", storage_path=str((sweep_dir / "tune").absolute()), verbose=0,
-                                      failure_config=tune.FailureConfig(max_failures=spec["max_failures"]),
-                                      callbacks=[Report()]),  # fmt: skip
+            param_space={
+                "setting": tune_space(t["space"]),
+                "base": base,
+                "sweep_dir": str(sweep_dir.absolute()),
+                "report_interval": spec["report_interval"],
+            },
+            tune_config=tune.TuneConfig(
+                metric="eval_return", mode="max", search_alg=searcher, scheduler=scheduler, num_samples=t["num_samples"]
+            ),
+            run_config=tune.RunConfig(
+                name="tune",
+                storage_path=str((sweep_dir / "tune").absolute()),
+                verbose=0,
+                failure_config=tune.FailureConfig(max_failures=spec["max_failures"]),
+                callbacks=[Report()],
+            ),
         )
     results = tuner.fit()
     rows = []
     for r in results:
         if r.metrics and "eval_return" in r.metrics:
-            rows.append({"setting": {k: fmt(v) for k, v in r.config["setting"].items()},
-                         "eval_return": r.metrics["eval_return"], "global_step": r.metrics["global_step"]})  # fmt: skip
+            rows.append(
+                {
+                    "setting": {k: fmt(v) for k, v in r.config["setting"].items()},
+                    "eval_return": r.metrics["eval_return"],
+                    "global_step": r.metrics["global_step"],
+                }
+            )
     if stopping["stopping"]:
         return INTERRUPTED
     if not rows:
@@ -755,20 +862,33 @@ def run_tune(sweep_dir: Path, spec: dict, ns, stopping: dict) -> int:
         return 1
     best = max(rows, key=lambda r: (r["global_step"], r["eval_return"]))  # among those that ran longest (ASHA)
     flags = [[k, v] for k, v in best["setting"].items()]
-    command = shlex.join(["python", base["script"], "--env-id", base["env_id"], *base["extra"],
-                          *flag_args(flags, base["bool_flags"])])  # fmt: skip
+    command = shlex.join(
+        ["python", base["script"], "--env-id", base["env_id"], *base["extra"], *flag_args(flags, base["bool_flags"])]
+    )
     write_json(sweep_dir / "tune.json", {"settings": rows, "best": best, "best_command": command})
-    print(f"[tune] best setting: {' '.join(f'{k}={v}' for k, v in flags)}: mean eval return {best['eval_return']:.1f} "
-          f"over seeds {base['seeds']} at step {best['global_step']:,}")  # fmt: skip
+    print(
+        f"[tune] best setting: {' '.join(f'{k}={v}' for k, v in flags)}: mean eval return {best['eval_return']:.1f} "
+        f"over seeds {base['seeds']} at step {best['global_step']:,}"
+    )
     print(f"[tune] best command line:\n{command}", flush=True)
     if not t["final_seeds"]:
         return 0
     final_dir = sweep_dir / "final"
     final_dir.mkdir(exist_ok=True)
-    trials = expand_grid([base["script"]], [base["env_id"]], t["final_seeds"], {k: [v] for k, v in flags}, base["extra"],
-                         spec["cpus_per_trial"], {base["script"]: base["bool_flags"]})  # fmt: skip
-    final = {**{k: spec[k] for k in ("cpus_per_trial", "max_failures", "report_interval", "metric", "score_ranges")},
-             "trials": [asdict(x) for x in trials], "command": spec["command"] + "  (the best setting on fresh seeds)"}  # fmt: skip
+    trials = expand_grid(
+        [base["script"]],
+        [base["env_id"]],
+        t["final_seeds"],
+        {k: [v] for k, v in flags},
+        base["extra"],
+        spec["cpus_per_trial"],
+        {base["script"]: base["bool_flags"]},
+    )
+    final = {
+        **{k: spec[k] for k in ("cpus_per_trial", "max_failures", "report_interval", "metric", "score_ranges")},
+        "trials": [asdict(x) for x in trials],
+        "command": spec["command"] + "  (the best setting on fresh seeds)",
+    }
     write_json(final_dir / "sweep.json", final)
     print(f"[tune] the best setting on fresh seeds {t['final_seeds']}, in {final_dir}", flush=True)
     rc = run_grid(final_dir, final, stopping)
@@ -811,8 +931,14 @@ def summarize(sweep_dir: Path, spec: dict, metric: str, score_ranges: dict) -> d
     per_trial, tasks = [], {}
     for t in (Trial(**t) for t in spec["trials"]):
         marker = read_result(sweep_dir, t.id)
-        entry = {"id": t.id, "task": t.task, "env_id": t.env_id, "seed": t.seed,
-                 "state": marker["state"] if marker else "unfinished", **trial_scalars(sweep_dir / "trials" / t.id)}  # fmt: skip
+        entry = {
+            "id": t.id,
+            "task": t.task,
+            "env_id": t.env_id,
+            "seed": t.seed,
+            "state": marker["state"] if marker else "unfinished",
+            **trial_scalars(sweep_dir / "trials" / t.id),
+        }
         if marker and marker["state"] == "failed":
             entry["log_tail"] = marker.get("log_tail", "")
         per_trial.append(entry)
@@ -820,9 +946,15 @@ def summarize(sweep_dir: Path, spec: dict, metric: str, score_ranges: dict) -> d
     rows = []
     for task, entries in tasks.items():
         values = np.array([e[key] for e in entries if e["state"] == "done" and key in e], dtype=np.float64)
-        row = {"task": task, "env_id": entries[0]["env_id"], "seeds": len(entries), "n": int(values.size),
-               "failed": [e["seed"] for e in entries if e["state"] == "failed"],
-               "unfinished": [e["seed"] for e in entries if e["state"] == "unfinished"], "per_seed": values.tolist()}  # fmt: skip
+        row = {
+            "task": task,
+            "env_id": entries[0]["env_id"],
+            "seeds": len(entries),
+            "n": int(values.size),
+            "failed": [e["seed"] for e in entries if e["state"] == "failed"],
+            "unfinished": [e["seed"] for e in entries if e["state"] == "unfinished"],
+            "per_seed": values.tolist(),
+        }
         if values.size:
             row.update({"mean": float(values.mean()), "std": float(values.std())})
             if values.size >= 3:
@@ -837,12 +969,22 @@ def summarize(sweep_dir: Path, spec: dict, metric: str, score_ranges: dict) -> d
     aggregate = None
     if scored and len({r["n"] for r in scored}) == 1:
         iqm, low, high = iqm_interval(np.array([r["normalized_per_seed"] for r in scored]).T)
-        aggregate = {"iqm": iqm, "ci95": [low, high], "tasks": [r["task"] for r in scored], "runs": sum(r["n"] for r in scored),
-                     "metric": f"IQM over (seed, task) of ({metric} score - low) / (high - low), --score-range per env"}  # fmt: skip
+        aggregate = {
+            "iqm": iqm,
+            "ci95": [low, high],
+            "tasks": [r["task"] for r in scored],
+            "runs": sum(r["n"] for r in scored),
+            "metric": f"IQM over (seed, task) of ({metric} score - low) / (high - low), --score-range per env",
+        }
     elif scored:
         aggregate = {"error": "tasks have different numbers of finished seeds: no stratified bootstrap"}
-    summary = {"metric": metric, "metric_meaning": meaning, "tasks": rows, "aggregate": aggregate,
-               "trials": [{k: v for k, v in e.items() if not k.endswith("_curve")} for e in per_trial]}  # fmt: skip
+    summary = {
+        "metric": metric,
+        "metric_meaning": meaning,
+        "tasks": rows,
+        "aggregate": aggregate,
+        "trials": [{k: v for k, v in e.items() if not k.endswith("_curve")} for e in per_trial],
+    }
     write_json(sweep_dir / "summary.json", summary)
     (sweep_dir / "summary.md").write_text(markdown(summary) + "\n")
     plot(tasks, sweep_dir / "summary.png")
@@ -850,13 +992,21 @@ def summarize(sweep_dir: Path, spec: dict, metric: str, score_ranges: dict) -> d
 
 
 def markdown(summary: dict) -> str:
-    lines = [f"Score: {summary['metric_meaning']}, per seed.", "",
-             "| task | seeds done / all | mean ± std | 95 % CI (bootstrap) or min–max | normalized (mean) | failed seeds |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"Score: {summary['metric_meaning']}, per seed.",
+        "",
+        "| task | seeds done / all | mean ± std | 95 % CI (bootstrap) or min–max | normalized (mean) | failed seeds |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in summary["tasks"]:
         mean = f"{r['mean']:.1f} ± {r['std']:.1f}" if "mean" in r else "–"
-        spread = (f"[{r['ci95'][0]:.1f}, {r['ci95'][1]:.1f}]" if "ci95" in r else
-                  f"{r['min_max'][0]:.1f}–{r['min_max'][1]:.1f} (n={r['n']})" if "min_max" in r else "–")  # fmt: skip
+        spread = (
+            f"[{r['ci95'][0]:.1f}, {r['ci95'][1]:.1f}]"
+            if "ci95" in r
+            else f"{r['min_max'][0]:.1f}–{r['min_max'][1]:.1f} (n={r['n']})"
+            if "min_max" in r
+            else "–"
+        )
         norm = f"{np.mean(r['normalized_per_seed']):.2f}" if "normalized_per_seed" in r else "–"
         failed = ", ".join(map(str, r["failed"])) or "–"
         if r["unfinished"]:
@@ -864,8 +1014,10 @@ def markdown(summary: dict) -> str:
         lines.append(f"| {r['task']} | {r['n']} / {r['seeds']} | {mean} | {spread} | {norm} | {failed} |")
     agg = summary["aggregate"]
     if agg and "iqm" in agg:
-        lines.append(f"\nIQM of the normalized score over {len(agg['tasks'])} task(s), {agg['runs']} runs: "
-                     f"**{agg['iqm']:.2f}** [{agg['ci95'][0]:.2f}, {agg['ci95'][1]:.2f}] (95 % stratified bootstrap, rliable).")  # fmt: skip
+        lines.append(
+            f"\nIQM of the normalized score over {len(agg['tasks'])} task(s), {agg['runs']} runs: "
+            f"**{agg['iqm']:.2f}** [{agg['ci95'][0]:.2f}, {agg['ci95'][1]:.2f}] (95 % stratified bootstrap, rliable)."
+        )
     elif agg:
         lines.append(f"\nIQM: {agg['error']}.")
     failed = [t for t in summary["trials"] if t["state"] == "failed"]
@@ -908,8 +1060,11 @@ def parse_args(argv: list) -> tuple:
     extra = []
     if "--" in argv:
         extra, argv = argv[argv.index("--") + 1 :], argv[: argv.index("--")]
-    parser = argparse.ArgumentParser(prog="tools/sweep.py", description=__doc__.splitlines()[0],
-                                     epilog="Arguments after a literal -- go to every trial's script.")  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="tools/sweep.py",
+        description=__doc__.splitlines()[0],
+        epilog="Arguments after a literal -- go to every trial's script.",
+    )
     parser.add_argument("--out", required=True, type=Path, help="the sweep's folder (trials, summary, Tune's state)")
     parser.add_argument("--script", nargs="+", default=[], help=f"one or more of {', '.join(SCRIPTS)}")
     parser.add_argument("--env-id", nargs="+", default=[])
@@ -921,21 +1076,42 @@ def parse_args(argv: list) -> tuple:
     parser.add_argument("--report-interval", type=float, default=10.0, help="seconds between a trial's progress lines")
     parser.add_argument("--resume", action="store_true", help="continue the sweep in --out")
     parser.add_argument("--summarize", action="store_true", help="only (re)write the summary of --out")
-    parser.add_argument("--metric", choices=sorted(METRICS), default=None,
-                        help="per-seed score: eval (last evaluation; the default with --eval-interval) or train")  # fmt: skip
-    parser.add_argument("--score-range", action="append", default=[],
-                        help="ENV=LOW:HIGH: normalized score (x - LOW) / (HIGH - LOW), e.g. random and published returns")  # fmt: skip
+    parser.add_argument(
+        "--metric",
+        choices=sorted(METRICS),
+        default=None,
+        help="per-seed score: eval (last evaluation; the default with --eval-interval) or train",
+    )
+    parser.add_argument(
+        "--score-range",
+        action="append",
+        default=[],
+        help="ENV=LOW:HIGH: normalized score (x - LOW) / (HIGH - LOW), e.g. random and published returns",
+    )
     tuning = parser.add_argument_group("--tune: search a space instead of a grid (one script, one env id)")
     tuning.add_argument("--tune", action="store_true", help="search --space; objective: mean eval return over --seeds")
-    tuning.add_argument("--space", action="append", default=[],
-                        help="flag=loguniform:LOW:HIGH | uniform:LOW:HIGH | int:LOW:HIGH | choice:A,B (repeatable)")  # fmt: skip
+    tuning.add_argument(
+        "--space",
+        action="append",
+        default=[],
+        help="flag=loguniform:LOW:HIGH | uniform:LOW:HIGH | int:LOW:HIGH | choice:A,B (repeatable)",
+    )
     tuning.add_argument("--num-samples", type=int, default=8, help="settings tried")
     tuning.add_argument("--search", choices=["optuna", "random"], default="optuna")
     tuning.add_argument("--search-seed", type=int, default=0)
-    tuning.add_argument("--grace-steps", type=int, default=None,
-                        help="ASHA stops no setting before this many env steps (default: a quarter of the budget)")  # fmt: skip
-    tuning.add_argument("--final-seeds", nargs="*", type=int, default=None,
-                        help="re-run the best setting on these seeds (default: 3 seeds after --seeds; none: no re-run)")  # fmt: skip
+    tuning.add_argument(
+        "--grace-steps",
+        type=int,
+        default=None,
+        help="ASHA stops no setting before this many env steps (default: a quarter of the budget)",
+    )
+    tuning.add_argument(
+        "--final-seeds",
+        nargs="*",
+        type=int,
+        default=None,
+        help="re-run the best setting on these seeds (default: 3 seeds after --seeds; none: no re-run)",
+    )
     ns = parser.parse_args(argv)
     return ns, extra
 
@@ -962,8 +1138,10 @@ def new_spec(ns, extra: list) -> dict:
     if ns.cpus_per_trial < 1 or ns.max_failures < 0 or ns.report_interval <= 0 or any(s < 0 for s in ns.seeds):
         raise UserError("--cpus-per-trial must be >= 1, --max-failures >= 0, --report-interval > 0, seeds >= 0.")
     if ns.address is None and ns.cpus_per_trial > usable_cores():
-        raise UserError(f"--cpus-per-trial {ns.cpus_per_trial} is more than this machine's {usable_cores()} cores: "
-                        "no trial could start. Lower it.")  # fmt: skip
+        raise UserError(
+            f"--cpus-per-trial {ns.cpus_per_trial} is more than this machine's {usable_cores()} cores: "
+            "no trial could start. Lower it."
+        )
     if ns.address is not None:
         check_address(ns.address)
     grid = parse_grid(ns.grid)
@@ -980,9 +1158,15 @@ def new_spec(ns, extra: list) -> dict:
     trials = expand_grid(scripts, ns.env_id, ns.seeds, grid, extra, ns.cpus_per_trial, bool_flags)
     check_values(value_probes(trials))
     metric = ns.metric or ("eval" if any(w.startswith("--eval-interval") for w in extra) else "train")
-    return {"trials": [asdict(t) for t in trials], "cpus_per_trial": ns.cpus_per_trial, "max_failures": ns.max_failures,
-            "report_interval": ns.report_interval, "metric": metric, "score_ranges": parse_ranges(ns.score_range),
-            "command": shlex.join([sys.executable, *sys.argv])}  # fmt: skip
+    return {
+        "trials": [asdict(t) for t in trials],
+        "cpus_per_trial": ns.cpus_per_trial,
+        "max_failures": ns.max_failures,
+        "report_interval": ns.report_interval,
+        "metric": metric,
+        "score_ranges": parse_ranges(ns.score_range),
+        "command": shlex.join([sys.executable, *sys.argv]),
+    }
 
 
 def tune_spec(ns, extra: list, scripts: list) -> dict:
@@ -995,8 +1179,10 @@ def tune_spec(ns, extra: list, scripts: list) -> dict:
         raise UserError("--tune needs the budget: give the script --total-timesteps N (after --).")
     k = len(ns.seeds)
     if ns.address is None and ns.cpus_per_trial * k > usable_cores():
-        raise UserError(f"a --tune trial runs its {k} seeds at once, {ns.cpus_per_trial} CPU(s) each: {ns.cpus_per_trial * k} "
-                        f"is more than this machine's {usable_cores()} cores. Lower --cpus-per-trial or --seeds.")  # fmt: skip
+        raise UserError(
+            f"a --tune trial runs its {k} seeds at once, {ns.cpus_per_trial} CPU(s) each: {ns.cpus_per_trial * k} "
+            f"is more than this machine's {usable_cores()} cores. Lower --cpus-per-trial or --seeds."
+        )
     if ns.num_samples < 1:
         raise UserError("--num-samples must be >= 1.")
     space = parse_space(ns.space)
@@ -1006,13 +1192,34 @@ def tune_spec(ns, extra: list, scripts: list) -> dict:
     probes = expand_grid(scripts, ns.env_id, ns.seeds[:1], space_values(space), extra, 1, {scripts[0]: sorted(switches)})
     check_values(value_probes(probes))
     final = ns.final_seeds if ns.final_seeds is not None else [max(ns.seeds) + i for i in (1, 2, 3)]
-    base = {"script": scripts[0], "env_id": ns.env_id[0], "seeds": ns.seeds, "extra": extra, "threads": ns.cpus_per_trial,
-            "bool_flags": sorted(switches)}  # fmt: skip
-    tune = {"space": space, "num_samples": ns.num_samples, "search": ns.search, "search_seed": ns.search_seed,
-            "total": int(total), "grace_steps": ns.grace_steps or max(int(total) // 4, 1), "final_seeds": final}  # fmt: skip
-    return {"base": base, "tune": tune, "trials": [], "cpus_per_trial": ns.cpus_per_trial, "max_failures": ns.max_failures,
-            "report_interval": ns.report_interval, "metric": "eval", "score_ranges": parse_ranges(ns.score_range),
-            "command": shlex.join([sys.executable, *sys.argv])}  # fmt: skip
+    base = {
+        "script": scripts[0],
+        "env_id": ns.env_id[0],
+        "seeds": ns.seeds,
+        "extra": extra,
+        "threads": ns.cpus_per_trial,
+        "bool_flags": sorted(switches),
+    }
+    tune = {
+        "space": space,
+        "num_samples": ns.num_samples,
+        "search": ns.search,
+        "search_seed": ns.search_seed,
+        "total": int(total),
+        "grace_steps": ns.grace_steps or max(int(total) // 4, 1),
+        "final_seeds": final,
+    }
+    return {
+        "base": base,
+        "tune": tune,
+        "trials": [],
+        "cpus_per_trial": ns.cpus_per_trial,
+        "max_failures": ns.max_failures,
+        "report_interval": ns.report_interval,
+        "metric": "eval",
+        "score_ranges": parse_ranges(ns.score_range),
+        "command": shlex.join([sys.executable, *sys.argv]),
+    }
 
 
 def main(argv: Optional[list] = None) -> int:
@@ -1039,11 +1246,16 @@ def main(argv: Optional[list] = None) -> int:
     n, cpt = len(spec["trials"]), spec["cpus_per_trial"]
     if "tune" in spec:
         k = len(spec["base"]["seeds"])
-        print(f"[tune] {spec['tune']['num_samples']} settings x {k} seeds in {sweep_dir}; {cpt} CPU(s) and --torch-threads "
-              f"{cpt} per seed" + ("" if ns.address else f", {concurrency(usable_cores(), cpt * k)} setting(s) at once"))  # fmt: skip
+        print(
+            f"[tune] {spec['tune']['num_samples']} settings x {k} seeds in {sweep_dir}; {cpt} CPU(s) and --torch-threads "
+            f"{cpt} per seed" + ("" if ns.address else f", {concurrency(usable_cores(), cpt * k)} setting(s) at once")
+        )
     else:
-        print(f"[sweep] {n} trials in {sweep_dir}; {cpt} CPU(s) and --torch-threads {cpt} each"
-              + ("" if ns.address else f", {concurrency(usable_cores(), cpt)} at once on this machine"), flush=True)  # fmt: skip
+        print(
+            f"[sweep] {n} trials in {sweep_dir}; {cpt} CPU(s) and --torch-threads {cpt} each"
+            + ("" if ns.address else f", {concurrency(usable_cores(), cpt)} at once on this machine"),
+            flush=True,
+        )
     stopping = install_stop_handler(sweep_dir)
     ray_env(local=ns.address is None)
     head = LocalRay(usable_cores(), sweep_dir / "ray-head.log") if ns.address is None else None
@@ -1061,8 +1273,10 @@ def main(argv: Optional[list] = None) -> int:
             head.stop()
     summarize(sweep_dir, spec, spec["metric"], spec["score_ranges"])
     print((sweep_dir / "summary.md").read_text(), end="")
-    print(f"[sweep] wrote {sweep_dir / 'summary.json'}, summary.md and summary.png" +
-          ("; stopped: continue with --resume" if rc == INTERRUPTED else ""))  # fmt: skip
+    print(
+        f"[sweep] wrote {sweep_dir / 'summary.json'}, summary.md and summary.png"
+        + ("; stopped: continue with --resume" if rc == INTERRUPTED else "")
+    )
     return rc
 
 

@@ -96,7 +96,7 @@ def differing_blocks(blocks: dict) -> dict:
 
 
 def describe(name: str, groups: list) -> str:
-    """"shared block 'x' differs between a.py (same as b.py) and c.py"."""
+    """ "shared block 'x' differs between a.py (same as b.py) and c.py"."""
     named = [group[0] + (f" (same as {', '.join(group[1:])})" if group[1:] else "") for group in groups]
     return f"shared block '{name}' differs between {', '.join(named[:-1])} and {named[-1]}"
 
@@ -119,8 +119,10 @@ def sync(source: Path) -> list:
         elif groups and others[groups[0][0]] != body:
             copies[name] = (groups[0], others[groups[0][0]])
     if conflicts:
-        raise Refused(f"nothing was written: the copies outside {source.name} already disagree (two copies were edited; "
-                      "make them agree by hand, then rerun)\n" + "\n".join(conflicts))  # fmt: skip
+        raise Refused(
+            f"nothing was written: the copies outside {source.name} already disagree (two copies were edited; "
+            "make them agree by hand, then rerun)\n" + "\n".join(conflicts)
+        )
 
     source_lines = texts[source.name].splitlines(keepends=True)
     source_spans = block_spans(texts[source.name])
@@ -154,8 +156,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, epilog=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("file", nargs="?", type=Path, help="the script whose shared blocks are the right ones")
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 listing the blocks that differ")
-    parser.add_argument("--root", type=Path, default=None,
-                        help="the scripts' folder for --check (default: FILE's folder, else the repository)")  # fmt: skip
+    parser.add_argument(
+        "--root", type=Path, default=None, help="the scripts' folder for --check (default: FILE's folder, else the repository)"
+    )
     args = parser.parse_args(argv)
     if args.file is None and not args.check:
         parser.error("name the script you edited (or pass --check)")
