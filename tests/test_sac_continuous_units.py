@@ -329,19 +329,6 @@ def test_stored_done_flag_is_termination_and_next_obs_the_true_final_obs(env_id,
     np.testing.assert_array_equal(ep_return, [1.0, 1.0])  # the third episode's first step
 
 
-def test_merge_resume_args_keeps_checkpoint_values_and_refuses_conflicts():
-    saved = sac.Args(env_id="Pendulum-v1", q_lr=3e-3, total_timesteps=10_000)
-    cli = sac.Args(q_lr=5e-4, total_timesteps=20_000, resume="x.pt", save_buffer=True)
-    given = ["--total-timesteps", "20000", "--resume=x.pt", "--save-buffer"]  # --q-lr not typed: its default does not count
-    merged = sac.merge_resume_args(cli, vars(saved), given)
-    assert merged.env_id == "Pendulum-v1" and merged.q_lr == 3e-3
-    assert merged.total_timesteps == 20_000 and merged.save_buffer and merged.resume == "x.pt"
-    same = sac.merge_resume_args(sac.Args(q_lr=3e-3), vars(saved), ["--q-lr", "3e-3"])
-    assert same.q_lr == 3e-3  # typed with the checkpoint's own value: no conflict
-    with pytest.raises(sac.UserError, match=r"--q-lr 0.0005 .* 0.003"):
-        sac.merge_resume_args(cli, vars(saved), [*given, "--q-lr=0.0005"])
-
-
 def test_actor_and_alpha_losses_in_one_backward_pass_equal_two_separate_steps():
     """actor_update backpropagates L_pi + L_alpha at once. That equals two separate steps only because neither loss
     reaches the other's parameters (alpha enters L_pi detached, log pi enters L_alpha detached): recompute it apart."""

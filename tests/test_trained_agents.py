@@ -170,8 +170,6 @@ def test_run_keeps_the_best_evaluated_agent_a_snapshot_and_its_score_on_resume(t
     assert best["global_step"] == 30 and torch.all(best["model"]["weight"] == 3.0) and best["run_state"]["best_score"] == 9
     step_ckpt = run.save("step")  # every checkpoint holds the best score (and a periodic one the buffer)
     run.save("final")
-    ppo.prune_checkpoints(run.ckpt_dir, keep=0)  # --keep-checkpoints never deletes best.pt
-    assert best_pt.is_file() and not step_ckpt.exists()
     run.writer.flush()
     assert scalars(run.dir, "eval/best_return") == {10: 6.0, 20: 6.0, 30: 9.0}
     run.close()
@@ -182,6 +180,10 @@ def test_run_keeps_the_best_evaluated_agent_a_snapshot_and_its_score_on_resume(t
     resumed = ppo.Run(args, "ppo_continuous", ckpt, shapes, 10)
     assert resumed.best_score == 9.0  # a resumed run keeps best.pt unless it beats 9
     resumed.writer.close()
+    run.args.keep_checkpoints = 1
+    at(50, 5.0)
+    run.save("step")  # --keep-checkpoints 1: the older periodic checkpoint goes, best.pt never
+    assert best_pt.is_file() and not step_ckpt.exists()
 
 
 # ---- keep-best in real runs whose training return falls (no evaluation: the recent training returns) ----
