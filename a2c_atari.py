@@ -111,22 +111,12 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Call
         render_mode = "rgb_array" if capture_video and idx == 0 else None
         # frameskip=1: AtariPreprocessing skips frames (v5's own skip would come on top); sticky actions: the id's own;
         # ALE truncates a game at 108,000 frames (30 minutes of play at 60 fps)
-        env = gym.make(
-            env_id,
-            obs_type="grayscale",
-            frameskip=1,
-            max_num_frames_per_episode=108_000,
-            render_mode=render_mode,
-            disable_env_checker=True,
-        )  # the checker would flag the RAM below
+        env = gym.make(env_id, obs_type="grayscale", frameskip=1, max_num_frames_per_episode=108_000, render_mode=render_mode)
         if render_mode is not None:
             env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
         # 1..30 NOOPs after a reset (each game starts in another state); each action held for 4 frames, returning
         # the max of the last two (Atari draws some sprites on odd frames only); the screen as 84x84 grayscale
         env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)
-        # speed: AtariPreprocessing reads the two screens it pools from the ALE itself and drops what the env returns
-        # for each frame; make that the 128-byte RAM, not a 33 KB screen (10 % of the env's time; the same observations)
-        env.unwrapped._obs_type = "ram"
         # info["episode"]: the whole game's score (all lives, unclipped) and length, below EpisodicLife and ClipReward
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env = EpisodicLife(env)  # a lost life ends the learning episode (terminated), not the game
