@@ -108,8 +108,7 @@ def layer_init(layer: nn.Module, std: float = math.sqrt(2), bias_const: float = 
 
 # --- shared: atari ---
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Callable[[], gym.Env]:
-    """One Atari env under the standard preprocessing (Mnih et al. 2015; Machado et al. 2018), innermost first.
-    Video, when asked for, records env 0's full screen."""
+    """One Atari env under the standard preprocessing (Mnih et al. 2015; Machado et al. 2018), innermost first."""
 
     def thunk() -> gym.Env:
         import ale_py
@@ -119,22 +118,12 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Call
         render_mode = "rgb_array" if capture_video and idx == 0 else None
         # frameskip=1: AtariPreprocessing skips frames (v5's own skip would come on top); sticky actions: the id's own;
         # ALE truncates a game at 108,000 frames (30 minutes of play at 60 fps)
-        env = gym.make(
-            env_id,
-            obs_type="grayscale",
-            frameskip=1,
-            max_num_frames_per_episode=108_000,
-            render_mode=render_mode,
-            disable_env_checker=True,
-        )  # the checker would flag the RAM below
+        env = gym.make(env_id, obs_type="grayscale", frameskip=1, max_num_frames_per_episode=108_000, render_mode=render_mode)
         if render_mode is not None:
-            env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
+            env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)  # env 0's full screen, unprocessed
         # 1..30 NOOPs after a reset (each game starts in another state); each action held for 4 frames, returning
         # the max of the last two (Atari draws some sprites on odd frames only); the screen as 84x84 grayscale
         env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)
-        # speed: AtariPreprocessing reads the two screens it pools from the ALE itself and drops what the env returns
-        # for each frame; make that the 128-byte RAM, not a 33 KB screen (10 % of the env's time; the same observations)
-        env.unwrapped._obs_type = "ram"
         # info["episode"]: the whole game's score (all lives, unclipped) and length, below EpisodicLife and ClipReward
         env = gym.wrappers.RecordEpisodeStatistics(env)
         env = EpisodicLife(env)  # a lost life ends the learning episode (terminated), not the game
@@ -144,12 +133,6 @@ def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Call
         return gym.wrappers.FrameStackObservation(env, 4)  # the last 4 frames, oldest first: (4, 84, 84) uint8
 
     return thunk
-
-
-def finished_games(infos: dict) -> list:
-    """[(env index, full-game return, length)] for each game that ended at this step (RecordEpisodeStatistics)."""
-    episode = infos.get("episode")
-    return [(int(i), float(episode["r"][i]), int(episode["l"][i])) for i in np.flatnonzero(infos.get("_episode", []))]
 
 
 class EpisodicLife(gym.Wrapper):
@@ -336,7 +319,8 @@ def main() -> None:
     # ---- storage: everything indexed "at step t" of the rollout ----
     obs_buf = torch.zeros((args.num_steps, args.num_envs, *obs_shape), dtype=torch.uint8)  # frames the policy saw
     actions_buf = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long)
-    logprobs_buf, values_buf = torch.zeros((2, args.num_steps, args.num_envs))
+    logprobs_buf = torch.zeros((args.num_steps, args.num_envs))
+    values_buf = torch.zeros((args.num_steps, args.num_envs))
     rewards_buf = np.zeros((args.num_steps, args.num_envs), np.float32)  # clipped rewards
     # the episode ended at t by a terminal state (or a lost life) / by the time limit; step t only reset the env
     terminations_buf, truncations_buf, reset_step_buf = np.zeros((3, args.num_steps, args.num_envs), bool)
@@ -371,13 +355,11 @@ def main() -> None:
             # ---- advantages ----
             with torch.inference_mode():
                 _, last_value = agent(torch.from_numpy(next_obs).to(device))
-            values = values_buf.numpy()
-            next_values, real = next_step_targets(values, last_value.cpu().numpy(), reset_step_buf)
+            next_values, real = next_step_targets(values_buf.numpy(), last_value.cpu().numpy(), reset_step_buf)
             advantages = compute_gae(
-                rewards_buf, values, next_values, terminations_buf, truncations_buf, args.gamma, args.gae_lambda
+                rewards_buf, values_buf.numpy(), next_values, terminations_buf, truncations_buf, args.gamma, args.gae_lambda
             )
-            returns = advantages + values
-
+            returns = advantages + values_buf.numpy()
             # flatten (num_steps, num_envs) -> batch, keeping only the real transitions (not the reset steps)
             b_obs, b_actions, b_logprobs, b_values, b_advantages, b_returns = (
                 torch.as_tensor(x).flatten(0, 1)[real].to(device)
@@ -387,8 +369,7 @@ def main() -> None:
             minibatch_size = len(real) // args.num_minibatches
 
             # ---- update: update_epochs passes over the batch in shuffled minibatches ----
-            # every minibatch's metrics stay on the device (one sync per update), averaged for the log
-            losses, kls = [], []  # per minibatch: policy_loss, value_loss, entropy, grad_norm; per epoch: the KLs
+            losses, kls = [], []  # on the device (one sync per update): per minibatch, losses and grad_norm; per epoch, KLs
             log_ratios = torch.zeros((args.num_minibatches, minibatch_size), device=device)
             for epoch in range(args.update_epochs):
                 perm = torch.randperm(len(real), device=device)[: args.num_minibatches * minibatch_size]
@@ -621,6 +602,12 @@ def eval_env(env_id: str, video_dir: Optional[str] = None) -> gym.Env:
 def player(policy: nn.Module, env_id: str, seed: int) -> Callable:
     """run.play(episodes, video_dir=None): `policy` plays full games on a new eval_env, from the same seed each time."""
     return lambda episodes, video_dir=None: evaluate(policy, eval_env(env_id, video_dir), episodes, seed)
+
+
+def finished_games(infos: dict) -> list:
+    """[(env index, full-game return, length)] for each game that ended at this step (RecordEpisodeStatistics)."""
+    episode = infos.get("episode")
+    return [(int(i), float(episode["r"][i]), int(episode["l"][i])) for i in np.flatnonzero(infos.get("_episode", []))]
 
 
 def evaluate(
