@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from torch.distributions import Independent, Normal
+from torch.distributions import Independent, Normal, TransformedDistribution
 
 SCRIPT_NAME = "ppo_continuous"  # written into checkpoints; a checkpoint of another script is refused
 
@@ -309,6 +309,7 @@ def main() -> None:
     # normalized: the obs the policy saw, and transition t's true next obs (the final obs where an episode ended)
     obs_buf, next_obs_buf = np.zeros((2, args.num_steps, args.num_envs, obs_dim), np.float32)
     actions_buf = np.zeros((args.num_steps, args.num_envs, act_dim), np.float32)  # unclipped Gaussian samples
+    logprobs_buf = np.zeros((args.num_steps, args.num_envs), np.float32)  # log pi(a_t|s_t) of the policy that acted
     rewards_buf = np.zeros((args.num_steps, args.num_envs), np.float32)  # scaled rewards
     terminations_buf, truncations_buf = np.zeros((2, args.num_steps, args.num_envs), bool)  # ended at t: terminal / time limit
 
@@ -319,13 +320,15 @@ def main() -> None:
         discounted_return=np.zeros(args.num_envs),
     )
     run.attach(s, envs, model=agent, optimizer=optimizer, obs_rms=obs_rms, return_rms=return_rms, env_states=EnvStates(envs))
-    # evaluation: deterministic episodes, statistics frozen as they are now; run.play every --eval-interval env steps
-    run.play = lambda episodes, video_dir=None: evaluate(
-        Policy(agent, norm, args.obs_clip, act_space.low, act_space.high).to(device),
-        eval_env(args.env_id, video_dir),
-        episodes,
-        args.seed + 10_000,
-    )
+
+    def play(episodes: int, video_dir: Optional[str] = None) -> list:
+        """Deterministic episodes in eval mode (dropout off), statistics frozen as they are now; then train mode again."""
+        policy = Policy(agent, norm, args.obs_clip, act_space.low, act_space.high).to(device).eval()
+        returns = evaluate(policy, eval_env(args.env_id, video_dir), episodes, args.seed + 10_000)
+        agent.train()
+        return returns
+
+    run.play = play  # every --eval-interval env steps, and after --save-model
     if args.norm_obs and ckpt is None:
         obs_rms.update(s.raw_obs)
     next_obs = normalize_obs(s.raw_obs, norm, args.obs_clip)
@@ -339,8 +342,12 @@ def main() -> None:
             for step in range(args.num_steps):
                 s.global_step += args.num_envs
                 obs_buf[step] = next_obs
-                with torch.inference_mode():  # a ~ pi(.|s): no gradient, no value (computed batched for the update)
-                    action = agent.distribution(torch.from_numpy(next_obs).to(device)).sample().cpu().numpy()
+                # a ~ pi(.|s), no gradient; its log-prob kept now: the update's pi_old is the policy that acted (dropout too)
+                with torch.inference_mode():
+                    dist = agent.distribution(torch.from_numpy(next_obs).to(device))
+                    action = dist.sample()
+                    logprobs_buf[step] = dist.log_prob(action).cpu().numpy()
+                    action = action.cpu().numpy()
                 actions_buf[step] = action
                 # The env gets the action clipped to its bounds; training keeps the sampled one, whose log-prob we know.
                 s.raw_obs, reward, terminations, truncations, infos = envs.step(np.clip(action, act_space.low, act_space.high))
@@ -363,10 +370,11 @@ def main() -> None:
                 rewards_buf[step], terminations_buf[step], truncations_buf[step] = reward, terminations, truncations
 
         with run.timer("update"):
-            # ---- advantages: values and log-probs of the whole rollout in one batched pass ----
-            obs, actions = torch.from_numpy(obs_buf).to(device), torch.from_numpy(actions_buf).to(device)
+            # ---- advantages: the values of the whole rollout in one batched pass (a baseline: unlike the log-probs,
+            # they need not be those of the acting step; a critic with dropout gives another sample of V here) ----
+            obs = torch.from_numpy(obs_buf).to(device)
             with torch.no_grad():
-                logprobs, values = agent.distribution(obs).log_prob(actions), agent.get_value(obs).cpu().numpy()
+                values = agent.get_value(obs).cpu().numpy()
                 next_values = agent.get_value(torch.from_numpy(next_obs_buf).to(device)).cpu().numpy()
             advantages = compute_gae(
                 rewards_buf, values, next_values, terminations_buf, truncations_buf, args.gamma, args.gae_lambda
@@ -374,7 +382,7 @@ def main() -> None:
             returns = advantages + values
             batch = [
                 torch.as_tensor(x, device=device).flatten(0, 1)  # (num_steps, num_envs) -> one batch
-                for x in (obs, actions, logprobs, values, advantages, returns)
+                for x in (obs, actions_buf, logprobs_buf, values, advantages, returns)
             ]
 
             # ---- update: update_epochs passes over the batch in shuffled minibatches ----
@@ -473,7 +481,7 @@ def check_agent(agent: Agent, obs_dim: int, act_dim: int, device: torch.device) 
             got = [tuple(out.shape) for out in (*agent.get_action_and_value(x), deterministic_action(agent.distribution(x)))]
         problem = None if got == want else f"(action, log-prob, entropy, value, mean) of shapes {got}, not {want}"
     except (RuntimeError, NotImplementedError) as e:  # torch's size mismatch: say which sizes must agree
-        problem = str(e).splitlines()[0]
+        problem = (str(e) or repr(e)).splitlines()[0]  # torch's NotImplementedError() has no message
     if problem:
         raise UserError(
             f"the Agent cannot act on a batch of 8 observations of size obs_dim = {obs_dim}: {problem}. Each "
@@ -483,10 +491,14 @@ def check_agent(agent: Agent, obs_dim: int, act_dim: int, device: torch.device) 
 
 
 def deterministic_action(dist: torch.distributions.Distribution) -> torch.Tensor:
-    """The mean; for a transformed distribution (e.g. tanh-squashed, where torch has none) the base mean transformed."""
-    transformed = isinstance(dist, torch.distributions.TransformedDistribution)
-    action = deterministic_action(dist.base_dist) if transformed else dist.mean
-    for transform in dist.transforms if transformed else ():
+    """The mean; for a transformed distribution (e.g. tanh-squashed, where torch has none) the base's mean transformed,
+    found through Independent and nested transforms: tanh(mu) for Independent(TransformedDistribution(Normal(mu, .)))."""
+    if isinstance(dist, Independent):  # reinterprets batch dimensions as an event: the same numbers
+        return deterministic_action(dist.base_dist)
+    if not isinstance(dist, TransformedDistribution):
+        return dist.mean
+    action = deterministic_action(dist.base_dist)
+    for transform in dist.transforms:
         action = transform(action)
     return action
 
