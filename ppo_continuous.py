@@ -173,13 +173,12 @@ def scale_rewards(
     rms: RunningMeanStd,
     gamma: float,
     clip: float,
-    epsilon: float = 1e-8,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Divide rewards by the running std of the discounted return G <- gamma*G + r (not its mean: the sign must survive).
     Returns (scaled rewards, new G); G restarts at any episode end, termination or truncation: a new episode begins."""
     discounted_returns = discounted_returns * gamma + rewards
     rms.update(discounted_returns)
-    scaled = np.clip(rewards / np.sqrt(rms.var + epsilon), -clip, clip)
+    scaled = np.clip(rewards / np.sqrt(rms.var + 1e-8), -clip, clip)
     return scaled.astype(np.float32), np.where(episode_ended, 0.0, discounted_returns)
 
 
@@ -297,7 +296,6 @@ def main() -> None:
     # (NEXT_STEP, gymnasium 1.x's default, adds a step per episode whose action is ignored: not a real transition.)
     thunks = [make_env(args.env_id, i, args.capture_video, str(run.dir / "videos")) for i in range(args.num_envs)]
     envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "the loop assumes same-step autoreset"
 
     agent = Agent(obs_dim, act_dim).to(device)
     check_agent(agent, obs_dim, act_dim, device)  # below the banner: an edited Agent that cannot act stops here
@@ -320,15 +318,13 @@ def main() -> None:
         discounted_return=np.zeros(args.num_envs),
     )
     run.attach(s, envs, model=agent, optimizer=optimizer, obs_rms=obs_rms, return_rms=return_rms, env_states=EnvStates(envs))
-
-    def play(episodes: int, video_dir: Optional[str] = None) -> list:
-        """Deterministic episodes in eval mode (dropout off), statistics frozen as they are now; then train mode again."""
-        policy = Policy(agent, norm, args.obs_clip, act_space.low, act_space.high).to(device).eval()
-        returns = evaluate(policy, eval_env(args.env_id, video_dir), episodes, args.seed + 10_000)
-        agent.train()
-        return returns
-
-    run.play = play  # every --eval-interval env steps, and after --save-model
+    # evaluation (every --eval-interval, after --save-model): a copy of the agent in eval mode (dropout off), stats frozen
+    run.play = lambda episodes, video_dir=None: evaluate(
+        Policy(copy.deepcopy(agent), norm, args.obs_clip, act_space.low, act_space.high).to(device).eval(),
+        eval_env(args.env_id, video_dir),
+        episodes,
+        args.seed + 10_000,
+    )
     if args.norm_obs and ckpt is None:
         obs_rms.update(s.raw_obs)
     next_obs = normalize_obs(s.raw_obs, norm, args.obs_clip)
@@ -342,13 +338,11 @@ def main() -> None:
             for step in range(args.num_steps):
                 s.global_step += args.num_envs
                 obs_buf[step] = next_obs
-                # a ~ pi(.|s), no gradient; its log-prob kept now: the update's pi_old is the policy that acted (dropout too)
-                with torch.inference_mode():
+                with torch.inference_mode():  # a ~ pi(.|s), its log-prob kept: the update's pi_old is the policy that acted
                     dist = agent.distribution(torch.from_numpy(next_obs).to(device))
                     action = dist.sample()
                     logprobs_buf[step] = dist.log_prob(action).cpu().numpy()
-                    action = action.cpu().numpy()
-                actions_buf[step] = action
+                actions_buf[step] = action = action.cpu().numpy()
                 # The env gets the action clipped to its bounds; training keeps the sampled one, whose log-prob we know.
                 s.raw_obs, reward, terminations, truncations, infos = envs.step(np.clip(action, act_space.low, act_space.high))
                 episode_ended = terminations | truncations
@@ -370,11 +364,9 @@ def main() -> None:
                 rewards_buf[step], terminations_buf[step], truncations_buf[step] = reward, terminations, truncations
 
         with run.timer("update"):
-            # ---- advantages: the values of the whole rollout in one batched pass (a baseline: unlike the log-probs,
-            # they need not be those of the acting step; a critic with dropout gives another sample of V here) ----
-            obs = torch.from_numpy(obs_buf).to(device)
+            # ---- advantages: values in one batched pass (a baseline: with dropout, another sample of V than at acting) ----
             with torch.no_grad():
-                values = agent.get_value(obs).cpu().numpy()
+                values = agent.get_value(torch.from_numpy(obs_buf).to(device)).cpu().numpy()
                 next_values = agent.get_value(torch.from_numpy(next_obs_buf).to(device)).cpu().numpy()
             advantages = compute_gae(
                 rewards_buf, values, next_values, terminations_buf, truncations_buf, args.gamma, args.gae_lambda
@@ -382,7 +374,7 @@ def main() -> None:
             returns = advantages + values
             batch = [
                 torch.as_tensor(x, device=device).flatten(0, 1)  # (num_steps, num_envs) -> one batch
-                for x in (obs, actions_buf, logprobs_buf, values, advantages, returns)
+                for x in (obs_buf, actions_buf, logprobs_buf, values, advantages, returns)
             ]
 
             # ---- update: update_epochs passes over the batch in shuffled minibatches ----
