@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from torch.distributions import Independent, Normal, TransformedDistribution
+from torch.distributions import ComposeTransform, Independent, Normal, TransformedDistribution
 
 SCRIPT_NAME = "ppo_continuous"  # written into checkpoints; a checkpoint of another script is refused
 
@@ -483,16 +483,12 @@ def check_agent(agent: Agent, obs_dim: int, act_dim: int, device: torch.device) 
 
 
 def deterministic_action(dist: torch.distributions.Distribution) -> torch.Tensor:
-    """The mean; for a transformed distribution (e.g. tanh-squashed, where torch has none) the base's mean transformed,
-    found through Independent and nested transforms: tanh(mu) for Independent(TransformedDistribution(Normal(mu, .)))."""
-    if isinstance(dist, Independent):  # reinterprets batch dimensions as an event: the same numbers
+    """The mean; for a transformed distribution (e.g. tanh-squashed, where torch has none) the base mean transformed."""
+    if isinstance(dist, Independent):  # its numbers are its base's, read as one event
         return deterministic_action(dist.base_dist)
-    if not isinstance(dist, TransformedDistribution):
-        return dist.mean
-    action = deterministic_action(dist.base_dist)
-    for transform in dist.transforms:
-        action = transform(action)
-    return action
+    if isinstance(dist, TransformedDistribution):  # e.g. tanh(mu), for a tanh-squashed Normal(mu, sigma)
+        return ComposeTransform(dist.transforms)(deterministic_action(dist.base_dist))
+    return dist.mean
 
 
 class Policy(nn.Module):
