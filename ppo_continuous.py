@@ -318,7 +318,7 @@ def main() -> None:
         discounted_return=np.zeros(args.num_envs),
     )
     run.attach(s, envs, model=agent, optimizer=optimizer, obs_rms=obs_rms, return_rms=return_rms, env_states=EnvStates(envs))
-    # evaluation (every --eval-interval, after --save-model): a copy of the agent in eval mode (dropout off), stats frozen
+    # evaluation (every --eval-interval, after --save-model): a copy of the agent in eval mode (dropout off), obs stats frozen
     run.play = lambda episodes, video_dir=None: evaluate(
         Policy(copy.deepcopy(agent), norm, args.obs_clip, act_space.low, act_space.high).to(device).eval(),
         eval_env(args.env_id, video_dir),
@@ -364,7 +364,7 @@ def main() -> None:
                 rewards_buf[step], terminations_buf[step], truncations_buf[step] = reward, terminations, truncations
 
         with run.timer("update"):
-            # ---- advantages: values in one batched pass (a baseline: with dropout, another sample of V than at acting) ----
+            # ---- advantages: values in one batched pass (a baseline: with dropout in the critic as good a sample as any) ----
             with torch.no_grad():
                 values = agent.get_value(torch.from_numpy(obs_buf).to(device)).cpu().numpy()
                 next_values = agent.get_value(torch.from_numpy(next_obs_buf).to(device)).cpu().numpy()
