@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from torch.distributions import Independent, Normal
+from torch.distributions import ComposeTransform, Independent, Normal, TransformedDistribution
 
 SCRIPT_NAME = "ppo_continuous"  # written into checkpoints; a checkpoint of another script is refused
 
@@ -178,13 +178,12 @@ def scale_rewards(
     rms: RunningMeanStd,
     gamma: float,
     clip: float,
-    epsilon: float = 1e-8,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Divide rewards by the running std of the discounted return G <- gamma*G + r (not its mean: the sign must survive).
     Returns (scaled rewards, new G); G restarts at any episode end, termination or truncation: a new episode begins."""
     discounted_returns = discounted_returns * gamma + rewards
     rms.update(discounted_returns)
-    scaled = np.clip(rewards / np.sqrt(rms.var + epsilon), -clip, clip)
+    scaled = np.clip(rewards / np.sqrt(rms.var + 1e-8), -clip, clip)
     return scaled.astype(np.float32), np.where(episode_ended, 0.0, discounted_returns)
 
 
@@ -301,7 +300,6 @@ def main() -> None:
     # (NEXT_STEP, gymnasium 1.x's default, adds a step per episode whose action is ignored: not a real transition.)
     thunks = [make_env(args.env_id, i, args.capture_video, str(run.dir / "videos")) for i in range(args.num_envs)]
     envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "the loop assumes same-step autoreset"
 
     agent = Agent(obs_dim, act_dim).to(device)
     check_agent(agent, obs_dim, act_dim, device)  # below the banner: an edited Agent that cannot act stops here
@@ -313,6 +311,7 @@ def main() -> None:
     # normalized: the obs the policy saw, and transition t's true next obs (the final obs where an episode ended)
     obs_buf, next_obs_buf = np.zeros((2, args.num_steps, args.num_envs, obs_dim), np.float32)
     actions_buf = np.zeros((args.num_steps, args.num_envs, act_dim), np.float32)  # unclipped Gaussian samples
+    logprobs_buf = np.zeros((args.num_steps, args.num_envs), np.float32)  # log pi(a_t|s_t) of the policy that acted
     rewards_buf = np.zeros((args.num_steps, args.num_envs), np.float32)  # scaled rewards
     terminations_buf, truncations_buf = np.zeros((2, args.num_steps, args.num_envs), bool)  # ended at t: terminal / time limit
 
@@ -323,9 +322,9 @@ def main() -> None:
         discounted_return=np.zeros(args.num_envs),
     )
     run.attach(s, envs, model=agent, optimizer=optimizer, obs_rms=obs_rms, return_rms=return_rms, env_states=EnvStates(envs))
-    # evaluation: deterministic episodes, statistics frozen as they are now; run.play every --eval-interval env steps
+    # evaluation (every --eval-interval, after --save-model): a copy of the agent in eval mode (dropout off), obs stats frozen
     run.play = lambda episodes, video_dir=None: evaluate(
-        Policy(agent, norm, args.obs_clip, act_space.low, act_space.high).to(device),
+        Policy(copy.deepcopy(agent), norm, args.obs_clip, act_space.low, act_space.high).to(device).eval(),
         eval_env(args.env_id, video_dir),
         episodes,
         args.seed + 10_000,
@@ -343,9 +342,11 @@ def main() -> None:
             for step in range(args.num_steps):
                 s.global_step += args.num_envs
                 obs_buf[step] = next_obs
-                with torch.inference_mode():  # a ~ pi(.|s): no gradient, no value (computed batched for the update)
-                    action = agent.distribution(torch.from_numpy(next_obs).to(device)).sample().cpu().numpy()
-                actions_buf[step] = action
+                with torch.inference_mode():  # a ~ pi(.|s), its log-prob kept: the update's pi_old is the policy that acted
+                    dist = agent.distribution(torch.from_numpy(next_obs).to(device))
+                    action = dist.sample()
+                    logprobs_buf[step] = dist.log_prob(action).cpu().numpy()
+                actions_buf[step] = action = action.cpu().numpy()
                 # The env gets the action clipped to its bounds; training keeps the sampled one, whose log-prob we know.
                 s.raw_obs, reward, terminations, truncations, infos = envs.step(np.clip(action, act_space.low, act_space.high))
                 episode_ended = terminations | truncations
@@ -367,10 +368,9 @@ def main() -> None:
                 rewards_buf[step], terminations_buf[step], truncations_buf[step] = reward, terminations, truncations
 
         with run.timer("update"):
-            # ---- advantages: values and log-probs of the whole rollout in one batched pass ----
-            obs, actions = torch.from_numpy(obs_buf).to(device), torch.from_numpy(actions_buf).to(device)
+            # ---- advantages: values in one batched pass (a baseline: with dropout in the critic as good a sample as any) ----
             with torch.no_grad():
-                logprobs, values = agent.distribution(obs).log_prob(actions), agent.get_value(obs).cpu().numpy()
+                values = agent.get_value(torch.from_numpy(obs_buf).to(device)).cpu().numpy()
                 next_values = agent.get_value(torch.from_numpy(next_obs_buf).to(device)).cpu().numpy()
             advantages = compute_gae(
                 rewards_buf, values, next_values, terminations_buf, truncations_buf, args.gamma, args.gae_lambda
@@ -378,7 +378,7 @@ def main() -> None:
             returns = advantages + values
             batch = [
                 torch.as_tensor(x, device=device).flatten(0, 1)  # (num_steps, num_envs) -> one batch
-                for x in (obs, actions, logprobs, values, advantages, returns)
+                for x in (obs_buf, actions_buf, logprobs_buf, values, advantages, returns)
             ]
 
             # ---- update: update_epochs passes over the batch in shuffled minibatches ----
@@ -467,7 +467,7 @@ def check_agent(agent: Agent, obs_dim: int, act_dim: int, device: torch.device) 
             got = [tuple(out.shape) for out in (*agent.get_action_and_value(x), deterministic_action(agent.distribution(x)))]
         problem = None if got == want else f"(action, log-prob, entropy, value, mean) of shapes {got}, not {want}"
     except (RuntimeError, NotImplementedError) as e:  # torch's size mismatch: say which sizes must agree
-        problem = str(e).splitlines()[0]
+        problem = (str(e) or repr(e)).splitlines()[0]  # torch's NotImplementedError() has no message
     if problem:
         raise UserError(
             f"the Agent cannot act on a batch of 8 observations of size obs_dim = {obs_dim}: {problem}. Each "
@@ -478,11 +478,11 @@ def check_agent(agent: Agent, obs_dim: int, act_dim: int, device: torch.device) 
 
 def deterministic_action(dist: torch.distributions.Distribution) -> torch.Tensor:
     """The mean; for a transformed distribution (e.g. tanh-squashed, where torch has none) the base mean transformed."""
-    transformed = isinstance(dist, torch.distributions.TransformedDistribution)
-    action = deterministic_action(dist.base_dist) if transformed else dist.mean
-    for transform in dist.transforms if transformed else ():
-        action = transform(action)
-    return action
+    if isinstance(dist, Independent):  # its numbers are its base's, read as one event
+        return deterministic_action(dist.base_dist)
+    if isinstance(dist, TransformedDistribution):  # e.g. tanh(mu), for a tanh-squashed Normal(mu, sigma)
+        return ComposeTransform(dist.transforms)(deterministic_action(dist.base_dist))
+    return dist.mean
 
 
 class Policy(nn.Module):
