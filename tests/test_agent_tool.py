@@ -173,9 +173,9 @@ def test_a_checkpoint_outside_a_run_folder_is_evaluated_and_exported_beside_itse
         (lambda c: c.update(args=["Pendulum-v1"]), "args (dict)"),
         (lambda c: c["args"].update(seed="1"), "args.seed (int)"),
         (lambda c: c["args"].pop("env_id"), "args.env_id (str)"),
-        (lambda c: c.update(model=[1, 2]), "malformed"),
-        (lambda c: c.update(obs_rms=3), "malformed"),
-        (lambda c: c["args"].pop("obs_clip"), "malformed"),
+        (lambda c: c.update(model=[1, 2]), "or is malformed ("),
+        (lambda c: c.update(obs_rms=3), "or is malformed ("),
+        (lambda c: c["args"].pop("obs_clip"), "or is malformed ("),
     ],
 )
 def test_a_malformed_checkpoint_ends_in_one_paragraph(run_dir, capsys, edit, needle):
