@@ -340,8 +340,8 @@ def test_ppo_continuous_keep_best_export_and_replay(tmp_path):
 
 
 def test_export_never_overwrites_and_a_failed_export_leaves_nothing(tmp_path, monkeypatch, capsys):
-    """An existing non-empty folder is refused unless --force (then replaced whole, once the new export is complete);
-    an export that fails half-way leaves no folder and no temporary files."""
+    """An existing non-empty folder is refused, with --force too when the tool did not export it; an export that fails
+    half-way leaves no folder and no temporary files."""
     from tools import agent as tool
 
     proc = run_script(
@@ -370,14 +370,16 @@ def test_export_never_overwrites_and_a_failed_export_leaves_nothing(tmp_path, mo
     assert code.value.code == 2 and "--force" in capsys.readouterr().err
     assert [p.name for p in project.iterdir()] == ["README.md"] and (project / "README.md").read_text() == "mine"
 
-    real_save = torch.save
+    with pytest.raises(SystemExit) as code:  # --force replaces only an earlier export (tests/test_agent_tool.py)
+        tool.main(["export", str(ckpt), "--out", str(project), "--episodes", "1", "--force"])
+    assert code.value.code == 2 and "not a folder this tool exported" in capsys.readouterr().err
+    assert [p.name for p in project.iterdir()] == ["README.md"] and (project / "README.md").read_text() == "mine"
+
     monkeypatch.setattr(tool.torch, "save", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
-    with pytest.raises(OSError):
+    with pytest.raises(SystemExit) as code:
         tool.main(["export", str(ckpt), "--out", str(tmp_path / "new"), "--episodes", "1"])
+    assert code.value.code == 2 and "disk full" in capsys.readouterr().err  # one paragraph
     assert sorted(p.name for p in tmp_path.iterdir()) == ["project", "runs"]  # no folder, no temporary leftovers
-    monkeypatch.setattr(tool.torch, "save", real_save)
-    tool.main(["export", str(ckpt), "--out", str(project), "--episodes", "1", "--force"])
-    assert {p.name for p in project.iterdir()} == {"policy.pt2", "model.pt", "config.json", "README.md"}
 
 
 @pytest.mark.parametrize("script", ["sac_continuous", "sac_continuous_ray"])
