@@ -426,8 +426,6 @@ def test_sac_continuous_main_stores_the_true_transitions_and_regresses_on_the_so
         return critic_metrics, actor_metrics
 
     critics = itertools.cycle([0, 1])
-    monkeypatch.setattr(sac, "speed_setup", lambda: None)  # process-wide speed settings: not for the test's process
-    monkeypatch.setattr(sac, "freeze_startup_objects", lambda: None)  # (idem: gc.freeze)
     monkeypatch.setattr(sac, "q_network", lambda obs_dim, act_dim: KnownQ(next(critics)))
     monkeypatch.setattr(sac, "Learner", KnownTargetsLearner)
     monkeypatch.setattr(sac, "ReplayBuffer", RecordingBuffer)
