@@ -42,10 +42,11 @@ def textbook_sampling() -> list:
     function = text[text.index("def squashed_gaussian(") :]
     function = function[: function.index("\n\n\n")]
     doc = function.split("\n")
-    first = next(i for i, line in enumerate(doc) if "The textbook form" in line) + 1
-    last = next(i for i, line in enumerate(doc) if line.startswith("    Below,"))
-    body = function[function.index(FAST_SAMPLING) :]
-    return [(body, "\n".join(line[4:] for line in doc[first:last]))]
+    first = next((i for i, line in enumerate(doc) if "The textbook form" in line), None)
+    last = next((i for i, line in enumerate(doc) if line.startswith("    Below,")), None)
+    if first is None or last is None or FAST_SAMPLING not in function:  # copy_alone then fails the tests that use it
+        return [("squashed_gaussian's textbook form, in its docstring", "")]
+    return [(function[function.index(FAST_SAMPLING) :], "\n".join(line[4:] for line in doc[first + 1 : last]))]
 
 
 Q_ZERO_GRAD, ACTOR_ZERO_GRAD = "learner.q_optimizer.zero_grad()", "learner.actor_optimizer.zero_grad()"
@@ -228,6 +229,17 @@ def test_edit_keeps_the_ray_copy_acting_and_training_correct(edit, tmp_path):
     assert_every_tensor_moved(edit, trained, initial, 4)
 
 
+def random_batch(g: torch.Generator, terminated: float = 0.3) -> dict:
+    """32 transitions of HalfCheetah's sizes, actions in [-1, 1], a `terminated` fraction of them terminal."""
+    return {
+        "obs": torch.randn(32, OBS_DIM, generator=g),
+        "next_obs": torch.randn(32, OBS_DIM, generator=g),
+        "actions": torch.rand(32, ACT_DIM, generator=g) * 2 - 1,
+        "rewards": torch.randn(32, generator=g),
+        "terminated": (torch.rand(32, generator=g) < terminated).float(),
+    }
+
+
 def test_critic_layernorm_trains_and_each_critic_is_called_on_its_own(tmp_path):
     """The LayerNorm critic edit, in-process on the copy: a few gradient steps train the LayerNorm's own scale and shift
     (critics and targets), and the critic values every loss reads (q_values) are the two edited q_network instances
@@ -237,14 +249,7 @@ def test_critic_layernorm_trains_and_each_critic_is_called_on_its_own(tmp_path):
     assert sum(isinstance(m, torch.nn.LayerNorm) for m in learner.qf.modules()) == 4  # 2 per critic
     g = torch.Generator().manual_seed(3)
     for step in range(1, 5):
-        batch = {
-            "obs": torch.randn(32, OBS_DIM, generator=g),
-            "next_obs": torch.randn(32, OBS_DIM, generator=g),
-            "actions": torch.rand(32, ACT_DIM, generator=g) * 2 - 1,
-            "rewards": torch.randn(32, generator=g),
-            "terminated": torch.zeros(32),
-        }
-        script.gradient_step(learner, batch, step, script.Args())
+        script.gradient_step(learner, random_batch(g, terminated=0.0), step, script.Args())
     trained = {network: getattr(learner, network).state_dict() for network in LRS} | {"log_alpha": learner.log_alpha}
     assert_every_tensor_moved("critic LayerNorm", trained, initial, 4)  # the LayerNorms' weights and biases too
     obs, actions = torch.randn(64, OBS_DIM, generator=g), torch.rand(64, ACT_DIM, generator=g) * 2 - 1
@@ -261,14 +266,7 @@ def test_three_critics_each_trained_and_logged_and_the_target_takes_their_min(tm
     script = import_copy(copy_alone(SCRIPT, tmp_path / "student", WORKING_EDITS["three critics"]))
     learner = initial_learner(script, OBS_DIM, ACT_DIM, -1.0, 1.0)
     assert len(learner.qf) == len(learner.qf_target) == 3
-    g = torch.Generator().manual_seed(4)
-    batch = {
-        "obs": torch.randn(32, OBS_DIM, generator=g),
-        "next_obs": torch.randn(32, OBS_DIM, generator=g),
-        "actions": torch.rand(32, ACT_DIM, generator=g) * 2 - 1,
-        "rewards": torch.randn(32, generator=g),
-        "terminated": (torch.rand(32, generator=g) < 0.3).float(),
-    }
+    batch = random_batch(torch.Generator().manual_seed(4))
     torch.manual_seed(5)
     with torch.no_grad():
         next_actions, next_log_prob = script.sample_action(learner, batch["next_obs"])
@@ -283,6 +281,19 @@ def test_three_critics_each_trained_and_logged_and_the_target_takes_their_min(tm
     logs = script.critic_logs(metrics)
     assert set(logs) == {f"losses/qf{i}_{kind}" for i in (1, 2, 3) for kind in ("values", "loss")} | {"losses/qf_loss"}
     assert logs["losses/qf_loss"] == pytest.approx(sum(logs[f"losses/qf{i}_loss"] for i in (1, 2, 3)) / 3)
+
+
+def test_a_state_independent_log_std_is_accepted_and_trains(tmp_path):
+    """A log-std parameter of shape (act_dim,) in place of the head's half (as ppo_continuous.py has it): the networks'
+    check accepts it (it broadcasts over the batch in squashed_gaussian), and gradient steps move it with the rest."""
+    script = import_copy(copy_alone(SCRIPT, tmp_path / "student", STATE_INDEPENDENT_LOG_STD))
+    learner, initial = (initial_learner(script, OBS_DIM, ACT_DIM, -1.0, 1.0) for _ in range(2))
+    assert learner.actor.log_std.shape == (ACT_DIM,)
+    g = torch.Generator().manual_seed(6)
+    for step in range(1, 5):
+        script.gradient_step(learner, random_batch(g), step, script.Args())
+    trained = {network: getattr(learner, network).state_dict() for network in LRS} | {"log_alpha": learner.log_alpha}
+    assert_every_tensor_moved("state-independent log-std", trained, initial, 4)  # actor.log_std among them
 
 
 def test_textbook_sampling_gives_the_same_actions_log_probs_and_gradients(tmp_path):
