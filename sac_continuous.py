@@ -5,16 +5,13 @@ Map of this file, top to bottom:
   sac-algorithm     make_env, Actor, q_network (two critics), squashed_gaussian, soft_q_target, Policy, ReplayBuffer,
                     Learner and its updates (gradient_step), the rollout step (env_step)
   main()            set-up, then the loop: act -> store -> sample a batch -> update -> log, then finish
-  # === Plumbing    runs, checkpoints, errors, progress, evaluation, the env probe, the speed set-up
+  # === Plumbing    runs, checkpoints, errors, progress, evaluation, the env probe, the networks' check
 Docs: docs/sac_continuous.md; the algorithm: arxiv.org/abs/1812.05905
 """
 
-import atexit
 import argparse
 import copy
-import ctypes
 import dataclasses
-import gc
 import json
 import math
 import os
@@ -152,32 +149,37 @@ class Actor(nn.Module):
 
 
 def q_network(obs_dim: int, act_dim: int) -> nn.Sequential:
-    """A soft Q-network: (obs, action) concatenated -> 256 -> 256 -> Q(s, a), ReLU MLP. The learner has two."""
+    """A soft Q-network: (obs, action) concatenated -> 256 -> 256 -> Q(s, a), ReLU MLP. The learner has two (Learner)."""
     return nn.Sequential(
         nn.Linear(obs_dim + act_dim, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 1)
     )
 
 
 def q_values(critics: nn.ModuleList, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-    """Q1(s, a) and Q2(s, a) as a (2, batch) tensor: each critic called on its own (vmap was slower on CPU)."""
+    """Each critic's Q_i(s, a), as a (critics, batch) tensor: each critic called on its own (vmap was slower on CPU)."""
     x = torch.cat([obs, action], -1)
     return torch.stack([critic(x).squeeze(-1) for critic in critics])
 
 
 def squashed_gaussian(
-    mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor, action_scale: torch.Tensor, action_bias: torch.Tensor
+    mean: torch.Tensor, log_std: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, deterministic: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reparameterized sample a = tanh(u) * scale + bias, u = mean + std * noise, and its log-density summed over
-    action dimensions (change of variables, SAC paper appendix C; exact, without the reference's 1e-6: docs page):
-        log pi(a|s) = log N(u; mean, std) - sum_i [log scale_i + log(1 - tanh(u_i)^2)]
+    """a = tanh(u) * scale + bias, u ~ N(mean, std) reparameterized (u = mean if deterministic), and log pi(a|s) summed
+    over action dimensions: every action SAC takes or trains on is drawn here. The textbook form (a test swaps it in):
+        normal = torch.distributions.Normal(mean, log_std.exp())
+        u = mean if deterministic else normal.rsample()
+        # change of variables (SAC paper appendix C): log pi(a|s) = log N(u) - sum_i log(scale_i (1 - tanh(u_i)^2))
+        log_prob = normal.log_prob(u).sum(-1) - torch.log(scale * (1 - torch.tanh(u).pow(2))).sum(-1)
+        return torch.tanh(u) * scale + bias, log_prob
+    Below, the same numbers (to rounding) in fewer ops, finite where tanh(u) rounds to +-1, exact (no 1e-6: docs page):
         log N(u; mean, std) = sum_i (-noise_i^2 / 2 - log std_i - log sqrt(2 pi))      ((u - mean) / std = noise)
-        log(1 - tanh(u)^2) = 2 log 2 - 2 (u + softplus(-2u))
-    Finite even where tanh(u) rounds to +-1. Terms without gradient are summed apart (each op costs a backward one)."""
+        log(1 - tanh(u)^2) = 2 log 2 - 2 (u + softplus(-2u))"""
+    noise = torch.zeros_like(mean) if deterministic else torch.randn_like(mean)
     u = torch.addcmul(mean, log_std.exp(), noise)
     minus_log_slope = 2.0 * (u + nn.functional.softplus(-2.0 * u))  # 2 log 2 - log(1 - tanh(u)^2); 2 log 2 is constant
-    # the terms without gradient: sum_i (noise_i^2 / 2 + log scale_i + log sqrt(2 pi) + 2 log 2)
-    constant = 0.5 * noise.pow(2).sum(-1) + torch.log(action_scale * (4.0 * math.sqrt(2.0 * math.pi))).sum()
-    return torch.addcmul(action_bias, torch.tanh(u), action_scale), (minus_log_slope - log_std).sum(-1) - constant
+    # no gradient, summed apart (an op costs a backward one): sum_i (noise_i^2 / 2 + log scale_i + log sqrt(2 pi) + 2 log 2)
+    constant = 0.5 * noise.pow(2).sum(-1) + torch.log(scale * (4.0 * math.sqrt(2.0 * math.pi))).sum()
+    return torch.addcmul(bias, torch.tanh(u), scale), (minus_log_slope - log_std).sum(-1) - constant
 
 
 def soft_q_target(
@@ -188,15 +190,15 @@ def soft_q_target(
     alpha: torch.Tensor,
     gamma: float,
 ) -> torch.Tensor:
-    """y = r + gamma * (1 - terminated) * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s')),  a' ~ pi(.|s').
-    `next_q` is the target critics' (2, batch) output. Only a termination stops bootstrapping: at a time-limit
+    """y = r + gamma * (1 - terminated) * (min_i Q_i'(s', a') - alpha * log pi(a'|s')),  a' ~ pi(.|s').
+    `next_q` is the target critics' (critics, batch) output. Only a termination stops bootstrapping: at a time-limit
     truncation s' is the true final observation and the value beyond it is real."""
     return rewards + gamma * (1.0 - terminated) * (next_q.min(0).values - alpha * next_log_prob)
 
 
 class Policy(nn.Module):
-    """The agent as it acts: observations as make_env's env returns them -> a = tanh(mean + std * noise) scaled to the
-    bounds, by the Actor's forward and squashed_gaussian; deterministic (noise 0) in evaluation and in an export."""
+    """The agent as it acts: observations as make_env's env returns them -> actions in the bounds, by the Actor's forward
+    and squashed_gaussian: sampled in the rollout (act), deterministic (tanh of the mean) in evaluation and export."""
 
     def __init__(self, actor: Actor, low, high):
         super().__init__()
@@ -204,14 +206,13 @@ class Policy(nn.Module):
         self.register_buffer("scale", torch.as_tensor((high - low) / 2.0, dtype=torch.float32))
         self.register_buffer("bias", torch.as_tensor((high + low) / 2.0, dtype=torch.float32))
 
-    def forward(self, obs: torch.Tensor, noise: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         mean, log_std = self.actor(obs.to(torch.float32))
-        noise = torch.zeros_like(mean) if noise is None else noise.to(mean)
-        return squashed_gaussian(mean, log_std, noise, self.scale, self.bias)[0]
+        return squashed_gaussian(mean, log_std, self.scale, self.bias, deterministic)[0]
 
-    def act(self, obs: np.ndarray, noise) -> np.ndarray:  # a rollout step's actions, with the given noise
+    def act(self, obs: np.ndarray) -> np.ndarray:  # a rollout step's actions, sampled
         with torch.inference_mode():  # no_grad, and no version counters either: a quarter less time on one observation
-            return self(torch.as_tensor(obs, device=self.scale.device), torch.as_tensor(noise)).cpu().numpy()
+            return self(torch.as_tensor(obs, device=self.scale.device), deterministic=False).cpu().numpy()
 
 
 class ReplayBuffer:
@@ -291,27 +292,27 @@ class Learner:
 def sample_action(learner: Learner, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """a ~ pi(.|s) (reparameterized: differentiable in the actor's weights) and log pi(a|s)."""
     mean, log_std = learner.actor(obs)
-    return squashed_gaussian(mean, log_std, torch.randn_like(mean), learner.policy.scale, learner.policy.bias)
+    return squashed_gaussian(mean, log_std, learner.policy.scale, learner.policy.bias)
 
 
 def critic_update(learner: Learner, batch: dict, gamma: float) -> torch.Tensor:
-    """One gradient step on both critics: L_i = E[(Q_i(s, a) - y)^2], y from soft_q_target (the target critics and
-    a fresh a' ~ pi(.|s')). Returns [mean Q1, mean Q2, L1, L2] as a detached tensor (no sync)."""
+    """One gradient step on every critic: L_i = E[(Q_i(s, a) - y)^2], y from soft_q_target (the target critics and
+    a fresh a' ~ pi(.|s')). Returns [[mean Q_i], [L_i]] as a detached (2, critics) tensor (no sync)."""
     with torch.no_grad():
         next_actions, next_log_prob = sample_action(learner, batch["next_obs"])
         next_q = q_values(learner.qf_target, batch["next_obs"], next_actions)
         y = soft_q_target(batch["rewards"], batch["terminated"], next_q, next_log_prob, learner.alpha(), gamma)
     q = q_values(learner.qf, batch["obs"], batch["actions"])
-    losses = (q - y).pow(2).mean(1)  # (2,): one MSE per critic
+    losses = (q - y).pow(2).mean(1)  # one MSE per critic
     learner.q_optimizer.zero_grad()
     losses.sum().backward()
     learner.q_optimizer.step()
-    return torch.cat([q.detach().mean(1), losses.detach()])
+    return torch.stack([q.detach().mean(1), losses.detach()])
 
 
 def actor_update(learner: Learner, obs: torch.Tensor, autotune: bool) -> torch.Tensor:
     """One gradient step on the actor, then (autotune) on the temperature. Returns [actor loss, alpha, alpha loss].
-    L_pi    = E_s[ alpha * log pi(a|s) - min(Q1, Q2)(s, a) ],  a = tanh-squashed reparameterized sample
+    L_pi    = E_s[ alpha * log pi(a|s) - min_i Q_i(s, a) ],  a = tanh-squashed reparameterized sample
     L_alpha = E_s[ -alpha * (log pi(a|s) + target_entropy) ]   (log pi detached: only alpha moves)"""
     alpha = learner.alpha()
     actions, log_prob = sample_action(learner, obs)
@@ -350,6 +351,16 @@ def gradient_step(learner: Learner, batch: dict, step: int, args) -> tuple[torch
     if step % args.target_network_frequency == 0:
         soft_update(learner.qf_target, learner.qf, args.tau)
     return critic_metrics, actor_metrics
+
+
+def critic_logs(metrics: torch.Tensor) -> dict:
+    """critic_update's metrics (summed, divided by the window's gradient steps) by name: each critic's, and their mean loss."""
+    values, losses = metrics.tolist()  # one column per critic
+    return {
+        **{f"losses/qf{i}_values": value for i, value in enumerate(values, 1)},
+        **{f"losses/qf{i}_loss": loss for i, loss in enumerate(losses, 1)},
+        "losses/qf_loss": sum(losses) / len(losses),
+    }
 
 
 def env_step(envs: gym.vector.VectorEnv, actions: np.ndarray, episode_return: np.ndarray, episode_length: np.ndarray):
@@ -397,7 +408,7 @@ class LoopState:
     updates_start: int = 0  # the first gradient step comes once global_step reaches it
     grad_steps: int = 0
     actor_updates: int = 0
-    loss_sums: Optional[torch.Tensor] = None  # critic_update's [Q1, Q2, L1, L2] summed over the log window's steps
+    loss_sums: Optional[torch.Tensor] = None  # critic_update's [[mean Q_i], [L_i]] summed over the log window's steps
     actor_sums: Optional[torch.Tensor] = None  # actor_update's [actor loss, alpha, alpha loss], over its actor updates
     logged_grad_steps: int = 0  # grad_steps and actor_updates at the last log: the window's are the differences
     logged_actor_updates: int = 0
@@ -405,7 +416,6 @@ class LoopState:
 
 def main() -> None:
     args, ckpt, device = parse_command_line(Args)
-    speed_setup()  # speed (below the banner): before torch's first parallel op
     args.num_iterations = args.total_timesteps // args.num_envs
     shapes, act_space = probe_env(args.env_id, args.capture_video)
     check_buffer_fits(args, shapes["obs_shape"], act_space.shape)  # below the banner: memory and disk hold it
@@ -427,8 +437,8 @@ def main() -> None:
         episode_return=np.zeros(args.num_envs),
         episode_length=np.zeros(args.num_envs, np.int64),
         updates_start=args.learning_starts,
-        loss_sums=torch.zeros(4, device=device),
-        actor_sums=torch.zeros(3, device=device),
+        loss_sums=torch.zeros((), device=device),  # 0 until the first sum: then the shape of the updates' metrics
+        actor_sums=torch.zeros((), device=device),
     )
     run.attach(state, envs, learner=learner, env_states=EnvStates(envs), replay_buffer=BufferPart(buffer, args.save_buffer))
     if ckpt is not None and ckpt["replay_buffer"] is None:  # resumed without a buffer: updates pause until it refills
@@ -436,7 +446,6 @@ def main() -> None:
     run.play = lambda episodes, video_dir=None: evaluate(
         learner.policy, eval_env(args.env_id, video_dir), episodes, args.seed + 10_000
     )
-    freeze_startup_objects()  # speed (below the banner): everything set up so far lives to the end of the run
 
     for iteration in run.iterations(state, args.num_iterations):  # between steps: checkpoints, Ctrl-C, progress
         # ---- rollout: act (uniform random before learning_starts), step the envs, store the transitions ----
@@ -446,7 +455,7 @@ def main() -> None:
                 uniform = torch.rand((args.num_envs, act_dim)).numpy()
                 actions = (uniform * (act_space.high - act_space.low) + act_space.low).astype(np.float32)
             else:
-                actions = learner.policy.act(state.raw_obs, torch.randn((args.num_envs, act_dim)))
+                actions = learner.policy.act(state.raw_obs)
             obs = state.raw_obs
             (state.raw_obs, real_next_obs, rewards, terminations, state.episode_return, state.episode_length, finished) = (
                 env_step(envs, actions, state.episode_return, state.episode_length)
@@ -463,9 +472,9 @@ def main() -> None:
                 state.grad_steps += 1
                 batch = buffer.sample(args.batch_size, device)
                 critic_metrics, actor_metrics = gradient_step(learner, batch, state.grad_steps, args)
-                state.loss_sums += critic_metrics
+                state.loss_sums = state.loss_sums + critic_metrics
                 if actor_metrics is not None:
-                    state.actor_sums += actor_metrics
+                    state.actor_sums = state.actor_sums + actor_metrics
                     state.actor_updates += args.policy_frequency
 
         # ---- log: at the end of each log window (--log-interval env steps), means over its updates; one sync ----
@@ -473,17 +482,7 @@ def main() -> None:
             grad_steps = state.grad_steps - state.logged_grad_steps  # the window's, as in sac_continuous_ray.py
             actor_updates = state.actor_updates - state.logged_actor_updates
             if grad_steps > 0:
-                q1, q2, loss1, loss2 = (state.loss_sums / grad_steps).tolist()
-                run.log(
-                    state.global_step,
-                    {
-                        "losses/qf1_values": q1,
-                        "losses/qf2_values": q2,
-                        "losses/qf1_loss": loss1,
-                        "losses/qf2_loss": loss2,
-                        "losses/qf_loss": (loss1 + loss2) / 2.0,
-                    },
-                )
+                run.log(state.global_step, critic_logs(state.loss_sums / grad_steps))
             if actor_updates > 0:
                 actor_loss, alpha, alpha_loss = (state.actor_sums / actor_updates).tolist()
                 run.log(
@@ -501,8 +500,8 @@ def main() -> None:
     run.finish()  # after Ctrl-C: saved, exits; with --save-model: the final agent evaluated (run.play), then saved
 
 
-# === Plumbing: runs, checkpoints, errors, speed set-up; not needed to follow the algorithm ===
-# Checkpoints, resume, logging, flag checks, the env probe, the networks' check, speed (`shared:`: tools/sync_shared.py)
+# === Plumbing: runs, checkpoints, errors; not needed to follow the algorithm ===
+# Checkpoints, resume, logging, flag checks, the env probe, the networks' check (`shared:`: tools/sync_shared.py)
 
 
 # --- shared: sac-run ---
@@ -557,47 +556,37 @@ def policy_from_checkpoint(ckpt: dict) -> Policy:
 
 def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_dim: int) -> None:
     """Stop at once, naming what to change, where an edit broke the networks' sizes (else it fails after learning_starts
-    steps): on 64 observations the Actor gives a mean and a log-std (64, act_dim) each, the critics Q1, Q2 (2, 64)."""
-    obs, actions = (torch.zeros(64, n, device=next(actor.parameters()).device) for n in (obs_dim, act_dim))  # no RNG
-    for name, network, inputs, first, last, expected in (
-        ("Actor", actor, (obs,), f"obs_dim = {obs_dim}", f"2 * act_dim = {2 * act_dim} (mean, log-std)", [(64, act_dim)] * 2),
-        ("q_network", q_values, (critics, obs, actions), f"obs_dim + act_dim = {obs_dim + act_dim}", "1 (Q)", [(2, 64)]),
-    ):
-        sizes = (
-            f"Each layer's input size must be the previous layer's output size, the first one's {first}, and the "
-            f"last layer's output size {last}."
-        )
+    steps): on 64 observations the Actor's outputs must give squashed_gaussian 64 actions of act_dim and 64 log-probs,
+    the critics one row of 64 Q-values each. Any width, depth, activation, number of critics or log-std form passes."""
+    obs = torch.zeros(64, obs_dim, device=next(actor.parameters()).device)  # zeros, deterministic: no RNG drawn
+    scale = torch.ones(act_dim, device=obs.device)
+    layers = "Each layer's input size must be the previous layer's output size, the first one's"
+    actor_sizes = (
+        f"{layers} obs_dim = {obs_dim}, the last one's 2 * act_dim = {2 * act_dim} (mean, log-std), or "
+        f"act_dim = {act_dim} (mean) with a log-std of shape (act_dim,) apart."
+    )
+    critic_sizes = f"{layers} obs_dim + act_dim = {obs_dim + act_dim}, the last one's 1 (Q)."
+    with torch.no_grad():
         try:
-            with torch.no_grad():
-                out = network(*inputs)
-        except (RuntimeError, ValueError) as e:
-            raise UserError(f"{name} cannot map its inputs to its outputs ({str(e).splitlines()[0]}). {sizes}") from None
-        shapes = [tuple(t.shape) for t in (out if isinstance(out, tuple) else [out])]
-        if shapes != expected:
+            actions, log_prob = squashed_gaussian(*actor(obs), scale, torch.zeros_like(scale), deterministic=True)
+        except (RuntimeError, ValueError, TypeError) as e:
+            reason = str(e).partition("\n")[0]
+            raise UserError(f"Actor cannot map its inputs to its outputs ({reason}). {actor_sizes}") from None
+        if actions.shape != (64, act_dim) or log_prob.shape != (64,):
             raise UserError(
-                f"{name} maps 64 inputs to outputs of shape {', '.join(map(str, shapes))}, not "
-                f"{', '.join(map(str, expected))}. {sizes}"
+                f"Actor's outputs give 64 observations actions of shape {tuple(actions.shape)} and log-probs of shape "
+                f"{tuple(log_prob.shape)}, not (64, {act_dim}) and (64,). {actor_sizes}"
             )
-
-
-def speed_setup() -> None:
-    """Speed, measured in benchmarks/README.md; before torch's first parallel op (its OpenMP threads copy the flag):
-    float32 denormals (|x| < 1.2e-38) become 0, as Adam's moments of dead ReLU units decay through that slow range;
-    glibc's malloc keeps freed memory, so an update's large activations do not fault their pages in again each step."""
-    torch.set_flush_denormal(True)
-    if sys.platform.startswith("linux"):
-        with suppress(OSError):  # another C library (e.g. musl): its allocator is left alone
-            libc = ctypes.CDLL("libc.so.6")
-            libc.mallopt(-3, 32 * 1024 * 1024)  # M_MMAP_THRESHOLD (malloc.h): blocks under 32 MiB from the heap
-            libc.mallopt(-1, 512 * 1024 * 1024)  # M_TRIM_THRESHOLD: up to 512 MiB freed at its top kept
-
-
-def freeze_startup_objects() -> None:
-    """Speed: every object alive now (modules, envs, networks) leaves the garbage collector's full collections, which
-    walk them all every few hundred gradient steps; unfrozen at exit (nanobind modules print "leaked" lines otherwise)."""
-    gc.collect()
-    gc.freeze()
-    atexit.register(gc.unfreeze)
+        try:
+            q = q_values(critics, obs, actions)
+        except (RuntimeError, ValueError) as e:
+            reason = str(e).partition("\n")[0]
+            raise UserError(f"q_network cannot map its inputs to its outputs ({reason}). {critic_sizes}") from None
+    if q.shape != (len(critics), 64):
+        raise UserError(
+            f"q_network maps 64 inputs to Q-values of shape {tuple(q.shape)} (all critics), not ({len(critics)}, 64). "
+            f"{critic_sizes}"
+        )
 
 
 # --- end shared: sac-run ---

@@ -23,7 +23,7 @@ NUMBERS = (int, float)
 
 
 def is_number_flag(f: dataclasses.Field) -> bool:
-    """An int / float / Optional[number] field that is a command-line flag (derived fields are Suppress[...])."""
+    """An int / float / Optional[number] field that is a command-line flag (derived fields are init=False)."""
     if not f.init or f.type is bool:
         return False
     args = typing.get_args(f.type)

@@ -257,8 +257,8 @@ def reproduce_command(script, saved: dict) -> str:
         value = saved.get(name, default)
         if name in NOT_TRAINING_FLAGS or value == default or value is None or name not in script.Args.__annotations__:
             continue
-        if "Suppress" in str(script.Args.__annotations__[name]):
-            continue
+        if not next(f for f in dataclasses.fields(script.Args) if f.name == name).init:
+            continue  # a derived size (Args.__post_init__ sets it), not a flag
         flag = name.replace("_", "-")
         words.append(f"--{flag}" if value is True else f"--no-{flag}" if value is False else f"--{flag} {value}")
     return " ".join(words)
