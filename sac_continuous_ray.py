@@ -27,6 +27,7 @@ Docs: docs/sac_continuous_ray.md; the algorithm: https://arxiv.org/abs/1812.0590
 import argparse
 import copy
 import dataclasses
+import fcntl
 import json
 import logging
 import math
@@ -1390,7 +1391,7 @@ def check_checkpoint_matches(ckpt: dict, path: str, script: str, shapes: Optiona
         raise UserError(f"checkpoint '{path}' was written by {ckpt['script']}.py, not {script}.py.")
     if shapes is not None and (saved := {k: ckpt.get(k) for k in shapes}) != shapes:
         saved, shapes = ({k: tuple(v) if isinstance(v, list) else v for k, v in d.items()} for d in (saved, shapes))
-        raise UserError(f"checkpoint '{path}' was made for an env of {saved}, not for this env's {shapes}.")
+        raise UserError(f"checkpoint '{path}' was made for an env of {saved}, which does not fit this env's {shapes}.")
 
 
 class Run:
@@ -1426,6 +1427,15 @@ class Run:
             raise UserError(f"--runs-dir '{args.runs_dir}' cannot hold run folders: {e.strerror} ('{e.filename}').") from None
         self.name, self.ckpt_dir, in_place = self.dir.name, self.dir / "checkpoints", (self.dir / "args.json").exists()
         Run.unstarted.append((self.dir, set(self.dir.iterdir()) if in_place else None))
+        if not in_place:  # a run resumed in its folder keeps the first start's args.json and hyperparameter table
+            compute = {"device": "cuda" if torch.cuda.is_available() and args.cuda else "cpu"}
+            compute["torch_threads"] = torch.get_num_threads()
+            (self.dir / "args.json").write_text(json.dumps({**dataclasses.asdict(args), "compute": compute}, indent=2))
+        self.lock = open(self.dir / "args.json")  # one writer per run folder: this lock is held until the run ends
+        try:
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UserError(f"run folder '{self.dir}' is being written by another process: resume once it ends.") from None
         if args.track:  # wandb mirrors the TensorBoard scalars: initialized before the writer
             import wandb
 
@@ -1435,15 +1445,9 @@ class Run:
 
         # on resume, purge_step hides events logged after the checkpoint: one continuous curve
         self.writer = SummaryWriter(str(self.dir), purge_step=ckpt["global_step"] + 1 if in_place else None)
-        if not in_place:  # a run resumed in its folder keeps the first start's args.json and hyperparameter table
-            self.writer.add_text(
-                "hyperparameters", "\n".join(["|param|value|", "|-|-|"] + [f"|{k}|{v}|" for k, v in vars(args).items()])
-            )
-            compute = {
-                "device": "cuda" if torch.cuda.is_available() and args.cuda else "cpu",
-                "torch_threads": torch.get_num_threads(),
-            }
-            (self.dir / "args.json").write_text(json.dumps({**dataclasses.asdict(args), "compute": compute}, indent=2))
+        if not in_place:
+            table = [f"|{name}|{value}|" for name, value in vars(args).items()]
+            self.writer.add_text("hyperparameters", "\n".join(["|param|value|", "|-|-|", *table]))
         print(f"run: {self.dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
         self.recent_returns, self.phase_time = [], {}  # the last 10 episodes' returns; seconds per run.timer phase
         self.state, self.parts, self.closing, self.play, self.line = None, {}, None, None, ""
@@ -1612,17 +1616,16 @@ class Run:
         """Stop on the first NaN / Inf, saving nothing: one paragraph (what, when, likely causes, how to resume), exit 3."""
         newest = max(self.ckpt_dir.glob("*_??????????.pt"), key=lambda p: p.stat().st_mtime, default=None)
         rates = ", ".join(f"--{f.replace('_', '-')} {getattr(self.args, f)}" for f in LEARNING_RATES if hasattr(self.args, f))
+        resume = "No checkpoint was written before it."
+        if newest:
+            resume = (
+                f"The newest checkpoint from before it, {newest}, is untouched: resume it with `{resume_command(newest)}`."
+            )
         print(
             f"error: non-finite value (NaN or Inf) in {quantity} at env step {self.state.global_step} (iteration "
             f"{self.state.iteration}): the run stopped and saved nothing of this state. Likely cause: a step too large "
             f"for these settings ({rates}; a lower learning rate or normalization usually helps), or the environment "
-            f"({self.args.env_id}) returning NaN / Inf. "
-            + (
-                f"The newest checkpoint from before it, {newest}, is untouched: resume it with `{resume_command(newest)}` "
-                "once the cause is fixed."
-                if newest
-                else "No checkpoint was written before it."
-            ),
+            f"({self.args.env_id}) returning NaN / Inf. {resume}",
             file=sys.stderr,
         )
         self.close()
@@ -1632,6 +1635,7 @@ class Run:
         for sig, handler in getattr(self, "handlers", {}).items():  # the handlers before ours (Ray's own SIGTERM handler)
             signal.signal(sig, handler)
         self.writer.close()
+        self.lock.close()  # the run folder is free for a resume
         if self.closing is not None:
             self.closing.close()
         if self.args.track:
@@ -1706,10 +1710,9 @@ def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
         raise UserError(
             f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint ({type(e).__name__})."
         ) from None
-    if not isinstance(state, dict) or not isinstance(state.get("script"), str) or not isinstance(state.get("args"), dict):
-        raise UserError(
-            f"'{path}' is a torch file but not a checkpoint written by these scripts (keys missing or of the wrong type)."
-        )
+    found, kinds = state if isinstance(state, dict) else {}, {"script": str, "args": dict}
+    if bad := [f"{key} ({kind.__name__})" for key, kind in kinds.items() if not isinstance(found.get(key), kind)]:
+        raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts: {', '.join(bad)} missing.")
     return state
 
 

@@ -21,10 +21,10 @@ BUDGETS = {
 # The "Honest lines" ceilings (whole file, above the banner), formatted; the issue's targets are 760/400, 790/410,
 # 770/380, 830/460 and 1,350/900, and 250 for the generic plumbing block every script carries.
 ISSUE_BUDGETS = {
-    "ppo_continuous.py": (1185, 423),
-    "ppo_atari.py": (1215, 429),
-    "a2c_atari.py": (1176, 395),
-    "sac_continuous.py": (1288, 506),
+    "ppo_continuous.py": (1185, 430),
+    "ppo_atari.py": (1215, 435),
+    "a2c_atari.py": (1176, 400),
+    "sac_continuous.py": (1288, 510),
     "sac_continuous_ray.py": (1893, 1027),
 }
 PLUMBING_BUDGET = 558

@@ -31,7 +31,7 @@ NAN_AT_GRAD_STEP_150 = (SAC_CRITIC_LINE, SAC_CRITIC_LINE.replace("(learner, batc
 MESSAGE = re.compile(
     r"error: non-finite value \(NaN or Inf\) in (.+?) at env step (\d+) \(iteration (\d+)\): the run "
     r"stopped and saved nothing of this state\. Likely cause: (.+?)\. The newest checkpoint from "
-    r"before it, (\S+), is untouched: resume it with `.+ --resume \S+` once the cause is fixed\."
+    r"before it, (\S+), is untouched: resume it with `.+ --resume \S+`\."
 )
 PPO_SMALL = [
     "--num-steps",

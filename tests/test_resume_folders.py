@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import ppo_continuous as ppo
-from tests.conftest import only_run_dir, run_script, scalars
+from tests.conftest import assert_clean_error, only_run_dir, run_script, scalars
 from tests.student_copy import copy_alone, main_in_process, run_copy
 
 SCRIPT = "ppo_continuous.py"
@@ -297,3 +297,24 @@ def test_eval_episodes_needs_no_check_against_memory_the_evaluation_does_not_gro
 
     peak(1)  # warm-up: first-call allocations (imports, caches) are not the evaluation's
     assert peak(20) < peak(2) + 64 * 1024
+
+
+def test_a_run_folder_has_one_writer_a_second_resume_is_refused(finished_run, tmp_path):
+    """A run holds an exclusive lock (flock) on its args.json until it ends: a second --resume of the same run folder
+    while one runs is refused at once in one paragraph naming the folder, and changes nothing in it. The race is
+    forced: this test holds the lock, as the first resume would."""
+    import fcntl
+
+    run = tmp_path / "runs" / finished_run.name
+    shutil.copytree(finished_run, run)
+    before = contents(run)
+    newest = run / "checkpoints" / "step_0000000256.pt"
+    with open(run / "args.json") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        proc = run_script(SCRIPT, "--resume", newest, "--total-timesteps", "320", "--runs-dir", tmp_path / "runs")
+    assert_clean_error(proc, f"run folder '{run.resolve()}' is being written by another process")
+    assert contents(run) == before
+    # the lock goes with the run that held it: the same resume now continues in the folder
+    proc = run_script(SCRIPT, "--resume", newest, "--total-timesteps", "320", "--runs-dir", tmp_path / "runs")
+    assert proc.returncode == 0, proc.stderr
+    assert (run / "checkpoints" / "step_0000000320.pt").is_file()
