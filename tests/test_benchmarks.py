@@ -431,33 +431,50 @@ def test_summary_pools_seeds_and_reads_comparisons(tmp_path):
             "`--bf16`",
             ["ours_a.json", "ours_b.json"],
             summary.Comparison("runs", "the other one, run here", ["ref.json"]),
+            speed_key="x.py",
         ),
         summary.Row(
-            "y.py", "Env-v0", "1k steps", "", ["pub.json"], summary.Comparison("published", "a paper", ["pub.json"], seeds=3)
+            "y.py",
+            "Env-v0",
+            "1k steps",
+            "",
+            ["pub.json"],
+            summary.Comparison("published", "a paper", ["pub.json"], seeds=3),
+            speed_key="y.py",
         ),
-        summary.Row("z.py", "Env-v0", "1k steps", "", ["pub.json"], summary.Comparison("runs", "later", ["missing.json"])),
+        summary.Row(
+            "z.py",
+            "Env-v0",
+            "1k steps",
+            "",
+            ["pub.json"],
+            summary.Comparison("runs", "later", ["missing.json"]),
+            speed_key="z.py",
+        ),
         summary.Row("w.py", "Env-v0", "1k steps", "", ["missing.json"], None),  # no JSON yet: no row
+        summary.Row("x.py", "Other-v0", "1k steps", "", ["ours_a.json"], None),  # x.py's speed was not measured on this row
     ]
     speed = {
         "x.py": {"ours_sps": 300.0, "reference_sps": 150.0, "ratio": 2.0, "reps": 3},
         "z.py": {"ours_sps": 300.0, "reference_sps": 200.0, "ratio": 1.5, "reps": 3, "backend": "gymnasium"},
     }
     cells = summary.table_rows(rows, tmp_path, speed)
-    assert len(cells) == 3
-    x, y, z = cells
+    assert len(cells) == 4
+    x, y, z, x_other = cells
     # ours pooled over both JSONs: mean of 10, 20, 30 and the population std
     assert (x["seeds"], x["ours"]) == ("1, 2, 3", f"**20.0 ± {np.std([10, 20, 30]):.1f}**")
     assert x["comparison"] == "10.0 ± 2.0 (the other one, run here, 2 seeds)"
     assert x["speed"] == "2.00× (3 reps)" and x["wall"] == "10 min, AMD EPYC, 2 seeds at once"
     assert y["ours"] == "**5.0**" and y["comparison"] == "12.5 ± 1.5 (a paper, 3 seeds)" and y["speed"] == "not measured"
     assert z["comparison"] == "later: not measured yet" and z["speed"] == "1.50× (3 reps, gymnasium backend)"
+    assert x_other["speed"] == "—"  # one measurement, shown on the one row it was made for
     resumed = fake_report("r.py", {1: 50.0})
     resumed["per_seed"][0]["wall_time_s"] = None  # a run finished with --resume, then --summarize-only
     (tmp_path / "resumed.json").write_text(json.dumps(resumed))
     (r,) = summary.table_rows([summary.Row("r.py", "Env-v0", "1k steps", "", ["resumed.json"], None)], tmp_path, speed)
     assert r["wall"] == "not recorded (resumed run), AMD EPYC" and r["comparison"] == "none published"
     table = summary.markdown_table(cells)
-    assert table.count("\n") == 4 and table.startswith("| script |")
+    assert table.count("\n") == 5 and table.startswith("| script |")
     readme = f"intro\n{summary.TABLE_START}\nold table\n{summary.TABLE_END}\nrest\n"
     assert summary.replace_table(readme, table) == f"intro\n{summary.TABLE_START}\n{table}\n{summary.TABLE_END}\nrest\n"
     # the figure: a panel per row with JSONs, curves where stored, final points where not
