@@ -559,3 +559,63 @@ def test_task_row_reports_an_interval_from_three_seeds_and_min_max_below():
     assert row["normalized_per_seed"] == [0.25, 0.5, 0.75]
     two = aggregate.task_row("T", {**report, "per_seed": report["per_seed"][:2], "reference": None}, random=None)
     assert two["min_max"] == (100.0, 200.0) and "ci95" not in two and "normalized_per_seed" not in two
+
+
+# ---- benchmarks/speed_vs_reference.py: ours against the reference, side by side ----
+def load_speed_harness():
+    spec = importlib.util.spec_from_file_location(
+        "speed_vs_reference_under_test", REPO / "benchmarks" / "speed_vs_reference.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_speed_harness_alternates_the_two_and_takes_the_median_of_marginal_rates():
+    speed = load_speed_harness()
+    calls = []
+    # start-up 3 s (ours) and 5 s (the reference) cancel out; the rates per rep: ours 1000, 500, 800; reference 400 each
+    ours_rates, reference_rates = iter([1000, 1000, 500, 500, 800, 800]), iter([400] * 6)
+
+    def ours(steps):
+        calls.append(("ours", steps))
+        return 3.0 + steps / next(ours_rates)
+
+    def reference(steps):
+        calls.append(("reference", steps))
+        return 5.0 + steps / next(reference_rates)
+
+    result = speed.measure(ours, reference, 1000, 5000, reps=3)
+    assert calls[:4] == [("ours", 1000), ("reference", 1000), ("ours", 5000), ("reference", 5000)] and len(calls) == 12
+    assert result["per_rep"]["ours"] == pytest.approx([1000, 500, 800])
+    assert result["ours_sps"] == pytest.approx(800) and result["reference_sps"] == pytest.approx(400)
+    assert result["ratio"] == pytest.approx(2.0) and result["reps"] == 3
+    with pytest.raises(ValueError, match="not slower"):
+        speed.marginal_sps(1000, 5000, 4.0, 3.0)
+
+
+def test_speed_harness_runs_two_commands_and_prints_their_ratio(tmp_path):
+    """End to end with two fake 'scripts' that sleep 2 ms (ours) and 4 ms (the reference) per step after a start-up."""
+    fake = tmp_path / "fake.py"
+    fake.write_text("import sys, time\ntime.sleep(0.05 + int(sys.argv[2]) * float(sys.argv[1]))\n")
+    py = sys.executable
+    proc = subprocess.run(
+        [py, str(REPO / "benchmarks" / "speed_vs_reference.py"), "--ours", f"{py} {fake} 0.002 {{steps}}"]
+        + ["--reference", f"{py} {fake} 0.004 {{steps}}", "--n1", "50", "--n2", "250", "--reps", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    ratio = float(re.search(r"^ratio (\S+)", proc.stdout, re.M).group(1))
+    assert ratio == pytest.approx(2.0, rel=0.25), proc.stdout
+
+
+def test_speed_harness_names_the_pinned_references():
+    speed = load_speed_harness()
+    assert re.fullmatch(r"[0-9a-f]{40}", speed.CLEANRL_COMMIT)
+    assert set(speed.BUDGETS) == {"ppo_continuous.py", "sac_continuous.py", "ppo_atari.py", "a2c_atari.py"}
+    ours, reference = speed.commands("sac_continuous.py", "py", Path("/c"), Path("/r"))
+    assert "sac_continuous.py --env-id HalfCheetah-v4 --total-timesteps {steps}" in ours
+    assert reference.startswith("/r/venv/bin/python /c/cleanrl/sac_continuous_action.py --env-id HalfCheetah-v4")
+    assert "benchmarks/sb3_a2c.py {steps}" in speed.commands("a2c_atari.py", "py", Path("/c"), Path("/r"))[1]
