@@ -9,7 +9,8 @@ What the table shows, per row: the training return (mean of the last 100 trainin
 ± population std over seeds, as benchmarks/run.py computes it; a row may pool several JSONs of the same code and
 flags), the comparison figure and where it comes from (a published figure, or runs of the other implementation
 measured here, pooled the same way), the median wall time of a seed, and the speed ratio to the reference
-implementation from `benchmarks/results/speed_vs_reference.json` ("not measured" where it has no entry).
+implementation from `benchmarks/results/speed_vs_reference.json` on the row it was measured for (the script at
+default flags on the env `benchmarks/speed_vs_reference.py` runs; "—" on the others).
 The figure: one panel per row, env steps on the x-axis; ours as the mean ± std over seeds of the smoothed
 curves where the JSONs hold curves (each seed's final figure as a point otherwise); the comparison as a band.
 """
@@ -56,7 +57,7 @@ class Row:
     files: list  # our JSONs in benchmarks/results/, pooled over their seeds
     comparison: Optional[Comparison]
     smooth: int = 20  # moving-average window (episodes) of the curves in the figure
-    speed_key: str = ""  # the entry in speed_vs_reference.json (default: the script's name)
+    speed_key: str = ""  # the entry in speed_vs_reference.json measured for this row's script, env and flags ("": none)
     then_defaults: str = ""  # flags of `flags` that were the script's defaults when the JSONs ran (not in their args)
 
 
@@ -112,6 +113,7 @@ ROWS = [
         "",
         PPO_HC_RUNS,
         Comparison("published", "CleanRL `ppo_continuous_action.py`, published", [PPO_HC], seeds=3),
+        speed_key="ppo_continuous.py",
     ),
     Row(
         "ppo_continuous.py",
@@ -121,7 +123,16 @@ ROWS = [
         ["ppo_continuous_Pendulum-v1_1M_recipe.json"],
         None,
     ),
-    Row("sac_continuous.py", "HalfCheetah-v4", "150k steps", "", SAC_150K_NOW, SAC_REFERENCE_150K, smooth=10),
+    Row(
+        "sac_continuous.py",
+        "HalfCheetah-v4",
+        "150k steps",
+        "",
+        SAC_150K_NOW,
+        SAC_REFERENCE_150K,
+        smooth=10,
+        speed_key="sac_continuous.py",
+    ),
     Row(
         "sac_continuous.py",
         "HalfCheetah-v4",
@@ -169,6 +180,7 @@ ROWS = [
         PPO_ATARI_NOW,
         Comparison("published", "CleanRL `ppo_atari.py`, run here", ["ppo_atari_Breakout_1M_fp32_gymnasium.json"], seeds=1),
         smooth=100,
+        speed_key="ppo_atari.py",
     ),
     Row(
         "ppo_atari.py",
@@ -189,6 +201,7 @@ ROWS = [
             "runs", "Stable-Baselines3 `A2C` with the zoo's recipe, run here", ["sb3_a2c_zoo_BreakoutNoFrameskip-v4_1M.json"]
         ),
         smooth=100,
+        speed_key="a2c_atari.py",
     ),
     Row(
         "a2c_atari.py",
@@ -276,6 +289,9 @@ def minutes(seconds: float) -> str:
 
 
 def speed_cell(key: str, speed: dict) -> str:
+    """The ratio on the one row it was measured for (its script at default flags on its env); "—" on every other row."""
+    if not key:
+        return "—"
     entry = speed.get(key)
     if not entry:
         return "not measured"
@@ -318,7 +334,7 @@ def table_rows(rows: list = ROWS, results: Path = RESULTS, speed: Optional[dict]
                 "ours": f"**{plus_minus(mean, std, n)}**",
                 "comparison": comp_cell,
                 "wall": wall,
-                "speed": speed_cell(row.speed_key or row.script, speed),
+                "speed": speed_cell(row.speed_key, speed),
             }
         )
     return cells

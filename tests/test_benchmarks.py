@@ -431,33 +431,50 @@ def test_summary_pools_seeds_and_reads_comparisons(tmp_path):
             "`--bf16`",
             ["ours_a.json", "ours_b.json"],
             summary.Comparison("runs", "the other one, run here", ["ref.json"]),
+            speed_key="x.py",
         ),
         summary.Row(
-            "y.py", "Env-v0", "1k steps", "", ["pub.json"], summary.Comparison("published", "a paper", ["pub.json"], seeds=3)
+            "y.py",
+            "Env-v0",
+            "1k steps",
+            "",
+            ["pub.json"],
+            summary.Comparison("published", "a paper", ["pub.json"], seeds=3),
+            speed_key="y.py",
         ),
-        summary.Row("z.py", "Env-v0", "1k steps", "", ["pub.json"], summary.Comparison("runs", "later", ["missing.json"])),
+        summary.Row(
+            "z.py",
+            "Env-v0",
+            "1k steps",
+            "",
+            ["pub.json"],
+            summary.Comparison("runs", "later", ["missing.json"]),
+            speed_key="z.py",
+        ),
         summary.Row("w.py", "Env-v0", "1k steps", "", ["missing.json"], None),  # no JSON yet: no row
+        summary.Row("x.py", "Other-v0", "1k steps", "", ["ours_a.json"], None),  # x.py's speed was not measured on this row
     ]
     speed = {
         "x.py": {"ours_sps": 300.0, "reference_sps": 150.0, "ratio": 2.0, "reps": 3},
         "z.py": {"ours_sps": 300.0, "reference_sps": 200.0, "ratio": 1.5, "reps": 3, "backend": "gymnasium"},
     }
     cells = summary.table_rows(rows, tmp_path, speed)
-    assert len(cells) == 3
-    x, y, z = cells
+    assert len(cells) == 4
+    x, y, z, x_other = cells
     # ours pooled over both JSONs: mean of 10, 20, 30 and the population std
     assert (x["seeds"], x["ours"]) == ("1, 2, 3", f"**20.0 ± {np.std([10, 20, 30]):.1f}**")
     assert x["comparison"] == "10.0 ± 2.0 (the other one, run here, 2 seeds)"
     assert x["speed"] == "2.00× (3 reps)" and x["wall"] == "10 min, AMD EPYC, 2 seeds at once"
     assert y["ours"] == "**5.0**" and y["comparison"] == "12.5 ± 1.5 (a paper, 3 seeds)" and y["speed"] == "not measured"
     assert z["comparison"] == "later: not measured yet" and z["speed"] == "1.50× (3 reps, gymnasium backend)"
+    assert x_other["speed"] == "—"  # one measurement, shown on the one row it was made for
     resumed = fake_report("r.py", {1: 50.0})
     resumed["per_seed"][0]["wall_time_s"] = None  # a run finished with --resume, then --summarize-only
     (tmp_path / "resumed.json").write_text(json.dumps(resumed))
     (r,) = summary.table_rows([summary.Row("r.py", "Env-v0", "1k steps", "", ["resumed.json"], None)], tmp_path, speed)
     assert r["wall"] == "not recorded (resumed run), AMD EPYC" and r["comparison"] == "none published"
     table = summary.markdown_table(cells)
-    assert table.count("\n") == 4 and table.startswith("| script |")
+    assert table.count("\n") == 5 and table.startswith("| script |")
     readme = f"intro\n{summary.TABLE_START}\nold table\n{summary.TABLE_END}\nrest\n"
     assert summary.replace_table(readme, table) == f"intro\n{summary.TABLE_START}\n{table}\n{summary.TABLE_END}\nrest\n"
     # the figure: a panel per row with JSONs, curves where stored, final points where not
@@ -542,3 +559,63 @@ def test_task_row_reports_an_interval_from_three_seeds_and_min_max_below():
     assert row["normalized_per_seed"] == [0.25, 0.5, 0.75]
     two = aggregate.task_row("T", {**report, "per_seed": report["per_seed"][:2], "reference": None}, random=None)
     assert two["min_max"] == (100.0, 200.0) and "ci95" not in two and "normalized_per_seed" not in two
+
+
+# ---- benchmarks/speed_vs_reference.py: ours against the reference, side by side ----
+def load_speed_harness():
+    spec = importlib.util.spec_from_file_location(
+        "speed_vs_reference_under_test", REPO / "benchmarks" / "speed_vs_reference.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_speed_harness_alternates_the_two_and_takes_the_median_of_marginal_rates():
+    speed = load_speed_harness()
+    calls = []
+    # start-up 3 s (ours) and 5 s (the reference) cancel out; the rates per rep: ours 1000, 500, 800; reference 400 each
+    ours_rates, reference_rates = iter([1000, 1000, 500, 500, 800, 800]), iter([400] * 6)
+
+    def ours(steps):
+        calls.append(("ours", steps))
+        return 3.0 + steps / next(ours_rates)
+
+    def reference(steps):
+        calls.append(("reference", steps))
+        return 5.0 + steps / next(reference_rates)
+
+    result = speed.measure(ours, reference, 1000, 5000, reps=3)
+    assert calls[:4] == [("ours", 1000), ("reference", 1000), ("ours", 5000), ("reference", 5000)] and len(calls) == 12
+    assert result["per_rep"]["ours"] == pytest.approx([1000, 500, 800])
+    assert result["ours_sps"] == pytest.approx(800) and result["reference_sps"] == pytest.approx(400)
+    assert result["ratio"] == pytest.approx(2.0) and result["reps"] == 3
+    with pytest.raises(ValueError, match="not slower"):
+        speed.marginal_sps(1000, 5000, 4.0, 3.0)
+
+
+def test_speed_harness_runs_two_commands_and_prints_their_ratio(tmp_path):
+    """End to end with two fake 'scripts' that sleep 2 ms (ours) and 4 ms (the reference) per step after a start-up."""
+    fake = tmp_path / "fake.py"
+    fake.write_text("import sys, time\ntime.sleep(0.05 + int(sys.argv[2]) * float(sys.argv[1]))\n")
+    py = sys.executable
+    proc = subprocess.run(
+        [py, str(REPO / "benchmarks" / "speed_vs_reference.py"), "--ours", f"{py} {fake} 0.002 {{steps}}"]
+        + ["--reference", f"{py} {fake} 0.004 {{steps}}", "--n1", "50", "--n2", "250", "--reps", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    ratio = float(re.search(r"^ratio (\S+)", proc.stdout, re.M).group(1))
+    assert ratio == pytest.approx(2.0, rel=0.25), proc.stdout
+
+
+def test_speed_harness_names_the_pinned_references():
+    speed = load_speed_harness()
+    assert re.fullmatch(r"[0-9a-f]{40}", speed.CLEANRL_COMMIT)
+    assert set(speed.BUDGETS) == {"ppo_continuous.py", "sac_continuous.py", "ppo_atari.py", "a2c_atari.py"}
+    ours, reference = speed.commands("sac_continuous.py", "py", Path("/c"), Path("/r"))
+    assert "sac_continuous.py --env-id HalfCheetah-v4 --total-timesteps {steps}" in ours
+    assert reference.startswith("/r/venv/bin/python /c/cleanrl/sac_continuous_action.py --env-id HalfCheetah-v4")
+    assert "benchmarks/sb3_a2c.py {steps}" in speed.commands("a2c_atari.py", "py", Path("/c"), Path("/r"))[1]

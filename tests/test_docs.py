@@ -73,6 +73,40 @@ def test_user_docs_hold_no_internal_references(path):
     assert not found, "\n".join(f"{path.name}:{number}: {what}: {line}" for number, what, line in found)
 
 
+# ---- no machine paths or development history in what is committed for users: docs, benchmarks/README.md, results ----
+HISTORY = (
+    (r"/(?:tmp|work|opt|home)/", "a path of the machine it ran on"),
+    (r"(?i)\bissues? #?\d+", "an issue number"),
+    (r"(?i)\bgates?\b", "'gate'"),
+    (r"(?i)\b(?:first|second|third|fourth|fifth|last|this|that|rewrite's) stop\b", "a development 'stop'"),
+    (r"(?i)\brounds? (?:so far|before)\b", "measurement 'rounds'"),
+)
+COMMITTED_FOR_USERS = [*DOCS, ROOT / "benchmarks" / "README.md", *sorted((ROOT / "benchmarks" / "results").rglob("*.json"))]
+
+
+def history_words(text: str) -> list:
+    """(line number, what) for every machine path and word of the project's own making in the text."""
+    return [
+        (number, what)
+        for number, line in enumerate(text.splitlines(), 1)
+        for pattern, what in HISTORY
+        if re.search(pattern, line)
+    ]
+
+
+def test_the_history_grep_finds_what_it_must_and_nothing_else():
+    bad = "ran as /tmp/py_timed in /work/main for issue 45, under the gate, at the rewrite's first stop; rounds so far"
+    assert [what for _, what in history_words(bad)] == [what for _, what in HISTORY]
+    fine = "aggregate.py, speed_gate.py, the run stops with exit 3, Ctrl-C stop, ~/.ray/auth_token, $TMPDIR/x, rounding"
+    assert history_words(fine) == []
+
+
+@pytest.mark.parametrize("path", COMMITTED_FOR_USERS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_committed_docs_and_results_hold_no_machine_paths_or_history(path):
+    found = history_words(path.read_text())
+    assert not found, "\n".join(f"{path.relative_to(ROOT)}:{number}: {what}" for number, what in found)
+
+
 def test_readme_is_short_and_links_only_what_exists():
     text = README.read_text()
     assert len(text.splitlines()) <= 300
