@@ -294,3 +294,16 @@ def test_shards_the_machine_cannot_hold_are_refused_before_ray_starts(tmp_path, 
     assert not (tmp_path / "runs").exists()
     with pytest.raises(pytest.fail.Exception, match="Ray started"):  # without --save-buffer the disk is not asked
         main_in_process(sr, [*flags, "--buffer-size", 10**6], monkeypatch)
+
+
+def test_worker_warm_up_actions_are_uniform_over_the_bounds():
+    """WiringBounds-v0 acts in [0.5, 3]: a worker's random actions lie inside and spread over most of it (not drawn
+    in [-1, 1] as if every Box were symmetric)."""
+    import tests.fake_envs  # noqa: F401  (registers WiringBounds-v0)
+
+    worker = sr.RolloutWorker(0, "tests.fake_envs:WiringBounds-v0", 2, 1, sr.ParameterServer())
+    batch, stats = worker.collect(20, 20)
+    actions = batch["actions"]
+    assert stats["version"] == -1 and actions.shape == (40, 1)
+    assert actions.min() >= 0.5 and actions.max() <= 3.0, f"warm-up actions outside the bounds [0.5, 3]: {actions.ravel()}"
+    assert actions.max() - actions.min() > 1.5, f"warm-up actions not spread over the bounds [0.5, 3]: {actions.ravel()}"
