@@ -11,6 +11,7 @@ returns call, normalization, clipping, the optimizer's lr, noise and warm-up, th
 weights and seeds), so that edits elsewhere in the script leave it applicable."""
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -422,21 +423,63 @@ def copy_checkout(dest: Path) -> None:
             shutil.copy2(REPO / name, dest / name)
 
 
-def pytest(copy: Path, tests: list) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "pytest", "-n", "0", "-x", "-q", "-p", "no:cacheprovider", "-rf", *tests]
-    return subprocess.run(command, cwd=copy, capture_output=True, text=True)
+class Result:
+    """A finished pytest run: its exit code and output (pytest's -rf summary and the E lines)."""
+
+    def __init__(self, returncode: int, stdout: str):
+        self.returncode, self.stdout = returncode, stdout
 
 
-def why(proc: subprocess.CompletedProcess) -> str:
+def start_pytest(copy: Path, tests: list, out: Path, mutant: tuple = None) -> int:
+    """Fork a child that applies `mutant` (script, old, new) to `copy`, runs pytest on `tests` there (-n 0 -x) and
+    puts the file back. Why fork: torch, numpy and gymnasium are imported once here, not once per mutant (a third
+    of each run on a 2-core machine). The child imports the tests afresh from the copy (its ROOT is the copy)."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 3
+    try:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.chdir(copy)
+        for name in [n for n in sys.modules if n == "tests" or n.startswith("tests.")]:
+            del sys.modules[name]  # the runner's own package lives in the checkout, not in the copy
+        sys.path[:] = [str(copy)] + [p for p in sys.path if Path(p or ".").resolve() != REPO]
+        original = None
+        if mutant is not None:
+            script, old, new = mutant
+            original = (copy / script).read_text()
+            (copy / script).write_text(original.replace(old, new))
+        try:
+            import pytest
+
+            code = int(pytest.main(["-n", "0", "-x", "-q", "-p", "no:cacheprovider", "-rf", *tests]))
+        finally:
+            if original is not None:
+                (copy / script).write_text(original)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def wait(pid: int, out: Path) -> Result:
+    _, status = os.waitpid(pid, 0)
+    return Result(os.waitstatus_to_exitcode(status), out.read_text(errors="replace"))
+
+
+def why(proc: Result) -> str:
     """The first failed test and its first error line: which quantity went wrong."""
     failed = re.findall(r"^FAILED (\S+)", proc.stdout, re.M)
-    errors = re.findall(r"^E\s+(.+)$", proc.stdout, re.M)
-    return f"{failed[0].split('::')[-1] if failed else '?'}: {errors[0][:110] if errors else '?'}"
+    errors = [e.strip() for e in re.findall(r"^E\s+(.+)$", proc.stdout, re.M) if e.strip() != "AssertionError:"]
+    return f"{failed[0].split('::')[-1].split(' ')[0] if failed else '?'}: {' | '.join(errors[:2])[:160] or '?'}"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-k", default="", help="run only the mutants whose 'script: name' contains this")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants run at once, each on its own copy")
     parser.add_argument("--list", action="store_true", help="list the mutants and their tests, run nothing")
     opts = parser.parse_args()
     chosen = [m for m in all_mutants() if opts.k in f"{m[0]}: {m[1]}"]
@@ -445,48 +488,60 @@ def main() -> int:
             print(f"{script}: {name} | {' '.join(t.split('::')[-1] for t in tests)}")
         print({script: len(mutants) for script, mutants in MUTANTS.items()})
         return 0
-    problems = [p for p in unapplicable() if opts.k in p.split(": ")[0] + ": " + p.split(": ")[1].strip("'")]
+    import gymnasium  # noqa: F401  (imported once, before the forks: see start_pytest)
+    import numpy  # noqa: F401
+    import torch  # noqa: F401
+
+    problems = [
+        f"{s}: {n!r}: its text occurs {(REPO / s).read_text().count(o)} times (expected once): {o!r}"
+        for s, n, o, w, _ in chosen
+        if (REPO / s).read_text().count(o) != 1 or o == w
+    ]
     for p in problems:
         print(f"CANNOT APPLY {p}", flush=True)
-    start, results = time.time(), {"caught": 0, "survived": [], "error": []}
+    start, caught, survived, errored = time.time(), 0, [], []
     with tempfile.TemporaryDirectory() as tmp:
-        copy = Path(tmp) / "repo"
-        copy_checkout(copy)
+        copies = [Path(tmp) / f"copy{j}" for j in range(max(opts.jobs, 1))]
+        for copy in copies:
+            copy_checkout(copy)
         baseline = sorted({t for m in chosen for t in m[4]})
-        proc = pytest(copy, baseline)
+        proc = wait(start_pytest(copies[0], baseline, Path(tmp) / "baseline.out"), Path(tmp) / "baseline.out")
         if proc.returncode != 0:
             print(f"the tests fail on the unmutated checkout (rc {proc.returncode}): {why(proc)}\n{proc.stdout[-3000:]}")
             return 1
         print(f"baseline: {len(baseline)} tests pass unmutated ({time.time() - start:.0f} s)", flush=True)
-        for script, name, old, new, tests in chosen:
-            original = (copy / script).read_text()
-            if original.count(old) != 1 or old == new:
-                continue  # reported above
-            t0 = time.time()
-            (copy / script).write_text(original.replace(old, new))
-            try:
-                proc = pytest(copy, tests)
-            finally:
-                (copy / script).write_text(original)
+        todo = [m for m in chosen if (REPO / m[0]).read_text().count(m[2]) == 1 and m[2] != m[3]]
+        running = {}  # pid -> (copy, mutant, output file, start time)
+        while todo or running:
+            free = [c for c in copies if c not in [r[0] for r in running.values()]]
+            while todo and free:
+                script, name, old, new, tests = mutant = todo.pop(0)
+                copy, out = free.pop(0), Path(tmp) / f"{len(todo)}.out"
+                running[start_pytest(copy, tests, out, (script, old, new))] = (copy, mutant, out, time.time())
+            pid, status = os.wait()
+            copy, (script, name, *_), out, t0 = running.pop(pid)
+            proc = Result(os.waitstatus_to_exitcode(status), out.read_text(errors="replace"))
             if proc.returncode == 1:
-                results["caught"] += 1
+                caught += 1
                 verdict = f"caught by {why(proc)}"
             elif proc.returncode == 0:
-                results["survived"].append(f"{script}: {name}")
+                survived.append(f"{script}: {name}")
                 verdict = "SURVIVED"
             else:
-                results["error"].append(f"{script}: {name}")
-                verdict = f"ERROR (pytest exit {proc.returncode}): {proc.stdout[-300:]} {proc.stderr[-300:]}"
+                errored.append(f"{script}: {name}")
+                verdict = f"ERROR (pytest exit {proc.returncode}): {proc.stdout[-600:]}"
             print(f"{script:22} | {name:66} | {time.time() - t0:4.0f} s | {verdict}", flush=True)
-    total = len(chosen)
     print(
-        f"\n{total} mutants: {results['caught']} caught, {len(results['survived'])} survived, "
-        f"{len(problems)} could not be applied, {len(results['error'])} errored, in {time.time() - start:.0f} s"
+        f"\n{len(chosen)} mutants: {caught} caught, {len(survived)} survived, {len(problems)} could not be applied, "
+        f"{len(errored)} errored, in {time.time() - start:.0f} s"
     )
-    for label in ("survived", "error"):
-        for entry in results[label]:
-            print(f"{label.upper()}: {entry}")
-    return 1 if results["survived"] or results["error"] or problems else 0
+    for entry in survived:
+        print(f"SURVIVED: {entry}")
+    for entry in errored:
+        print(f"ERRORED: {entry}")
+    for entry in problems:
+        print(f"CANNOT APPLY: {entry}")
+    return 1 if survived or errored or problems else 0
 
 
 if __name__ == "__main__":
