@@ -315,8 +315,8 @@ SAC_CONTINUOUS_RAY = [
     ),
     (
         "worker acts deterministically (no exploration noise)",
-        "actions = self.policy.act(self.raw_obs)",
-        "actions = self.policy(torch.as_tensor(self.raw_obs)).numpy()",
+        "deterministic=False).cpu()",
+        "deterministic=True).cpu()",
         [RAY_UNITS + "worker_acts_through_its_own_actor_module_on_the_pulled_weights"],
     ),
     (

@@ -116,6 +116,9 @@ def test_worker_acts_through_its_own_actor_module_on_the_pulled_weights():
     for t in range(3):
         expected = sr.Policy(actor, worker.low, worker.high).act(batch["obs"][t : t + 1])
         np.testing.assert_allclose(batch["actions"][t : t + 1], expected, rtol=1e-6, atol=1e-6)
+    with torch.no_grad():  # sampled, not the deterministic tanh(mean) * 2 (Pendulum's bounds): exploration noise
+        deterministic = torch.tanh(actor(torch.as_tensor(batch["obs"]))[0]).numpy() * 2.0
+    assert np.abs(batch["actions"] - deterministic).min() > 1e-4, "the worker acts deterministically: no exploration noise"
 
 
 def test_a_worker_without_weights_waits_for_a_late_publisher():
