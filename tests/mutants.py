@@ -4,7 +4,9 @@ on the copy (-n 0 -x). A mutant is caught when they fail; one they pass SURVIVED
 exactly once in its script cannot be applied: that fails the run too, named (update its text with the script). The
 tests are first run on the unmutated copy: they must pass there, or every mutant would look caught.
 
-usage: python -m tests.mutants [-k SUBSTRING] [--list]   (exit 1: a mutant survived, could not be applied, or errored)
+usage: python -m tests.mutants [-k SUBSTRING] [--jobs N] [--list]   (exit 1: a mutant survived, could not be applied, or
+errored). Run by the slow tier (tests/test_mutants.py). Measured: 91 mutants, all caught, 18 min with --jobs 2 on
+the developers' 2-core machine while other test runs shared it.
 
 Each entry: (name, old text, new text, tests). Keep `old` a short fragment of an algorithm line (a loss, a GAE or
 returns call, normalization, clipping, the optimizer's lr, noise and warm-up, the target entropy, the Ray workers'
