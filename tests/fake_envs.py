@@ -166,3 +166,15 @@ class WiringAle(gym.Env):
         self.life_count -= {"life": 1, "game over": self.life_count}.get(event, 0)
         obs = np.array([self.t, self.game], np.uint8)
         return obs, self.t + self.game / 10, event == "game over", event == "time limit", {}
+
+
+class WiringBoundsEnv(WiringEnv):
+    """WiringEnv whose actions lie in [0.5, 3]: an action outside these bounds, or one drawn in [-1, 1] as if every
+    Box were symmetric, shows (tests/test_update_wiring.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.action_space = gym.spaces.Box(0.5, 3.0, (1,), np.float32)
+
+
+gym.register("WiringBounds-v0", entry_point=WiringBoundsEnv, max_episode_steps=4)

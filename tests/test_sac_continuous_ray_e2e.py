@@ -471,3 +471,13 @@ def test_ctrl_c_saves_shuts_ray_down_and_resumes_with_the_learner_paused(tmp_pat
     assert "learner paused" in resumed.stdout
     assert done_line(resumed.stdout) == (step + 200, 0, step + 200, state["run_state"]["grad_steps"])
     assert max(scalars(only_run_dir(tmp_path), "losses/qf1_loss")) <= step  # no update logged after the resume
+
+
+def test_every_worker_collects_episodes_of_its_own(saved_run):
+    """The two workers are seeded apart (their envs and their random actions): no transition of the saved buffer
+    occurs twice. Seeded alike, their first batches would be the same steps, stored twice."""
+    run_dir, _ = saved_run
+    ckpt = torch.load(run_dir / "checkpoints" / "final_0000001000.pt", weights_only=True, map_location="cpu")
+    rows = np.concatenate([np.concatenate([b["obs"], b["actions"]], 1) for b in ckpt["replay_buffers"]])
+    assert len(rows) == 1000
+    assert len(np.unique(rows, axis=0)) == len(rows), "transitions stored twice: the workers are seeded alike"

@@ -116,6 +116,9 @@ def test_worker_acts_through_its_own_actor_module_on_the_pulled_weights():
     for t in range(3):
         expected = sr.Policy(actor, worker.low, worker.high).act(batch["obs"][t : t + 1])
         np.testing.assert_allclose(batch["actions"][t : t + 1], expected, rtol=1e-6, atol=1e-6)
+    with torch.no_grad():  # sampled, not the deterministic tanh(mean) * 2 (Pendulum's bounds): exploration noise
+        deterministic = torch.tanh(actor(torch.as_tensor(batch["obs"]))[0]).numpy() * 2.0
+    assert np.abs(batch["actions"] - deterministic).min() > 1e-4, "the worker acts deterministically: no exploration noise"
 
 
 def test_a_worker_without_weights_waits_for_a_late_publisher():
@@ -294,3 +297,16 @@ def test_shards_the_machine_cannot_hold_are_refused_before_ray_starts(tmp_path, 
     assert not (tmp_path / "runs").exists()
     with pytest.raises(pytest.fail.Exception, match="Ray started"):  # without --save-buffer the disk is not asked
         main_in_process(sr, [*flags, "--buffer-size", 10**6], monkeypatch)
+
+
+def test_worker_warm_up_actions_are_uniform_over_the_bounds():
+    """WiringBounds-v0 acts in [0.5, 3]: a worker's random actions lie inside and spread over most of it (not drawn
+    in [-1, 1] as if every Box were symmetric)."""
+    import tests.fake_envs  # noqa: F401  (registers WiringBounds-v0)
+
+    worker = sr.RolloutWorker(0, "tests.fake_envs:WiringBounds-v0", 2, 1, sr.ParameterServer())
+    batch, stats = worker.collect(20, 20)
+    actions = batch["actions"]
+    assert stats["version"] == -1 and actions.shape == (40, 1)
+    assert actions.min() >= 0.5 and actions.max() <= 3.0, f"warm-up actions outside the bounds [0.5, 3]: {actions.ravel()}"
+    assert actions.max() - actions.min() > 1.5, f"warm-up actions not spread over the bounds [0.5, 3]: {actions.ravel()}"
