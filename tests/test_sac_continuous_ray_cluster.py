@@ -29,6 +29,7 @@ import torch
 from tests.conftest import BASE_ENV, ROOT, only_run_dir, scalars, wait_for_updates
 
 pytest.importorskip("ray")
+pytestmark = pytest.mark.ray  # tests/conftest.py: one Ray test at a time
 psutil = pytest.importorskip("psutil")  # Ray vendors it: ray/thirdparty_files is on sys.path once ray is imported
 
 RAY = str(Path(sys.executable).with_name("ray"))

@@ -150,6 +150,7 @@ def saved_run(tmp_path_factory):
     return only_run_dir(runs), proc
 
 
+@pytest.mark.ray
 def test_two_workers_reach_the_update_hold_the_utd_ratio_and_log_every_tag(saved_run):
     run_dir, proc = saved_run
     assert "ray: 2 rollout workers x 1 envs" in proc.stdout and "36.0 MB" in proc.stdout
@@ -178,6 +179,7 @@ def test_two_workers_reach_the_update_hold_the_utd_ratio_and_log_every_tag(saved
     assert learner["log_alpha"].item() < 0 and not torch.equal(learner["qf"]["0.0.weight"], learner["qf_target"]["0.0.weight"])
 
 
+@pytest.mark.ray
 def test_halfcheetah_with_sharded_buffer_and_two_envs_per_worker(tmp_path):
     """MuJoCo (float64 obs, 6-d actions), 2 shards, 2 envs per worker, utd 0.5, the default batch of 256."""
     proc = run_ray(
@@ -231,6 +233,7 @@ def actor_pid(sid: int, name: str, timeout: float = 120) -> int:
     pytest.fail(f"no {name} process in the run's session")
 
 
+@pytest.mark.ray
 def test_a_killed_worker_and_parameter_server_come_back_and_no_step_is_counted_twice(tmp_path):
     """SIGKILL one rollout worker's process mid-run, then the parameter server's (one run for both: each Ray start
     costs the suite tens of seconds). Ray restarts the worker: its batch in flight is dropped and collected again, the
@@ -279,6 +282,7 @@ def test_a_killed_worker_and_parameter_server_come_back_and_no_step_is_counted_t
     assert len(returns) >= 12  # 15 episodes of 200 steps, less those cut short by the kill and at the end
 
 
+@pytest.mark.ray
 def test_a_killed_buffer_shard_ends_the_run_with_a_checkpoint_and_one_paragraph(tmp_path):
     """A shard holds the only copy of its transitions and is not restarted: losing it stops the run with an
     `interrupted` checkpoint (learner and counters, no buffer), one paragraph on stderr, exit code 1, and no Ray
@@ -315,6 +319,7 @@ def test_a_killed_buffer_shard_ends_the_run_with_a_checkpoint_and_one_paragraph(
     assert state["run_state"]["grad_steps"] > 0 and state["learner"]["log_alpha"].item() < 0
 
 
+@pytest.mark.ray
 def test_resume_with_buffer_continues_the_counters_and_the_curve(tmp_path, saved_run):
     run_dir = tmp_path / saved_run[0].name
     shutil.copytree(saved_run[0], run_dir)
@@ -354,6 +359,7 @@ def test_resume_with_buffer_continues_the_counters_and_the_curve(tmp_path, saved
     assert min(scalars(run_dir, "losses/qf1_loss")) < 500  # the earlier part is kept
 
 
+@pytest.mark.ray
 def test_resume_without_buffer_warns_and_refills_before_updating(tmp_path, saved_run):
     run_dir = tmp_path / saved_run[0].name
     shutil.copytree(saved_run[0], run_dir)
@@ -376,12 +382,14 @@ def run_refused(*args, timeout: float = 120) -> subprocess.CompletedProcess:
     return run_python(ROOT / SCRIPT, args, ROOT, {**os.environ, **BASE_ENV}, timeout)
 
 
+@pytest.mark.ray
 def test_resume_refuses_a_fixed_flag_set_to_another_value(saved_run):
     ckpt = saved_run[0] / "checkpoints" / "step_0000000500.pt"
     proc = run_refused("--resume", ckpt, "--total-timesteps", "1100", "--batch-size", "64")
     assert_clean_error(proc, "--batch-size 64 conflicts with the checkpoint", "trained with 32")
 
 
+@pytest.mark.ray
 def test_eval_checkpoint_is_deterministic_and_logged(saved_run):
     ckpt = saved_run[0] / "checkpoints" / "final_0000001000.pt"
     outs = [run_script("tools/agent.py", "eval", ckpt, "--episodes", "2") for _ in range(2)]
@@ -413,6 +421,7 @@ def test_bad_input_gets_a_short_message(tmp_path, flags, needles):
     assert not any(tmp_path.iterdir()), "nothing is written for a rejected run"
 
 
+@pytest.mark.ray
 def test_a_checkpoint_of_another_script_is_refused(tmp_path, saved_run):
     ckpt = torch.load(saved_run[0] / "checkpoints" / "step_0000000500.pt", weights_only=True)
     ckpt["script"] = "sac_continuous"
@@ -430,6 +439,7 @@ def test_unreachable_ray_address_fails_within_30_seconds(tmp_path):
     assert not any(tmp_path.iterdir()), "nothing is written for a run that could not start"
 
 
+@pytest.mark.ray
 def test_ctrl_c_saves_shuts_ray_down_and_resumes_with_the_learner_paused(tmp_path):
     """SIGINT to the whole process group, as a terminal's Ctrl-C: the driver saves and exits 130, no Ray process is
     left behind, and the checkpoint resumes. The resumed run has --pause-learner (a flag a resume may change): it only

@@ -161,6 +161,7 @@ def test_bad_input_is_refused_in_one_paragraph_before_anything_runs(case, tmp_pa
 # ---- a tiny sweep end to end --------------------------------------------------------------------------------------
 
 
+@pytest.mark.ray
 def test_a_tiny_sweep_summarizes_each_trials_own_scalars_and_marks_a_failing_trial(tmp_path):
     """2 seeds x num_minibatches 2,3 x num_steps 64,96: (64, 3) passes the value check (each value is probed, not
     each combination) but the script refuses it at start: those trials fail with their log's last lines, the
@@ -230,6 +231,7 @@ def test_a_tiny_sweep_summarizes_each_trials_own_scalars_and_marks_a_failing_tri
 
 
 @pytest.mark.slow  # two Ray starts, about 100 s: the default tier stays under 10 minutes
+@pytest.mark.ray
 def test_the_benchmark_harness_runs_its_seeds_as_a_sweep_and_resumes_it(tmp_path):
     """benchmarks/run.py runs this project's scripts through the tool: the seeds are trials of one sweep in
     <out>_runs/sweep/ (--torch-threads N given to the harness becomes --cpus-per-trial N), its JSON reads each trial's
@@ -287,6 +289,7 @@ def test_the_benchmark_harness_runs_its_seeds_as_a_sweep_and_resumes_it(tmp_path
 
 
 @pytest.mark.slow  # ~130 s of the default tier's serial Ray group (its wall time, 9.5 of 10 minutes): CI's slow tier runs it
+@pytest.mark.ray
 def test_ctrl_c_saves_the_running_trial_and_resume_runs_nothing_twice(tmp_path):
     """One trial at a time (2 CPUs each on 2 cores): 256 steps (finishes), 6,016 (Ctrl-C once it has a checkpoint),
     384 (never starts). --resume keeps the first untouched, resumes the second from its interrupted checkpoint in its
@@ -342,6 +345,7 @@ def test_ctrl_c_saves_the_running_trial_and_resume_runs_nothing_twice(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_a_node_lost_mid_trial_its_trial_finishes_on_the_other_node_from_its_checkpoint(tmp_path):
     """Two nodes of 2 CPUs (tests/test_sac_continuous_ray_cluster.py's Cluster: its own sessions and temp dirs,
     stopped by process group), two trials of 2 CPUs: one per node. The second node is SIGKILLed once both trials have
@@ -422,6 +426,7 @@ def test_a_node_lost_mid_trial_its_trial_finishes_on_the_other_node_from_its_che
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_a_tiny_tune_study_prints_the_best_command_and_reruns_it_on_fresh_seeds(tmp_path):
     out = tmp_path / "tune"
     proc = run_sweep(
@@ -478,6 +483,7 @@ def test_a_tiny_tune_study_prints_the_best_command_and_reruns_it_on_fresh_seeds(
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_a_tune_study_stopped_with_ctrl_c_resumes_its_settings_from_their_checkpoints(tmp_path):
     """Ctrl-C once a setting's seed has a checkpoint: the driver exits 130; --resume restores the study (Tune's own
     state), the stopped setting's script resumes from its interrupted checkpoint, and the study ends with a best."""
