@@ -1,5 +1,6 @@
 """Helpers shared by the tests: run a top-level script as a user would, and read what it logged."""
 
+import contextlib
 import ctypes.util
 import os
 import random
@@ -66,15 +67,61 @@ def scalars(run_dir: Path, tag: str) -> dict:
     return dict(zip(steps.tolist(), values.tolist()))
 
 
-def wait_for_updates(run_dir_parent: Path, n: int = 2, timeout: float = 120) -> None:
-    """Wait until the one run under run_dir_parent has logged n learner updates (losses/qf1_loss), or fail."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        events = list(run_dir_parent.glob("*/events.out.tfevents.*"))
-        if events and len(scalars(events[0].parent, "losses/qf1_loss")) >= n:
-            return
+def wait_until(reached, timeout: float, what: str, proc: subprocess.Popen = None) -> None:
+    """Poll reached() until it holds, before a test acts on a run (a Ctrl-C, a kill). Fails with what went wrong, never
+    acts on a run that is elsewhere: "the run did not reach {what} within {timeout} s" (the run `proc`, if given, is
+    then killed), or "the run ended (exit code N) before it reached {what}", each with the end of the run's stderr."""
+    deadline = time.monotonic() + timeout
+    while not reached():
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the run ended (exit code {proc.returncode}) before it reached {what}{stderr_tail(proc)}")
+        if time.monotonic() >= deadline:
+            kill_run(proc)
+            pytest.fail(f"the run did not reach {what} within {timeout:.0f} s{stderr_tail(proc)}")
         time.sleep(0.3)
-    pytest.fail("the run did not start learning")
+
+
+def kill_run(proc: subprocess.Popen) -> None:
+    """SIGKILL a run the test started: its process group too when it leads one of its own (start_new_session)."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        if os.getpgid(proc.pid) == proc.pid:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+
+
+def stderr_tail(proc: subprocess.Popen, lines: int = 20) -> str:
+    """The end of a finished (or killed) run's stderr, for a failure message ("" without a run or a pipe)."""
+    if proc is None or proc.stderr is None:
+        return ""
+    try:
+        _, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:  # the pipe is held by what the run started (Ray's workers): no end to read
+        return "; its stderr is still held open by processes it started"
+    err = err.decode(errors="replace") if isinstance(err, bytes) else err or ""
+    return "; its stderr ended:\n" + "\n".join(err.strip().splitlines()[-lines:])
+
+
+def output_after_ctrl_c(proc: subprocess.Popen, timeout: float) -> tuple:
+    """(stdout, stderr) of a run sent a Ctrl-C, once it has exited. Fails with "the run did not exit within N s of its
+    Ctrl-C" (and kills it) if it does not: a run saves at its iteration's end, then exits 130."""
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_run(proc)
+        pytest.fail(f"the run did not exit within {timeout:.0f} s of its Ctrl-C (it saves, then exits 130){stderr_tail(proc)}")
+
+
+def wait_for_updates(run_dir_parent: Path, n: int = 2, timeout: float = 120, proc: subprocess.Popen = None) -> None:
+    """Wait until the one run under run_dir_parent has logged n learner updates (losses/qf1_loss), or fail (wait_until)."""
+
+    def logged() -> bool:
+        events = list(run_dir_parent.glob("*/events.out.tfevents.*"))
+        return bool(events) and len(scalars(events[0].parent, "losses/qf1_loss")) >= n
+
+    wait_until(logged, timeout, f"{n} logged learner updates (losses/qf1_loss)", proc)
 
 
 def last10_return(runs_dir: Path) -> float:

@@ -19,6 +19,7 @@ from tests.conftest import (
     assert_clean_error,
     episode_lines,
     only_run_dir,
+    output_after_ctrl_c,
     run_script,
     scalars,
     wait_for_updates,
@@ -61,10 +62,11 @@ def session_pids(sid: int) -> list:
     return [int(pid) for pid in subprocess.run(["pgrep", "-s", str(sid)], capture_output=True, text=True).stdout.split()]
 
 
-def lingering(sid: int, grace_s: float = 15.0) -> list:
+def lingering(sid: int, grace_s: float = 60.0) -> list:
     """The processes still in a finished run's session after up to `grace_s` seconds. Why wait: the driver has exited,
     but Ray's workers and daemons take a moment to notice and exit (on a loaded 2-core machine more than a second);
-    a process that leaked stays, and is returned."""
+    a process that leaked stays, and is returned. Why so long: it returns as soon as the session is empty, so the grace
+    costs a passing run nothing, and a loaded runner must not turn a slow exit into a reported leak."""
     deadline = time.time() + grace_s
     while (left := session_pids(sid)) and time.time() < deadline:
         time.sleep(0.5)
@@ -230,7 +232,7 @@ def actor_pid(sid: int, name: str, timeout: float = 120) -> int:
             except (psutil.Error, IndexError):
                 continue
         time.sleep(0.3)
-    pytest.fail(f"no {name} process in the run's session")
+    pytest.fail(f"no {name} process in the run's session within {timeout:.0f} s")
 
 
 @pytest.mark.ray
@@ -431,11 +433,13 @@ def test_a_checkpoint_of_another_script_is_refused(tmp_path, saved_run):
     assert_clean_error(run_refused("--resume", other, "--total-timesteps", "1000"), "sac_continuous.py")
 
 
-def test_unreachable_ray_address_fails_within_30_seconds(tmp_path):
-    start = time.time()
-    proc = run_refused("--env-id", "Pendulum-v1", "--ray-address", "127.0.0.1:1", "--runs-dir", tmp_path, timeout=60)
-    assert_clean_error(proc, "--ray-address 127.0.0.1:1", "cannot connect")
-    assert time.time() - start < 30
+def test_unreachable_ray_address_is_refused_before_ray_tries_it(tmp_path):
+    """Refused by the script's own socket probe ("cannot connect to HOST:PORT (<the OS's reason>)"), not by ray.init,
+    which retries an unreachable address for minutes (its failure reads "could not join a Ray cluster"). The probe's
+    message is the behaviour checked, not the seconds: run_refused's timeout only stops a run that hangs."""
+    proc = run_refused("--env-id", "Pendulum-v1", "--ray-address", "127.0.0.1:1", "--runs-dir", tmp_path)
+    assert_clean_error(proc, "--ray-address 127.0.0.1:1: cannot connect to 127.0.0.1:1 (", "refused")
+    assert "could not join" not in proc.stderr
     assert not any(tmp_path.iterdir()), "nothing is written for a run that could not start"
 
 
@@ -457,14 +461,9 @@ def test_ctrl_c_saves_shuts_ray_down_and_resumes_with_the_learner_paused(tmp_pat
         tmp_path,
     )
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:  # wait until a few updates have been logged
-            events = list(tmp_path.glob("*/events.out.tfevents.*"))
-            if events and len(scalars(events[0].parent, "losses/qf1_loss")) >= 2:
-                break
-            time.sleep(0.3)
+        wait_for_updates(tmp_path, n=2, timeout=300, proc=proc)
         os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=90)
+        out, err = output_after_ctrl_c(proc, 120)
         leftovers = lingering(proc.pid)  # Ray's workers included: they sit in process groups of their own
     finally:  # a run that ignored the signal, or left processes behind, must not outlive the test
         stop_session(proc.pid)

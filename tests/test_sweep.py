@@ -12,13 +12,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import BASE_ENV, ROOT, assert_clean_error, scalars
+from tests.conftest import BASE_ENV, ROOT, assert_clean_error, output_after_ctrl_c, scalars, wait_until
 from tools.sweep import concurrency, expand_grid, flag_args, parse_grid
 
 SWEEP = str(ROOT / "tools" / "sweep.py")
@@ -67,12 +66,9 @@ def ctrl_c_once_saved(proc: subprocess.Popen, folder: Path, pattern: str) -> tup
     """Ctrl-C at a terminal (SIGINT to the driver's process group) once a file matching `pattern` exists under `folder`
     (a trial's checkpoint); the driver's (stdout, stderr) once it has exited. Nothing of it outlives the test."""
     try:
-        deadline = time.time() + 300
-        while not list(folder.glob(pattern)) and time.time() < deadline:
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.2)
+        wait_until(lambda: bool(list(folder.glob(pattern))), 300, f"a file {pattern} under {folder}", proc)
         os.killpg(proc.pid, signal.SIGINT)
-        return finish(proc, timeout=300)
+        return output_after_ctrl_c(proc, 300)
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -399,10 +395,8 @@ def test_a_node_lost_mid_trial_its_trial_finishes_on_the_other_node_from_its_che
         )
         # Why per trial: two checkpoints of one trial (the second not even started) made the kill lose a trial
         # with nothing to resume from (a CI run); and a trial that finished first has nothing left to resume.
-        deadline = time.time() + 300
-        while len({p.parts[-5] for p in out.glob("trials/*/runs/*/checkpoints/step_*.pt")}) < 2 and time.time() < deadline:
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.2)
+        saved = lambda: {p.parts[-5] for p in out.glob("trials/*/runs/*/checkpoints/step_*.pt")}  # noqa: E731
+        wait_until(lambda: len(saved()) >= 2, 300, "a checkpoint of each of its 2 trials", proc)
         assert not list(out.glob("trials/*/result.json")), "a trial finished before the kill: raise --total-timesteps"
         c.kill(1)
         stdout, stderr = finish(proc, timeout=600)
