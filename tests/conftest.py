@@ -198,6 +198,22 @@ def xdist_group(item: pytest.Item) -> str:
     return module if module in SHARED_RUN_MODULES else ""
 
 
+RUNNING = {}  # "item": the test this process runs now (set before its fixtures, so a module fixture sees its first user)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    RUNNING["item"] = item
+
+
+def require_ray_marker(what: str) -> None:
+    """Called by the tests' helpers that start Ray: a test without the marker fails at once, naming the fix, instead of
+    running beside another Ray test (xdist gives it any worker)."""
+    item = RUNNING.get("item")
+    if item is not None and not item.get_closest_marker("ray"):
+        pytest.fail(f"{item.nodeid} starts Ray ({what}) but has no @pytest.mark.ray: mark it (tests/conftest.py)")
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     """Mark the groups above, and put the longest work first (the Ray group, then the learning tests): xdist hands

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import ppo_continuous as ppo
-from tests.conftest import BASE_ENV, ROOT
+from tests.conftest import BASE_ENV, ROOT, require_ray_marker
 
 SCRIPTS = ["ppo_continuous", "ppo_atari", "a2c_atari", "sac_continuous", "sac_continuous_ray"]
 NUMBERS = (int, float)
@@ -278,6 +278,13 @@ def test_xdist_keeps_the_ray_marked_tests_on_one_worker(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     workers = {(tmp_path / f"worker_{n}").read_text() for n in range(4)}
     assert len(workers) == 1, f"the group ran on {sorted(workers)}"
+
+
+def test_a_test_that_starts_ray_without_the_marker_fails_naming_the_fix():
+    """The helpers that start Ray (run_ray, start_ray_run, Cluster.start_node) ask require_ray_marker first: a test
+    that forgot @pytest.mark.ray fails at once instead of running beside another Ray test."""
+    with pytest.raises(pytest.fail.Exception, match="starts Ray .* but has no @pytest.mark.ray"):
+        require_ray_marker("a Ray start")
 
 
 def test_close_gives_back_the_signal_handlers_that_were_there(tmp_path):

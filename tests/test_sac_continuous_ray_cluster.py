@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import BASE_ENV, ROOT, only_run_dir, scalars, wait_for_updates
+from tests.conftest import BASE_ENV, ROOT, only_run_dir, require_ray_marker, scalars, wait_for_updates
 
 pytest.importorskip("ray")
 pytestmark = pytest.mark.ray  # tests/conftest.py: one Ray test at a time
@@ -72,6 +72,7 @@ class Cluster:
         self.address = f"127.0.0.1:{self.port}"
 
     def start_node(self, *flags: str) -> subprocess.Popen:
+        require_ray_marker("`ray start`, through Cluster.start_node")
         temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
         self.temp_dirs.append(temp_dir)
         log = open(self.base / f"node{len(self.nodes)}.log", "w")

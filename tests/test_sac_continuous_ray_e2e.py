@@ -20,6 +20,7 @@ from tests.conftest import (
     episode_lines,
     only_run_dir,
     output_after_ctrl_c,
+    require_ray_marker,
     run_script,
     scalars,
     wait_for_updates,
@@ -83,6 +84,7 @@ def stop_session(sid: int) -> None:
 
 
 def ray_command(*args, script: str = SCRIPT) -> list:
+    require_ray_marker(f"{os.path.basename(script)}, through run_ray / start_ray_run")
     return [sys.executable, str(ROOT / script), *map(str, args)]
 
 
