@@ -29,6 +29,9 @@ from pathlib import Path
 # ONEFILE_TESTS_FORK=0 runs every script in a fresh interpreter instead (to compare, or to rule the server out).
 ENABLED = os.environ.get("ONEFILE_TESTS_FORK", "1") != "0"
 POLL_S = 2.0  # how often run_python asks stop_when
+# After stop_when's Ctrl-C a run saves at its iteration's end and exits: it gets at least this long for that, past its
+# timeout if need be. Why: a run that reached its threshold just before its timeout would otherwise fail as too slow.
+CTRL_C_GRACE_S = 120.0
 # What the server imports once. Not mujoco: it reads MUJOCO_GL when imported, and a test may set it.
 PRELOAD = ["numpy", "torch", "torch.nn", "torch.optim", "gymnasium", "tyro", "torch.utils.tensorboard"]
 
@@ -159,7 +162,7 @@ def run_forked(
             raise
         out, err = (Path(p).read_text(errors="backslashreplace") if os.path.exists(p) else "" for p in (out_path, err_path))
     if not ready:
-        raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err)
+        raise RunTimeout(cmd, timeout, out, err, stopped)
     return stopped_or_done(subprocess.CompletedProcess(cmd, returncode, out, err), stopped)
 
 
@@ -187,7 +190,7 @@ def run_fresh(
         if not done:
             proc.kill()
             out, err = output.result()
-            raise subprocess.TimeoutExpired(cmd, timeout, output=out, stderr=err)
+            raise RunTimeout(cmd, timeout, out, err, stopped)
         out, err = output.result()
     return stopped_or_done(subprocess.CompletedProcess(cmd, proc.returncode, out, err), stopped)
 
@@ -202,8 +205,8 @@ def wait_done(future, seconds: float) -> bool:
 
 def wait_or_stop(wait, timeout: float, stop_when, interrupt) -> tuple:
     """Call wait(seconds) -> finished? until the run finishes or `timeout` passes, asking stop_when every POLL_S and
-    calling interrupt() (a Ctrl-C: the script saves and exits 130 at the end of its iteration) once it holds.
-    Returns (finished, stopped)."""
+    calling interrupt() (a Ctrl-C: the script saves and exits 130 at the end of its iteration) once it holds; from
+    then on the run has at least CTRL_C_GRACE_S to exit. Returns (finished, stopped)."""
     deadline, stopped = time.monotonic() + timeout, False
     while True:
         left = deadline - time.monotonic()
@@ -213,7 +216,28 @@ def wait_or_stop(wait, timeout: float, stop_when, interrupt) -> tuple:
             return False, stopped
         if not stopped and stop_when():
             interrupt()
-            stopped = True
+            stopped, deadline = True, max(deadline, time.monotonic() + CTRL_C_GRACE_S)
+
+
+class RunTimeout(subprocess.TimeoutExpired):
+    """A run stopped (killed) at its timeout; its message says which wait ran out: the run's own end, or, once
+    stop_when had sent its Ctrl-C, the exit that must follow it."""
+
+    def __init__(self, cmd: list, timeout: float, output: str, stderr: str, stopped: bool):
+        super().__init__(cmd, timeout, output=output, stderr=stderr)
+        self.stopped = stopped
+
+    def __str__(self) -> str:
+        script = " ".join(map(str, self.cmd[1:]))
+        stderr = "\n".join((self.stderr or "").strip().splitlines()[-5:])
+        if self.stopped:
+            what = (
+                f"did not exit after its Ctrl-C (stop_when held; a run saves at its iteration's end and exits 130) "
+                f"within {CTRL_C_GRACE_S:.0f} s of it or the rest of its {self.timeout:.0f} s timeout, whichever is later"
+            )
+        else:
+            what = f"did not end within its timeout of {self.timeout:.0f} s"
+        return f"the run {what}; killed: {script}" + (f"\nits stderr ended:\n{stderr}" if stderr else "")
 
 
 def stopped_or_done(result: subprocess.CompletedProcess, stopped: bool) -> subprocess.CompletedProcess:

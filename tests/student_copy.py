@@ -6,13 +6,10 @@ message naming what to change."""
 
 import importlib.util
 import os
-import signal
 import subprocess
 import sys
 import uuid
 from pathlib import Path
-
-import torch
 
 from tests.conftest import BASE_ENV, ROOT
 from tests.fork_runner import run_python
@@ -54,14 +51,9 @@ def run_copy(path: Path, *args, timeout: float = 300, env: dict = None, stop_whe
 
 
 def main_in_process(module, argv: list, monkeypatch) -> None:
-    """module.main() in this process with sys.argv = [script, *argv] (wandb off); the Ctrl-C / SIGTERM handlers and
-    torch's thread count are put back afterwards, whatever main() did with them."""
+    """module.main() in this process with sys.argv = [script, *argv] (wandb off). What main() sets for the whole process
+    (torch's threads, the global RNGs, the Ctrl-C / SIGTERM handlers, ...) is put back after the test by
+    tests/conftest.py's process_state_restored, whatever main() did with it."""
     monkeypatch.setenv("WANDB_MODE", "disabled")
     monkeypatch.setattr(sys, "argv", [Path(module.__file__).name, *map(str, argv)])
-    handlers, threads = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}, torch.get_num_threads()
-    try:
-        module.main()
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-        torch.set_num_threads(threads)
+    module.main()

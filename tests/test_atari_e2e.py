@@ -2,17 +2,18 @@
 tags and checkpoints (every --checkpoint-interval env steps); resume restores networks, optimizer, counters,
 schedules and RNG, and refuses a conflicting flag; bad input gets a short message; Ctrl-C saves."""
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import BASE_ENV, ROOT, assert_clean_error, episode_lines, only_run_dir, run_script, scalars
+from tests.conftest import BASE_ENV, ROOT, assert_clean_error, episode_lines, only_run_dir, output_after_ctrl_c, run_script
+from tests.conftest import scalars, wait_until
 
 pytest.importorskip("ale_py")
 GAME = "BreakoutNoFrameskip-v4"
@@ -314,17 +315,17 @@ def test_ctrl_c_with_worker_processes_saves_and_resumes(tmp_path):
         text=True,
         start_new_session=True,
     )
-    deadline = time.time() + 180
-    while time.time() < deadline:
+
+    def logged_two() -> bool:
         runs = list(tmp_path.glob("*/events.out.tfevents.*"))
-        if runs and len(scalars(runs[0].parent, "losses/value_loss")) >= 2:
-            break
-        time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C does
+        return bool(runs) and len(scalars(runs[0].parent, "losses/value_loss")) >= 2
+
     try:
-        out, err = proc.communicate(timeout=120)
+        wait_until(logged_two, 300, "2 logged iterations (losses/value_loss)", proc)
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C does
+        out, err = output_after_ctrl_c(proc, 120)
     finally:  # a run that ignored the signal must not outlive the test (nor its workers)
-        if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, err
     ckpts = list((only_run_dir(tmp_path) / "checkpoints").glob("interrupted_*.pt"))

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from tests import pixel_envs
 from tests.conftest import ROOT, last10_return, only_run_dir, scalars
@@ -66,14 +65,6 @@ FLIPPED_SIGN = {
 THRESHOLD = 12.0  # mean return of the last 10 episodes, of 20: random play scores 5
 
 
-@pytest.fixture
-def torch_threads_restored():
-    """main() sets torch's thread count for this whole process (--torch-threads 1): give the worker's back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 def train_on_pixel_target(script_path: Path, runs_dir: Path, monkeypatch, seed: int = 1) -> float:
     """Run the script's main() on PixelTarget with its recipe; return the mean return of the last 10 episodes."""
     module = import_copy(script_path)  # a fresh module: the patches below stay with it
@@ -102,7 +93,7 @@ def train_on_pixel_target(script_path: Path, runs_dir: Path, monkeypatch, seed: 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])  # two seeds: one lucky or unlucky seed decides nothing
 @pytest.mark.parametrize("script", RECIPES)
-def test_learns_the_pixel_task(script, seed, tmp_path, monkeypatch, torch_threads_restored):
+def test_learns_the_pixel_task(script, seed, tmp_path, monkeypatch):
     """Measured last-10 returns (seeds 1 / 2 / 3, of 20; random 5): ppo_atari 19.3 / 18.9 / 19.7, a2c_atari 19.0 /
     19.5 / 19.3. CPU time per run: ppo 33-43 s, a2c 26-30 s (one thread; 60-110 s wall on 2 cores at load ~6)."""
     score = train_on_pixel_target(ROOT / script, tmp_path / "runs", monkeypatch, seed)
@@ -111,7 +102,7 @@ def test_learns_the_pixel_task(script, seed, tmp_path, monkeypatch, torch_thread
 
 @pytest.mark.slow
 @pytest.mark.parametrize("script", RECIPES)
-def test_flipped_policy_gradient_misses_the_threshold(script, tmp_path, monkeypatch, torch_threads_restored):
+def test_flipped_policy_gradient_misses_the_threshold(script, tmp_path, monkeypatch):
     """The same run on a copy whose policy-gradient sign is flipped. Measured last-10 returns (seeds 1 / 2 / 3):
     ppo_atari 5.0 / 5.1 / 4.5 (stays at random play), a2c_atari 0.0 / 0.2 / 0.2 (learns to avoid the target)."""
     copy = copy_alone(script, tmp_path / "mutant", FLIPPED_SIGN[script])

@@ -306,9 +306,9 @@ def undocumented(written: set, named: set) -> list:
 
 
 def ray_in_the_ray_group(scripts) -> list:
-    """sac_continuous_ray starts Ray: its tests join the suite's `ray` xdist group (tests/conftest.py), which runs the
-    tests that start Ray one at a time."""
-    return [pytest.param(s, marks=pytest.mark.xdist_group("ray")) if s == "sac_continuous_ray" else s for s in scripts]
+    """sac_continuous_ray starts Ray: its tests carry the `ray` marker, which tests/conftest.py turns into the suite's
+    `ray` xdist group (the tests that start Ray, one at a time)."""
+    return [pytest.param(s, marks=pytest.mark.ray) if s == "sac_continuous_ray" else s for s in scripts]
 
 
 @pytest.mark.parametrize("script", ray_in_the_ray_group(SCRIPTS))

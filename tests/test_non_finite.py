@@ -192,30 +192,26 @@ def test_atari_scripts_stop_on_a_nan_and_resume(script, fault, tmp_path, monkeyp
     ]
     flags += ["--log-interval", 1] if script == "a2c_atari.py" else []  # A2C logs (and checks) every update here
     bad_env = NanRewardPixelTarget if fault == "env reward" else pixel_envs.PixelTarget
-    threads = torch.get_num_threads()
-    try:
-        with pytest.raises(SystemExit) as stop:
-            run_main(path, flags, bad_env, monkeypatch)
-        assert stop.value.code == 3
-        err = capsys.readouterr().err
-        match = MESSAGE.search(err)
-        assert match, err
-        step, iteration, newest = int(match.group(2)), int(match.group(3)), Path(match.group(5))
-        if fault == "loss":
-            assert "losses/" in match.group(1) and (step, iteration) == (192, 3)
-        else:
-            assert 200 <= step <= 256  # env step 200's NaN, seen where the loop logs or at the next save, which it stops
-        assert_nothing_broken_saved(only_run_dir(runs), newest, step)
-        assert newest.name == "step_0000000128.pt"
-        run_main(
-            ROOT / script,
-            ["--resume", newest, "--total-timesteps", 256, "--checkpoint-interval", 128],
-            pixel_envs.PixelTarget,
-            monkeypatch,
-        )
-        assert (only_run_dir(runs) / "checkpoints" / "step_0000000256.pt").exists()
-    finally:
-        torch.set_num_threads(threads)
+    with pytest.raises(SystemExit) as stop:
+        run_main(path, flags, bad_env, monkeypatch)
+    assert stop.value.code == 3
+    err = capsys.readouterr().err
+    match = MESSAGE.search(err)
+    assert match, err
+    step, iteration, newest = int(match.group(2)), int(match.group(3)), Path(match.group(5))
+    if fault == "loss":
+        assert "losses/" in match.group(1) and (step, iteration) == (192, 3)
+    else:
+        assert 200 <= step <= 256  # env step 200's NaN, seen where the loop logs or at the next save, which it stops
+    assert_nothing_broken_saved(only_run_dir(runs), newest, step)
+    assert newest.name == "step_0000000128.pt"
+    run_main(
+        ROOT / script,
+        ["--resume", newest, "--total-timesteps", 256, "--checkpoint-interval", 128],
+        pixel_envs.PixelTarget,
+        monkeypatch,
+    )
+    assert (only_run_dir(runs) / "checkpoints" / "step_0000000256.pt").exists()
 
 
 class NanRewardPixelTarget(pixel_envs.PixelTarget):
@@ -238,6 +234,7 @@ def run_main(path: Path, flags: list, env_class, monkeypatch) -> None:
     module.main()
 
 
+@pytest.mark.ray
 def test_ray_learner_stops_on_a_nan_loss_shuts_ray_down_and_resumes(tmp_path):
     """sac_continuous_ray.py: the learner's log window (every 50 env steps here) finds the NaN losses; the driver
     stops, Ray with it (nothing left in the run's session), and the newest checkpoint (the learner trails collection:

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import ppo_continuous as ppo
-from tests.conftest import BASE_ENV, ROOT
+from tests.conftest import BASE_ENV, ROOT, require_ray_marker
 
 SCRIPTS = ["ppo_continuous", "ppo_atari", "a2c_atari", "sac_continuous", "sac_continuous_ray"]
 NUMBERS = (int, float)
@@ -103,19 +103,15 @@ def parse(monkeypatch, *flags) -> "ppo.Args":
 def test_torch_threads_default_to_the_usable_cores_and_a_flag_fixes_them(monkeypatch, tmp_path):
     """0 (the default): a thread per core this process may use (taskset / cgroups: os.sched_getaffinity), on macOS /
     Windows (no sched_getaffinity) per core of the machine; --torch-threads N: N."""
-    before = torch.get_num_threads()
-    try:
-        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 5, 7}, raising=False)
-        parse(monkeypatch, "--runs-dir", str(tmp_path))
-        assert torch.get_num_threads() == 3
-        parse(monkeypatch, "--runs-dir", str(tmp_path), "--torch-threads", "2")
-        assert torch.get_num_threads() == 2
-        monkeypatch.delattr(os, "sched_getaffinity")
-        monkeypatch.setattr(os, "cpu_count", lambda: 5)
-        parse(monkeypatch, "--runs-dir", str(tmp_path))
-        assert torch.get_num_threads() == 5
-    finally:
-        torch.set_num_threads(before)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 5, 7}, raising=False)
+    parse(monkeypatch, "--runs-dir", str(tmp_path))
+    assert torch.get_num_threads() == 3
+    parse(monkeypatch, "--runs-dir", str(tmp_path), "--torch-threads", "2")
+    assert torch.get_num_threads() == 2
+    monkeypatch.delattr(os, "sched_getaffinity")
+    monkeypatch.setattr(os, "cpu_count", lambda: 5)
+    parse(monkeypatch, "--runs-dir", str(tmp_path))
+    assert torch.get_num_threads() == 5
 
 
 def test_two_runs_started_in_the_same_second_get_two_folders(tmp_path, monkeypatch):
@@ -237,14 +233,16 @@ def test_the_printed_resume_command_runs_this_script_with_this_python(script, mo
     assert module.resume_command(ckpt) == f"{sys.executable} {ROOT / script}.py --resume '{ckpt}'"
 
 
-def test_xdist_keeps_a_group_on_one_worker(tmp_path):
-    """The Ray tests must never run beside each other: tests/conftest.py marks them xdist_group("ray") and pyproject's
-    `--dist loadgroup` must then send the whole group to one worker (pytest 9.2 stopped honouring it with xdist 3.8,
-    and the groups split silently). A small session of its own, 2 workers: the group's four tests share one."""
+def test_xdist_keeps_the_ray_marked_tests_on_one_worker(tmp_path):
+    """The Ray tests must never run beside each other: they carry the `ray` marker, tests/conftest.py's hook turns it
+    into xdist_group("ray"), and pyproject's `--dist loadgroup` must then send the whole group to one worker (pytest
+    9.2 stopped honouring it with xdist 3.8, and the groups split silently). A small session of its own with that hook,
+    2 workers: the four marked tests share one."""
+    (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n")
     (tmp_path / "test_groups.py").write_text(
         "import os, time, pytest\n"
         "@pytest.mark.parametrize('n', range(4))\n"
-        "@pytest.mark.xdist_group('ray')\n"
+        "@pytest.mark.ray\n"
         "def test_grouped(n):\n"
         "    time.sleep(0.3)\n"
         "    open(f'worker_{n}', 'w').write(os.environ['PYTEST_XDIST_WORKER'])\n"
@@ -266,16 +264,27 @@ def test_xdist_keeps_a_group_on_one_worker(tmp_path):
             "loadgroup",
             "-o",
             "addopts=",
+            "-o",
+            "markers=ray",
+            "--strict-markers",
             "test_groups.py",
         ],
         cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     workers = {(tmp_path / f"worker_{n}").read_text() for n in range(4)}
     assert len(workers) == 1, f"the group ran on {sorted(workers)}"
+
+
+def test_a_test_that_starts_ray_without_the_marker_fails_naming_the_fix():
+    """The helpers that start Ray (run_ray, start_ray_run, Cluster.start_node) ask require_ray_marker first: a test
+    that forgot @pytest.mark.ray fails at once instead of running beside another Ray test."""
+    with pytest.raises(pytest.fail.Exception, match="starts Ray .* but has no @pytest.mark.ray"):
+        require_ray_marker("a Ray start")
 
 
 def test_close_gives_back_the_signal_handlers_that_were_there(tmp_path):

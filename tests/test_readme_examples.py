@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import BASE_ENV, ROOT, episode_lines
 from tests.fork_runner import run_fresh, run_python
 from tests.test_sac_continuous_ray_e2e import stop_session
@@ -197,6 +199,7 @@ def run_examples_in_order(tmp_path: Path, select) -> tuple:
     return project, run_dir, dict(ran)
 
 
+@pytest.mark.ray
 def test_the_readme_ray_examples_run(tmp_path):
     """The README's sac_continuous_ray.py examples (they start Ray: one test at a time, tests/conftest.py); none of
     them uses a run that another example made."""

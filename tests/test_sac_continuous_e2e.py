@@ -6,7 +6,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +13,7 @@ import pytest
 import torch
 
 from tests.conftest import BASE_ENV, ROOT, assert_clean_error, episode_lines, only_run_dir, run_script, scalars
+from tests.conftest import output_after_ctrl_c, wait_for_updates
 
 SCRIPT = "sac_continuous.py"
 # Short runs that reach the update: a small batch and an early learning_starts keep them fast. One torch thread:
@@ -350,15 +350,10 @@ def test_ctrl_c_saves_a_consistent_state_and_resumes(tmp_path):
     proc = subprocess.Popen(
         cmd, cwd=ROOT, env={**os.environ, **BASE_ENV}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    deadline = time.time() + 120
-    while time.time() < deadline:  # wait until a few updates have been logged
-        runs = list(tmp_path.glob("*/events.out.tfevents.*"))
-        if runs and len(scalars(runs[0].parent, "losses/qf1_loss")) >= 2:
-            break
-        time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
     try:
-        out, err = proc.communicate(timeout=60)
+        wait_for_updates(tmp_path, n=2, timeout=300, proc=proc)
+        proc.send_signal(signal.SIGINT)
+        out, err = output_after_ctrl_c(proc, 120)
     finally:  # a run that ignored the signal must not outlive the test
         proc.kill()
     assert proc.returncode == 130, err

@@ -19,6 +19,8 @@ from tests.conftest import (
     assert_clean_error,
     episode_lines,
     only_run_dir,
+    output_after_ctrl_c,
+    require_ray_marker,
     run_script,
     scalars,
     wait_for_updates,
@@ -61,10 +63,11 @@ def session_pids(sid: int) -> list:
     return [int(pid) for pid in subprocess.run(["pgrep", "-s", str(sid)], capture_output=True, text=True).stdout.split()]
 
 
-def lingering(sid: int, grace_s: float = 15.0) -> list:
+def lingering(sid: int, grace_s: float = 60.0) -> list:
     """The processes still in a finished run's session after up to `grace_s` seconds. Why wait: the driver has exited,
     but Ray's workers and daemons take a moment to notice and exit (on a loaded 2-core machine more than a second);
-    a process that leaked stays, and is returned."""
+    a process that leaked stays, and is returned. Why so long: it returns as soon as the session is empty, so the grace
+    costs a passing run nothing, and a loaded runner must not turn a slow exit into a reported leak."""
     deadline = time.time() + grace_s
     while (left := session_pids(sid)) and time.time() < deadline:
         time.sleep(0.5)
@@ -81,6 +84,7 @@ def stop_session(sid: int) -> None:
 
 
 def ray_command(*args, script: str = SCRIPT) -> list:
+    require_ray_marker(f"{os.path.basename(script)}, through run_ray / start_ray_run")
     return [sys.executable, str(ROOT / script), *map(str, args)]
 
 
@@ -150,6 +154,7 @@ def saved_run(tmp_path_factory):
     return only_run_dir(runs), proc
 
 
+@pytest.mark.ray
 def test_two_workers_reach_the_update_hold_the_utd_ratio_and_log_every_tag(saved_run):
     run_dir, proc = saved_run
     assert "ray: 2 rollout workers x 1 envs" in proc.stdout and "36.0 MB" in proc.stdout
@@ -178,6 +183,7 @@ def test_two_workers_reach_the_update_hold_the_utd_ratio_and_log_every_tag(saved
     assert learner["log_alpha"].item() < 0 and not torch.equal(learner["qf"]["0.0.weight"], learner["qf_target"]["0.0.weight"])
 
 
+@pytest.mark.ray
 def test_halfcheetah_with_sharded_buffer_and_two_envs_per_worker(tmp_path):
     """MuJoCo (float64 obs, 6-d actions), 2 shards, 2 envs per worker, utd 0.5, the default batch of 256."""
     proc = run_ray(
@@ -228,9 +234,10 @@ def actor_pid(sid: int, name: str, timeout: float = 120) -> int:
             except (psutil.Error, IndexError):
                 continue
         time.sleep(0.3)
-    pytest.fail(f"no {name} process in the run's session")
+    pytest.fail(f"no {name} process in the run's session within {timeout:.0f} s")
 
 
+@pytest.mark.ray
 def test_a_killed_worker_and_parameter_server_come_back_and_no_step_is_counted_twice(tmp_path):
     """SIGKILL one rollout worker's process mid-run, then the parameter server's (one run for both: each Ray start
     costs the suite tens of seconds). Ray restarts the worker: its batch in flight is dropped and collected again, the
@@ -279,6 +286,7 @@ def test_a_killed_worker_and_parameter_server_come_back_and_no_step_is_counted_t
     assert len(returns) >= 12  # 15 episodes of 200 steps, less those cut short by the kill and at the end
 
 
+@pytest.mark.ray
 def test_a_killed_buffer_shard_ends_the_run_with_a_checkpoint_and_one_paragraph(tmp_path):
     """A shard holds the only copy of its transitions and is not restarted: losing it stops the run with an
     `interrupted` checkpoint (learner and counters, no buffer), one paragraph on stderr, exit code 1, and no Ray
@@ -315,6 +323,7 @@ def test_a_killed_buffer_shard_ends_the_run_with_a_checkpoint_and_one_paragraph(
     assert state["run_state"]["grad_steps"] > 0 and state["learner"]["log_alpha"].item() < 0
 
 
+@pytest.mark.ray
 def test_resume_with_buffer_continues_the_counters_and_the_curve(tmp_path, saved_run):
     run_dir = tmp_path / saved_run[0].name
     shutil.copytree(saved_run[0], run_dir)
@@ -354,6 +363,7 @@ def test_resume_with_buffer_continues_the_counters_and_the_curve(tmp_path, saved
     assert min(scalars(run_dir, "losses/qf1_loss")) < 500  # the earlier part is kept
 
 
+@pytest.mark.ray
 def test_resume_without_buffer_warns_and_refills_before_updating(tmp_path, saved_run):
     run_dir = tmp_path / saved_run[0].name
     shutil.copytree(saved_run[0], run_dir)
@@ -376,12 +386,14 @@ def run_refused(*args, timeout: float = 120) -> subprocess.CompletedProcess:
     return run_python(ROOT / SCRIPT, args, ROOT, {**os.environ, **BASE_ENV}, timeout)
 
 
+@pytest.mark.ray
 def test_resume_refuses_a_fixed_flag_set_to_another_value(saved_run):
     ckpt = saved_run[0] / "checkpoints" / "step_0000000500.pt"
     proc = run_refused("--resume", ckpt, "--total-timesteps", "1100", "--batch-size", "64")
     assert_clean_error(proc, "--batch-size 64 conflicts with the checkpoint", "trained with 32")
 
 
+@pytest.mark.ray
 def test_eval_checkpoint_is_deterministic_and_logged(saved_run):
     ckpt = saved_run[0] / "checkpoints" / "final_0000001000.pt"
     outs = [run_script("tools/agent.py", "eval", ckpt, "--episodes", "2") for _ in range(2)]
@@ -413,6 +425,7 @@ def test_bad_input_gets_a_short_message(tmp_path, flags, needles):
     assert not any(tmp_path.iterdir()), "nothing is written for a rejected run"
 
 
+@pytest.mark.ray
 def test_a_checkpoint_of_another_script_is_refused(tmp_path, saved_run):
     ckpt = torch.load(saved_run[0] / "checkpoints" / "step_0000000500.pt", weights_only=True)
     ckpt["script"] = "sac_continuous"
@@ -422,14 +435,17 @@ def test_a_checkpoint_of_another_script_is_refused(tmp_path, saved_run):
     assert_clean_error(run_refused("--resume", other, "--total-timesteps", "1000"), "sac_continuous.py")
 
 
-def test_unreachable_ray_address_fails_within_30_seconds(tmp_path):
-    start = time.time()
-    proc = run_refused("--env-id", "Pendulum-v1", "--ray-address", "127.0.0.1:1", "--runs-dir", tmp_path, timeout=60)
-    assert_clean_error(proc, "--ray-address 127.0.0.1:1", "cannot connect")
-    assert time.time() - start < 30
+def test_unreachable_ray_address_is_refused_before_ray_tries_it(tmp_path):
+    """Refused by the script's own socket probe ("cannot connect to HOST:PORT (<the OS's reason>)"), not by ray.init,
+    which retries an unreachable address for minutes (its failure reads "could not join a Ray cluster"). The probe's
+    message is the behaviour checked, not the seconds: run_refused's timeout only stops a run that hangs."""
+    proc = run_refused("--env-id", "Pendulum-v1", "--ray-address", "127.0.0.1:1", "--runs-dir", tmp_path)
+    assert_clean_error(proc, "--ray-address 127.0.0.1:1: cannot connect to 127.0.0.1:1 (", "refused")
+    assert "could not join" not in proc.stderr
     assert not any(tmp_path.iterdir()), "nothing is written for a run that could not start"
 
 
+@pytest.mark.ray
 def test_ctrl_c_saves_shuts_ray_down_and_resumes_with_the_learner_paused(tmp_path):
     """SIGINT to the whole process group, as a terminal's Ctrl-C: the driver saves and exits 130, no Ray process is
     left behind, and the checkpoint resumes. The resumed run has --pause-learner (a flag a resume may change): it only
@@ -447,14 +463,9 @@ def test_ctrl_c_saves_shuts_ray_down_and_resumes_with_the_learner_paused(tmp_pat
         tmp_path,
     )
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:  # wait until a few updates have been logged
-            events = list(tmp_path.glob("*/events.out.tfevents.*"))
-            if events and len(scalars(events[0].parent, "losses/qf1_loss")) >= 2:
-                break
-            time.sleep(0.3)
+        wait_for_updates(tmp_path, n=2, timeout=300, proc=proc)
         os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=90)
+        out, err = output_after_ctrl_c(proc, 120)
         leftovers = lingering(proc.pid)  # Ray's workers included: they sit in process groups of their own
     finally:  # a run that ignored the signal, or left processes behind, must not outlive the test
         stop_session(proc.pid)

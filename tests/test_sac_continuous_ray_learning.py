@@ -12,6 +12,7 @@ from tests.conftest import best_last10, reached_return
 from tests.test_sac_continuous_ray_e2e import run_ray  # a session of its own: whatever Ray leaves is stopped by id
 
 pytest.importorskip("ray")
+pytestmark = pytest.mark.ray  # tests/conftest.py: one Ray test at a time
 SCRIPT = os.environ.get("SAC_CONTINUOUS_RAY_SCRIPT", "sac_continuous_ray.py")
 
 

@@ -169,14 +169,15 @@ def test_buffer_shard_adds_worker_batches_and_samples_them():
     assert restored.load_state_dict(shard.state_dict()) == 16
 
 
-def test_unreachable_ray_address_fails_fast_and_clearly():
-    pytest.importorskip("ray")
-    start = time.time()
+def test_unreachable_ray_address_fails_fast_and_clearly(monkeypatch):
+    """Fast: refused by the script's socket probe, before ray.init, which retries an unreachable address for minutes
+    (checked as that, not in seconds: a loaded machine's clock decides nothing)."""
+    ray = pytest.importorskip("ray")
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("ray.init tried the unreachable address"))
     with pytest.raises(sr.UserError, match="cannot connect to 127.0.0.1:1"):
         sr.connect_ray("127.0.0.1:1", 2)
     with pytest.raises(sr.UserError, match="cannot connect"):
         sr.connect_ray("ray://localhost:notaport", 2)
-    assert time.time() - start < 30
 
 
 def test_updates_owed_follow_the_schedule_and_async_owes_one_at_a_time():

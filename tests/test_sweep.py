@@ -12,13 +12,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.conftest import BASE_ENV, ROOT, assert_clean_error, scalars
+from tests.conftest import BASE_ENV, ROOT, assert_clean_error, output_after_ctrl_c, scalars, wait_until
 from tools.sweep import concurrency, expand_grid, flag_args, parse_grid
 
 SWEEP = str(ROOT / "tools" / "sweep.py")
@@ -67,12 +66,9 @@ def ctrl_c_once_saved(proc: subprocess.Popen, folder: Path, pattern: str) -> tup
     """Ctrl-C at a terminal (SIGINT to the driver's process group) once a file matching `pattern` exists under `folder`
     (a trial's checkpoint); the driver's (stdout, stderr) once it has exited. Nothing of it outlives the test."""
     try:
-        deadline = time.time() + 300
-        while not list(folder.glob(pattern)) and time.time() < deadline:
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.2)
+        wait_until(lambda: bool(list(folder.glob(pattern))), 300, f"a file {pattern} under {folder}", proc)
         os.killpg(proc.pid, signal.SIGINT)
-        return finish(proc, timeout=300)
+        return output_after_ctrl_c(proc, 300)
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -161,6 +157,7 @@ def test_bad_input_is_refused_in_one_paragraph_before_anything_runs(case, tmp_pa
 # ---- a tiny sweep end to end --------------------------------------------------------------------------------------
 
 
+@pytest.mark.ray
 def test_a_tiny_sweep_summarizes_each_trials_own_scalars_and_marks_a_failing_trial(tmp_path):
     """2 seeds x num_minibatches 2,3 x num_steps 64,96: (64, 3) passes the value check (each value is probed, not
     each combination) but the script refuses it at start: those trials fail with their log's last lines, the
@@ -230,6 +227,7 @@ def test_a_tiny_sweep_summarizes_each_trials_own_scalars_and_marks_a_failing_tri
 
 
 @pytest.mark.slow  # two Ray starts, about 100 s: the default tier stays under 10 minutes
+@pytest.mark.ray
 def test_the_benchmark_harness_runs_its_seeds_as_a_sweep_and_resumes_it(tmp_path):
     """benchmarks/run.py runs this project's scripts through the tool: the seeds are trials of one sweep in
     <out>_runs/sweep/ (--torch-threads N given to the harness becomes --cpus-per-trial N), its JSON reads each trial's
@@ -287,6 +285,7 @@ def test_the_benchmark_harness_runs_its_seeds_as_a_sweep_and_resumes_it(tmp_path
 
 
 @pytest.mark.slow  # ~130 s of the default tier's serial Ray group (its wall time, 9.5 of 10 minutes): CI's slow tier runs it
+@pytest.mark.ray
 def test_ctrl_c_saves_the_running_trial_and_resume_runs_nothing_twice(tmp_path):
     """One trial at a time (2 CPUs each on 2 cores): 256 steps (finishes), 6,016 (Ctrl-C once it has a checkpoint),
     384 (never starts). --resume keeps the first untouched, resumes the second from its interrupted checkpoint in its
@@ -342,6 +341,7 @@ def test_ctrl_c_saves_the_running_trial_and_resume_runs_nothing_twice(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_a_node_lost_mid_trial_its_trial_finishes_on_the_other_node_from_its_checkpoint(tmp_path):
     """Two nodes of 2 CPUs (tests/test_sac_continuous_ray_cluster.py's Cluster: its own sessions and temp dirs,
     stopped by process group), two trials of 2 CPUs: one per node. The second node is SIGKILLed once both trials have
@@ -395,10 +395,8 @@ def test_a_node_lost_mid_trial_its_trial_finishes_on_the_other_node_from_its_che
         )
         # Why per trial: two checkpoints of one trial (the second not even started) made the kill lose a trial
         # with nothing to resume from (a CI run); and a trial that finished first has nothing left to resume.
-        deadline = time.time() + 300
-        while len({p.parts[-5] for p in out.glob("trials/*/runs/*/checkpoints/step_*.pt")}) < 2 and time.time() < deadline:
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.2)
+        saved = lambda: {p.parts[-5] for p in out.glob("trials/*/runs/*/checkpoints/step_*.pt")}  # noqa: E731
+        wait_until(lambda: len(saved()) >= 2, 300, "a checkpoint of each of its 2 trials", proc)
         assert not list(out.glob("trials/*/result.json")), "a trial finished before the kill: raise --total-timesteps"
         c.kill(1)
         stdout, stderr = finish(proc, timeout=600)
@@ -422,6 +420,7 @@ def test_a_node_lost_mid_trial_its_trial_finishes_on_the_other_node_from_its_che
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_a_tiny_tune_study_prints_the_best_command_and_reruns_it_on_fresh_seeds(tmp_path):
     out = tmp_path / "tune"
     proc = run_sweep(
@@ -478,6 +477,7 @@ def test_a_tiny_tune_study_prints_the_best_command_and_reruns_it_on_fresh_seeds(
 
 
 @pytest.mark.slow
+@pytest.mark.ray
 def test_a_tune_study_stopped_with_ctrl_c_resumes_its_settings_from_their_checkpoints(tmp_path):
     """Ctrl-C once a setting's seed has a checkpoint: the driver exits 130; --resume restores the study (Tune's own
     state), the stopped setting's script resumes from its interrupted checkpoint, and the study ends with a best."""
