@@ -226,7 +226,7 @@ def poll(fetch, ready, timeout: float, what: str):
 
 
 def test_readme_names_the_tags_a_run_writes():
-    section = README.read_text().split("**Watch it in TensorBoard**", 1)[1].split("\n\n", 1)[0]
+    section = README.read_text().split("**TensorBoard**", 1)[1].split("\n\n", 1)[0]
     assert set(PPO_TAGS) <= set(README_TAG.findall(section))
 
 
@@ -242,7 +242,7 @@ README_FAMILIES = {
 
 def readme_tags_by_script(text: str) -> dict:
     """{script: the TensorBoard tags the README says it writes}."""
-    paragraph = text.split("**Watch it in TensorBoard**", 1)[1].split("\n\n", 1)[0]
+    paragraph = text.split("**TensorBoard**", 1)[1].split("\n\n", 1)[0]
     named = {script: set() for script in SCRIPTS}
     for clause in [text.replace(paragraph, ""), *paragraph.split(";")]:
         opening = next((o for o in README_FAMILIES if clause.lstrip().startswith(o)), None)
@@ -273,7 +273,7 @@ def test_every_tag_the_readme_names_is_written_by_a_real_run(script, tmp_path_fa
 
 
 def test_tensorboard_serves_the_documented_tags_of_a_real_run(trained, tmp_path):
-    section = README.read_text().split("**Watch it in TensorBoard**", 1)[1].split("\n\n", 1)[0]
+    section = README.read_text().split("**TensorBoard**", 1)[1].split("\n\n", 1)[0]
     assert "tensorboard --logdir runs" in section
     port = free_port()
     tensorboard = Path(sys.executable).with_name("tensorboard")
