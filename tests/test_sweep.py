@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import BASE_ENV, ROOT, assert_clean_error, scalars
-from tools.sweep import concurrency, expand_grid, flag_args, parse_grid
+from tools.sweep import expand_grid, flag_args, parse_args, parse_grid, plan
 
 SWEEP = str(ROOT / "tools" / "sweep.py")
 TINY = [
@@ -98,31 +98,58 @@ def run_dir_of(trial: Path) -> Path:
 def test_grid_is_every_script_env_value_and_seed_with_threads_equal_to_cpus_per_trial(tmp_path):
     grid = parse_grid(["learning_rate=3e-4,1e-3", "--norm-adv=true,false,true"])
     assert grid == {"learning-rate": ["3e-4", "1e-3"], "norm-adv": ["true", "false"]}  # names as flags, no repeats
-    trials = expand_grid(
-        ["ppo_continuous.py"],
-        ["Pendulum-v1", "Hopper-v4"],
-        [1, 2],
-        grid,
-        ["--total-timesteps", "9"],
-        cpus_per_trial=3,
-        bool_flags={"ppo_continuous.py": ["norm-adv"]},
-    )
+    script = str(ROOT / "ppo_continuous.py")
+    trials = expand_grid([script], ["Pendulum-v1", "Hopper-v4"], [1, 2], grid, ["--total-timesteps", "9"], 3)
     assert len(trials) == 2 * 2 * 2 * 2 and len({t.id for t in trials}) == 16
-    assert {(t.env_id, t.seed, tuple(map(tuple, t.flags))) for t in trials} == {
-        (env, seed, (("learning-rate", lr), ("norm-adv", adv)))
-        for env in ("Pendulum-v1", "Hopper-v4")
-        for seed in (1, 2)
-        for lr in ("3e-4", "1e-3")
-        for adv in ("true", "false")
-    }
     cmd = trials[3].command(tmp_path / "t")  # script, env, grid point, seed: the innermost loop is the seed
     assert cmd[cmd.index("--torch-threads") + 1] == "3" and cmd[cmd.index("--runs-dir") + 1] == str(tmp_path / "t" / "runs")
     assert cmd[cmd.index("--seed") + 1] == "2" and cmd[-3:] == ["--learning-rate", "3e-4", "--no-norm-adv"]
-    assert cmd[cmd.index("--total-timesteps") + 1] == "9"
     assert trials[0].task == trials[1].task != trials[2].task  # the seeds of a grid point are one task
-    # trials at once on a node = its cores / CPUs per trial: never more threads than cores
-    assert [concurrency(cores, cpt) for cores, cpt in [(2, 1), (2, 2), (16, 3), (2, 4)]] == [2, 1, 5, 0]
-    assert flag_args([["gamma", "0.9"], ["anneal-lr", "False"]], ["anneal-lr"]) == ["--gamma", "0.9", "--no-anneal-lr"]
+    assert flag_args([["gamma", "0.9"], ["anneal-lr", "False"]]) == ["--gamma", "0.9", "--no-anneal-lr"]
+
+
+def test_a_trials_id_is_a_hash_of_its_whole_command_and_a_result_is_reused_only_for_it(tmp_path):
+    """Issue 59: ids left out the flags after `--`, and any result.json in a trial folder was taken as done."""
+    script = tmp_path / "train.py"
+    script.write_text("print('v1')\n")
+    (a,) = expand_grid([str(script)], ["Pendulum-v1"], [1], {}, ["--total-timesteps", "1024"], 1)
+    (b,) = expand_grid([str(script)], ["Pendulum-v1"], [1], {}, ["--total-timesteps", "2048"], 1)
+    (c,) = expand_grid([str(script)], ["Pendulum-v1"], [1], {}, ["--total-timesteps", "1024"], 2)
+    script.write_text("print('v2')\n")
+    (d,) = expand_grid([str(script)], ["Pendulum-v1"], [1], {}, ["--total-timesteps", "1024"], 1)
+    assert len({a.id, b.id, c.id, d.id}) == 4  # a flag after --, the threads, the script's text: another trial
+    from tools.sweep import read_result
+
+    (tmp_path / "trials" / a.id).mkdir(parents=True)
+    (tmp_path / "trials" / a.id / "result.json").write_text(json.dumps({"state": "done", "key": b.id}))
+    assert read_result(tmp_path, a) is None  # a result written for another command is not this trial's
+
+
+def write_sweep(out: Path, seeds: list, extra: list) -> dict:
+    """A sweep.json as the tool writes it, its trials finished (no Ray: what --resume plans is checked before Ray)."""
+    ns, _ = parse_args(
+        ["--out", str(out), "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--seeds", *map(str, seeds)]
+    )
+    out.mkdir(parents=True)
+    spec, _ = plan(ns, extra, out)
+    for t in spec["trials"]:
+        (out / "trials" / t["id"]).mkdir(parents=True)
+        (out / "trials" / t["id"] / "result.json").write_text(json.dumps({"state": "done", "key": t["id"], "returncode": 0}))
+    (out / "sweep.json").write_text(json.dumps(spec))
+    return spec
+
+
+def test_resume_with_new_seeds_or_grid_values_adds_their_trials_and_other_changes_are_refused(tmp_path):
+    """Issue 59: `--resume --grid ... --seeds 5 6 -- --total-timesteps 4096` ran nothing: the new trials were dropped."""
+    out = tmp_path / "sweep"
+    old = write_sweep(out, [1], ["--total-timesteps", "1024"])
+    argv = ["--out", str(out), "--resume", "--seeds", "5", "6", "--grid", "learning_rate=1e-3,3e-4"]
+    spec, new = plan(*parse_args([*argv, "--", "--total-timesteps", "1024"]), out)
+    assert len(new) == 4 and {t.seed for t in new} == {5, 6}  # probed, then run
+    assert spec["trials"][:1] == old["trials"] and len(spec["trials"]) == 5  # the finished trial kept
+    proc = run_sweep(*argv, "--", "--total-timesteps", "4096", timeout=120)
+    assert_clean_error(proc, "--resume with --extra", "4096", "1024", "another --out")
+    assert json.loads((out / "sweep.json").read_text()) == old and not (out / "sweep.lock").exists()
 
 
 # ---- bad input: one paragraph, exit 2, nothing run or written ---------------------------------------------------
@@ -135,13 +162,14 @@ def free_port() -> int:
 
 
 BAD = {
-    "unknown script": (["--script", "dqn.py"], [], ["unknown script 'dqn.py'", "ppo_continuous.py"]),
-    "unknown grid flag": (["--grid", "learning_rat=1e-3"], [], ["has no flag --learning-rat"]),
-    "unknown flag after --": ([], ["--num-stepz", "64"], ["has no flag --num-stepz"]),
+    "unknown script": (["--script", "dqn.py"], [], ["unknown script 'dqn.py'", "no such .py file"]),
+    "unknown grid flag": (["--grid", "learning_rat=1e-3"], [], ["refused by the script", "--learning-rat"]),
+    "unknown flag after --": ([], ["--num-stepz", "64"], ["refused by the script", "--num-stepz"]),
+    "a script that exits without training": ([], ["--help"], ["exited (code 0) without starting a training run"]),
     "a flag the sweep sets": ([], ["--seed", "3"], ["--seed is set by the sweep"]),
     "bad value": (["--grid", "gamma=0.99,2"], [], ["--gamma 2", "refused by the script", "--gamma must be in [0, 1]"]),
     "too many CPUs": (["--cpus-per-trial", "4096"], [], ["--cpus-per-trial 4096", "cores"]),
-    "unreachable address": (["--address", "127.0.0.1:PORT"], [], ["--address 127.0.0.1:", "cannot connect"]),
+    "unreachable address": (["--address", "127.0.0.1:PORT"], [], ["--address 127.0.0.1:", "no Ray head answers"]),
 }
 
 
@@ -156,6 +184,74 @@ def test_bad_input_is_refused_in_one_paragraph_before_anything_runs(case, tmp_pa
     assert_clean_error(proc, *needles)
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr  # one paragraph
     assert not out.exists(), "refused before anything was written"
+
+
+def test_a_second_sweep_on_a_folder_in_use_is_refused_naming_the_holder(tmp_path):
+    """Issue 59: two sweeps on one --out both ran, into one trial folder. The first holds the lock here (the race forced)."""
+    import fcntl
+
+    out = tmp_path / "sweep"
+    out.mkdir()
+    with open(out / "sweep.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock.write("4242 on somehost\n")
+        lock.flush()
+        proc = run_sweep("--out", out, "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--", *TINY, timeout=60)
+        assert_clean_error(proc, f"--out {out} is in use by another sweep (pid 4242 on somehost)")
+        assert sorted(p.name for p in out.iterdir()) == ["sweep.lock"]  # nothing written, the holder's lock kept
+
+
+def test_an_address_that_is_not_a_ray_head_is_refused_within_30_seconds(tmp_path):
+    """Issue 59: an HTTP server as --address hung in ray.init for 300 s and more, after writing sweep.json."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        port = int(re.search(r"port (\d+)", server.stdout.readline()).group(1))
+        start, out = time.time(), tmp_path / "sweep"
+        args = ["--out", out, "--address", f"127.0.0.1:{port}", "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1"]
+        proc = run_sweep(*args, "--", *TINY, timeout=60)
+        assert_clean_error(proc, f"--address 127.0.0.1:{port}: no Ray head answers there")
+        assert time.time() - start < 30 and not out.exists()
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_out_a_file_and_a_corrupt_sweep_json_get_one_paragraph(tmp_path):
+    """Issue 59: FileExistsError and JSONDecodeError tracebacks."""
+    (tmp_path / "file").write_text("mine\n")
+    proc = run_sweep("--out", tmp_path / "file", "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", timeout=60)
+    assert_clean_error(proc, "is a file, not a folder")
+    assert (tmp_path / "file").read_text() == "mine\n"
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "sweep.json").write_text('{"trials": [')
+    for flag in ("--resume", "--summarize"):
+        proc = run_sweep("--out", tmp_path / "sweep", flag, timeout=60)
+        assert_clean_error(proc, "sweep.json is not a sweep this tool wrote")
+    assert (tmp_path / "sweep" / "sweep.json").read_text() == '{"trials": ['
+
+
+def test_summarize_of_an_empty_grid_and_of_a_tuning_sweep_works(tmp_path):
+    """Issue 59: ZeroDivisionError in `plot` for an empty grid (`--grid "learning_rate= ,"` was accepted) and a study."""
+    proc = run_sweep(
+        "--out", tmp_path / "s", "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--grid", "learning_rate= ,"
+    )
+    assert_clean_error(proc, "--grid 'learning_rate= ,'")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "sweep.json").write_text(json.dumps({"args": {"tune": False, "metric": "eval"}, "trials": []}))
+    proc = run_sweep("--out", tmp_path / "empty", "--summarize", timeout=60)
+    assert proc.returncode == 0 and "| task |" in proc.stdout, proc.stdout + proc.stderr
+    assert json.loads((tmp_path / "empty" / "summary.json").read_text())["tasks"] == []
+    (tmp_path / "tune").mkdir()
+    (tmp_path / "tune" / "sweep.json").write_text(json.dumps({"args": {"tune": True}, "trials": []}))
+    proc = run_sweep("--out", tmp_path / "tune", "--summarize", timeout=60)
+    assert proc.returncode == 1 and "no study has ended" in proc.stdout, proc.stdout + proc.stderr
+    settings = [{"setting": {"gamma": "0.9"}, "eval_return": -200.0, "global_step": 512}]
+    study = {"settings": settings, "best": settings[0], "best_command": "python x.py", "rerun_command": "python y"}
+    (tmp_path / "tune" / "tune.json").write_text(json.dumps(study))
+    proc = run_sweep("--out", tmp_path / "tune", "--summarize", timeout=60)
+    assert proc.returncode == 0 and "| gamma=0.9 | -200.0 | 512 |" in proc.stdout, proc.stdout + proc.stderr
 
 
 # ---- a tiny sweep end to end --------------------------------------------------------------------------------------
