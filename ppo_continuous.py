@@ -7,6 +7,7 @@ Docs: docs/ppo_continuous.md; the algorithm: https://arxiv.org/abs/1707.06347. T
   # === Plumbing  flag rules, evaluation (Policy), start-up checks, runs, checkpoints, resume, env state, errors
 """
 
+import argparse
 import copy
 import dataclasses
 import json
@@ -19,6 +20,7 @@ import shutil
 import signal
 import sys
 import time
+import traceback
 import warnings
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -30,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from torch.distributions import Independent, Normal
+from torch.distributions import ComposeTransform, Independent, Normal, TransformedDistribution
 
 SCRIPT_NAME = "ppo_continuous"  # written into checkpoints; a checkpoint of another script is refused
 
@@ -84,9 +86,12 @@ class Args:
     progress: bool = True  # show progress: a one-line display on a terminal, a plain line every 30 s otherwise
 
     # --- derived from the flags above (not flags themselves) ---
-    batch_size: tyro.conf.Suppress[int] = 0  # the batch size: num_envs * num_steps
-    minibatch_size: tyro.conf.Suppress[int] = 0  # the mini-batch size: batch_size // num_minibatches
-    num_iterations: tyro.conf.Suppress[int] = 0  # the number of iterations: total_timesteps // batch_size
+    batch_size: int = field(init=False, default=0)  # the batch size: num_envs * num_steps
+    minibatch_size: int = field(init=False, default=0)  # the mini-batch size: batch_size // num_minibatches
+    num_iterations: int = field(init=False, default=0)  # the number of iterations: total_timesteps // batch_size
+
+    def __post_init__(self):
+        validate_args(self)  # tyro runs it: each flag's range, the sizes that must fit together, the derived sizes
 
 
 def make_env(env_id: str, idx: int, capture_video: bool, video_dir: str) -> Callable[[], gym.Env]:
@@ -173,13 +178,12 @@ def scale_rewards(
     rms: RunningMeanStd,
     gamma: float,
     clip: float,
-    epsilon: float = 1e-8,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Divide rewards by the running std of the discounted return G <- gamma*G + r (not its mean: the sign must survive).
     Returns (scaled rewards, new G); G restarts at any episode end, termination or truncation: a new episode begins."""
     discounted_returns = discounted_returns * gamma + rewards
     rms.update(discounted_returns)
-    scaled = np.clip(rewards / np.sqrt(rms.var + epsilon), -clip, clip)
+    scaled = np.clip(rewards / np.sqrt(rms.var + 1e-8), -clip, clip)
     return scaled.astype(np.float32), np.where(episode_ended, 0.0, discounted_returns)
 
 
@@ -286,10 +290,9 @@ class LoopState:
 
 
 def main() -> None:
-    args, ckpt, device = parse_command_line(Args, FLAG_RULES, validate_args)
+    args, ckpt, device = parse_command_line(Args)
     shapes, act_space = probe_env(args.env_id, args.capture_video)  # below the banner: a bounded Box to act in
     obs_dim, act_dim = int(np.prod(shapes["obs_shape"])), int(np.prod(act_space.shape))
-    check_memory("num_envs", args.num_envs, 8 * args.num_envs * args.num_steps * (2 * obs_dim + act_dim + 3), "the rollout")
     run = Run(args, SCRIPT_NAME, ckpt, shapes, args.batch_size)
     seed_everything(args.seed, args.torch_deterministic)
 
@@ -297,7 +300,6 @@ def main() -> None:
     # (NEXT_STEP, gymnasium 1.x's default, adds a step per episode whose action is ignored: not a real transition.)
     thunks = [make_env(args.env_id, i, args.capture_video, str(run.dir / "videos")) for i in range(args.num_envs)]
     envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-    assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP, "the loop assumes same-step autoreset"
 
     agent = Agent(obs_dim, act_dim).to(device)
     check_agent(agent, obs_dim, act_dim, device)  # below the banner: an edited Agent that cannot act stops here
@@ -309,6 +311,7 @@ def main() -> None:
     # normalized: the obs the policy saw, and transition t's true next obs (the final obs where an episode ended)
     obs_buf, next_obs_buf = np.zeros((2, args.num_steps, args.num_envs, obs_dim), np.float32)
     actions_buf = np.zeros((args.num_steps, args.num_envs, act_dim), np.float32)  # unclipped Gaussian samples
+    logprobs_buf = np.zeros((args.num_steps, args.num_envs), np.float32)  # log pi(a_t|s_t) of the policy that acted
     rewards_buf = np.zeros((args.num_steps, args.num_envs), np.float32)  # scaled rewards
     terminations_buf, truncations_buf = np.zeros((2, args.num_steps, args.num_envs), bool)  # ended at t: terminal / time limit
 
@@ -319,9 +322,9 @@ def main() -> None:
         discounted_return=np.zeros(args.num_envs),
     )
     run.attach(s, envs, model=agent, optimizer=optimizer, obs_rms=obs_rms, return_rms=return_rms, env_states=EnvStates(envs))
-    # evaluation: deterministic episodes, statistics frozen as they are now; run.play every --eval-interval env steps
+    # evaluation (every --eval-interval, after --save-model): a copy of the agent in eval mode (dropout off), obs stats frozen
     run.play = lambda episodes, video_dir=None: evaluate(
-        Policy(agent, norm, args.obs_clip, act_space.low, act_space.high).to(device),
+        Policy(copy.deepcopy(agent), norm, args.obs_clip, act_space.low, act_space.high).to(device).eval(),
         eval_env(args.env_id, video_dir),
         episodes,
         args.seed + 10_000,
@@ -339,9 +342,11 @@ def main() -> None:
             for step in range(args.num_steps):
                 s.global_step += args.num_envs
                 obs_buf[step] = next_obs
-                with torch.inference_mode():  # a ~ pi(.|s): no gradient, no value (computed batched for the update)
-                    action = agent.distribution(torch.from_numpy(next_obs).to(device)).sample().cpu().numpy()
-                actions_buf[step] = action
+                with torch.inference_mode():  # a ~ pi(.|s), its log-prob kept: the update's pi_old is the policy that acted
+                    dist = agent.distribution(torch.from_numpy(next_obs).to(device))
+                    action = dist.sample()
+                    logprobs_buf[step] = dist.log_prob(action).cpu().numpy()
+                actions_buf[step] = action = action.cpu().numpy()
                 # The env gets the action clipped to its bounds; training keeps the sampled one, whose log-prob we know.
                 s.raw_obs, reward, terminations, truncations, infos = envs.step(np.clip(action, act_space.low, act_space.high))
                 episode_ended = terminations | truncations
@@ -363,10 +368,9 @@ def main() -> None:
                 rewards_buf[step], terminations_buf[step], truncations_buf[step] = reward, terminations, truncations
 
         with run.timer("update"):
-            # ---- advantages: values and log-probs of the whole rollout in one batched pass ----
-            obs, actions = torch.from_numpy(obs_buf).to(device), torch.from_numpy(actions_buf).to(device)
+            # ---- advantages: values in one batched pass (a baseline: with dropout in the critic as good a sample as any) ----
             with torch.no_grad():
-                logprobs, values = agent.distribution(obs).log_prob(actions), agent.get_value(obs).cpu().numpy()
+                values = agent.get_value(torch.from_numpy(obs_buf).to(device)).cpu().numpy()
                 next_values = agent.get_value(torch.from_numpy(next_obs_buf).to(device)).cpu().numpy()
             advantages = compute_gae(
                 rewards_buf, values, next_values, terminations_buf, truncations_buf, args.gamma, args.gae_lambda
@@ -374,7 +378,7 @@ def main() -> None:
             returns = advantages + values
             batch = [
                 torch.as_tensor(x, device=device).flatten(0, 1)  # (num_steps, num_envs) -> one batch
-                for x in (obs, actions, logprobs, values, advantages, returns)
+                for x in (obs_buf, actions_buf, logprobs_buf, values, advantages, returns)
             ]
 
             # ---- update: update_epochs passes over the batch in shuffled minibatches ----
@@ -424,28 +428,18 @@ def main() -> None:
 # Flag rules, evaluation (Policy), start-up checks, env state, runs; `shared:` blocks: the same text in every script.
 
 
-# Every numeric flag and the range it must lie in (checked before anything starts; the run flags' are in RUN_RULES)
+# The rule each numeric flag must meet (rule: the flags it applies to; the run flags' are in RUN_RULES)
 FLAG_RULES = {
-    "total_timesteps": ">= 1",
-    "learning_rate": "> 0",
-    "num_envs": ">= 1",
-    "num_steps": ">= 1",
-    "gamma": "in [0, 1]",
-    "gae_lambda": "in [0, 1]",
-    "num_minibatches": ">= 1",
-    "update_epochs": ">= 1",
-    "clip_coef": "> 0",
-    "target_kl": "> 0",
-    "ent_coef": ">= 0",
-    "vf_coef": ">= 0",
-    "max_grad_norm": "> 0",
-    "obs_clip": "> 0",
-    "reward_clip": "> 0",
+    ">= 1": "total_timesteps num_envs num_steps num_minibatches update_epochs",
+    "> 0": "learning_rate clip_coef target_kl max_grad_norm obs_clip reward_clip",
+    ">= 0": "ent_coef vf_coef",
+    "in [0, 1]": "gamma gae_lambda",
 }
 
 
 def validate_args(args: Args) -> None:
-    """What single-flag rules cannot say: sizes that must fit together; then the derived sizes."""
+    """Each flag against its rule; then what single-flag rules cannot say: sizes that must fit together; the derived sizes."""
+    check_flags(args, FLAG_RULES)
     batch = args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size, args.num_iterations = batch // args.num_minibatches, args.total_timesteps // batch
     if batch % args.num_minibatches != 0:
@@ -473,7 +467,7 @@ def check_agent(agent: Agent, obs_dim: int, act_dim: int, device: torch.device) 
             got = [tuple(out.shape) for out in (*agent.get_action_and_value(x), deterministic_action(agent.distribution(x)))]
         problem = None if got == want else f"(action, log-prob, entropy, value, mean) of shapes {got}, not {want}"
     except (RuntimeError, NotImplementedError) as e:  # torch's size mismatch: say which sizes must agree
-        problem = str(e).splitlines()[0]
+        problem = (str(e) or repr(e)).splitlines()[0]  # torch's NotImplementedError() has no message
     if problem:
         raise UserError(
             f"the Agent cannot act on a batch of 8 observations of size obs_dim = {obs_dim}: {problem}. Each "
@@ -484,11 +478,11 @@ def check_agent(agent: Agent, obs_dim: int, act_dim: int, device: torch.device) 
 
 def deterministic_action(dist: torch.distributions.Distribution) -> torch.Tensor:
     """The mean; for a transformed distribution (e.g. tanh-squashed, where torch has none) the base mean transformed."""
-    transformed = isinstance(dist, torch.distributions.TransformedDistribution)
-    action = deterministic_action(dist.base_dist) if transformed else dist.mean
-    for transform in dist.transforms if transformed else ():
-        action = transform(action)
-    return action
+    if isinstance(dist, Independent):  # its numbers are its base's, read as one event
+        return deterministic_action(dist.base_dist)
+    if isinstance(dist, TransformedDistribution):  # e.g. tanh(mu), for a tanh-squashed Normal(mu, sigma)
+        return ComposeTransform(dist.transforms)(deterministic_action(dist.base_dist))
+    return dist.mean
 
 
 class Policy(nn.Module):
@@ -579,87 +573,124 @@ def quiet_mujoco_warnings() -> None:
 # --- end shared: continuous ---
 
 # --- shared: plumbing ---
-# Flags a --resume command may change (those the script has); a flag it leaves out, and every other, is the checkpoint's.
-RESUME_OVERRIDABLE = (
-    "total_timesteps",
-    "track",
-    "wandb_project_name",
-    "wandb_entity",
-    "capture_video",
-    "save_model",
-    "runs_dir",
-    "checkpoint_interval",
-    "keep_checkpoints",
-    "resume",
-    "eval_episodes",
-    "eval_interval",
-    "keep_best",
-    "progress",
-    "cuda",
-    "torch_threads",
-    "save_buffer",
-    "log_interval",
-    "async_envs",
-    "num_rollout_workers",
-    "envs_per_worker",
-    "weight_sync_interval",
-    "worker_batch_steps",
-    "ray_address",
-    "pause_learner",
+# Flags a --resume command may change; every other flag keeps the checkpoint's value (given anew, it must equal it).
+RESUME_OVERRIDABLE = set(
+    "total_timesteps track wandb_project_name wandb_entity capture_video save_model runs_dir checkpoint_interval resume"
+    " keep_checkpoints eval_episodes eval_interval keep_best progress cuda torch_threads save_buffer log_interval async_envs"
+    " num_rollout_workers envs_per_worker weight_sync_interval worker_batch_steps ray_address pause_learner".split()
 )
-MAY_BE_NAN = ("losses/explained_variance",)  # NaN by definition when all returns are equal: not a broken run
-NON_FINITE_FLAGS = ("learning_rate", "policy_lr", "q_lr", "max_grad_norm", "num_minibatches", "norm_adv", "norm_obs")
+LEARNING_RATES = ("learning_rate", "policy_lr", "q_lr")  # named when a NaN stops a run
 CHECKPOINT = re.compile(r"(step|interrupted|final)_(\d{10})\.pt")  # the names runs write; no other file is pruned
-UNSTARTED = []  # (run folder, what it held) of a run not started yet: what a refusal added goes again (run_cli)
+
+
+class UserError(Exception):
+    """A problem with the user's input (flags, env, checkpoint, an edit the loop cannot serve): one paragraph, exit 2."""
+
+
+def run_cli(main: Callable[[], None]) -> None:
+    """Run main(). A UserError, an OSError (a path, a permission, a full disk), a MemoryError or a library's ValueError /
+    RuntimeError (torch's shape checks on an edited network) becomes one paragraph naming this script's line, exit code
+    2; a run that fails before its first iteration ends takes its new run folder, or what it added to one, with it."""
+    try:
+        main()
+    except (UserError, OSError, ValueError, RuntimeError, MemoryError) as e:
+        for folder, before in Run.unstarted:
+            for path in set(folder.iterdir()) - before if before else [folder]:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == __file__]
+        if not isinstance(e, UserError) and frames:
+            message += f" ({type(e).__name__} at line {frames[-1].lineno} of {Path(__file__).name}: `{frames[-1].line}`)"
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_command_line(cls):
+    """(args, the --resume checkpoint or None, device). tyro checks each flag (Args.__post_init__); with --resume the
+    checkpoint's args are tyro's defaults: a flag left out keeps the run's value, and only RESUME_OVERRIDABLE may change."""
+    before = argparse.ArgumentParser(add_help=False)  # --resume first: its checkpoint holds the other flags' defaults
+    before.add_argument("--resume")
+    args, ckpt, resume = None, None, before.parse_known_args()[0].resume
+    if resume:
+        ckpt = load_checkpoint(resume, "--resume")
+        check_checkpoint_matches(ckpt, resume, SCRIPT_NAME)  # another script's: refused before any flag check
+        saved = {f.name: ckpt["args"][f.name] for f in dataclasses.fields(cls) if f.init and f.name in ckpt["args"]}
+        if ":" in str(saved.get("env_id")) and not any(word.startswith("--env-id") for word in sys.argv):
+            raise UserError(f"checkpoint '{resume}' names an env that imports a module: give --env-id to allow it.")
+        args = tyro.cli(cls, default=cls(**saved))
+        args.__post_init__()  # why again: tyro copies the derived fields (init=False) from the default, not recomputed
+        for name in saved.keys() - RESUME_OVERRIDABLE:
+            if getattr(args, name) != saved[name]:
+                raise UserError(
+                    f"--{name.replace('_', '-')} {getattr(args, name)} conflicts with the checkpoint, which was trained with "
+                    f"{saved[name]}: a resumed run keeps it. Drop the flag, or start a new run."
+                )
+    args = args or tyro.cli(cls)
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    offline = os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun")
+    logged_in = os.environ.get("WANDB_API_KEY") or netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")
+    if args.track and not (offline or logged_in):  # never wait at wandb's login prompt
+        raise UserError("--track needs wandb credentials: run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline.")
+    # 0: a thread per usable core; runs sharing a machine must split them, or slow each other severalfold
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # taskset, cgroups
+    torch.set_num_threads(args.torch_threads or cores)
+    return args, ckpt, torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+
+def check_checkpoint_matches(ckpt: dict, path: str, script: str, shapes: Optional[dict] = None) -> None:
+    """Refuse a checkpoint of another script, or one made for an env of other shapes (`shapes`: name -> value)."""
+    if ckpt["script"] != script:
+        raise UserError(f"checkpoint '{path}' was written by {ckpt['script']}.py, not {script}.py.")
+    if shapes is not None and (saved := {k: ckpt.get(k) for k in shapes}) != shapes:
+        saved, shapes = ({k: tuple(v) if isinstance(v, list) else v for k, v in d.items()} for d in (saved, shapes))
+        raise UserError(f"checkpoint '{path}' was made for an env of {saved}, not for this env's {shapes}.")
 
 
 class Run:
-    """A run's folder, args.json, TensorBoard, wandb, progress, Ctrl-C, timings, evaluation (`run.play(episodes,
-    video_dir) -> returns`, set by the script) and checkpoints (loop state, attach()'s parts, RNG) as plain data."""
+    """A run's folder, args.json, TensorBoard (and wandb), progress, Ctrl-C, timings, evaluation (`run.play(episodes,
+    video_dir) -> returns`, set by the script) and checkpoints: the loop state, attach()'s parts, torch's RNG."""
+
+    unstarted = []  # (folder, what it held) while the first iteration runs: run_cli removes what a failure added
 
     def __init__(self, args, script: str, ckpt: Optional[dict], shapes: dict, log_every: int):
         self.args, self.script, self.ckpt, self.shapes, self.log_every = args, script, ckpt, shapes, log_every
+        self.dir = None
         if ckpt is not None:
             check_checkpoint_matches(ckpt, args.resume, script, shapes)
+            kinds = {"global_step": int, "iteration": int, "run_name": str, "run_state": dict, "rng_states": dict}
+            if bad := [key for key, kind in kinds.items() if not isinstance(ckpt.get(key), kind)]:
+                raise UserError(f"checkpoint '{args.resume}' is malformed: {', '.join(bad)} missing or of the wrong type.")
             if ckpt["iteration"] >= args.num_iterations:
                 raise UserError(
-                    f"checkpoint '{args.resume}' is at iteration {ckpt['iteration']} (step "
-                    f"{ckpt['global_step']}), the last of --total-timesteps {args.total_timesteps}: "
-                    "nothing left to do. Raise --total-timesteps."
+                    f"checkpoint '{args.resume}' is at step {ckpt['global_step']}, the end of --total-timesteps "
+                    f"{args.total_timesteps}: nothing left to do. Raise --total-timesteps."
                 )
-        self.dir = None if ckpt is None else resume_folder(args, ckpt)
-        base = (
-            ckpt["run_name"]
-            if ckpt
-            else f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        )
-        Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
-        for n in range(1, 1000) if self.dir is None else ():  # exclusively: runs started in the same second get two
-            self.dir = Path(args.runs_dir) / (base if n == 1 else f"{base}-{n}")
-            with suppress(FileExistsError):
-                self.dir.mkdir()
-                break
+            self.dir = resume_folder(args, ckpt)
+        env_name = args.env_id.replace("/", "-").replace(":", "-")
+        base = ckpt["run_name"] if ckpt else f"{env_name}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        try:
+            Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
+            for n in range(1, 1000) if self.dir is None else ():  # exclusively: runs started in the same second get two
+                self.dir = Path(args.runs_dir) / (base if n == 1 else f"{base}-{n}")
+                with suppress(FileExistsError):
+                    self.dir.mkdir()
+                    break
+        except OSError as e:  # the first write of the run: what stops it is said once, here
+            raise UserError(f"--runs-dir '{args.runs_dir}' cannot hold run folders: {e.strerror} ('{e.filename}').") from None
         self.name, self.ckpt_dir, in_place = self.dir.name, self.dir / "checkpoints", (self.dir / "args.json").exists()
-        UNSTARTED.append((self.dir, set(self.dir.iterdir())))  # a refusal before the first iteration removes what it adds
+        Run.unstarted.append((self.dir, set(self.dir.iterdir()) if in_place else None))
         if args.track:  # wandb mirrors the TensorBoard scalars: initialized before the writer
             import wandb
 
-            wandb.init(
-                project=args.wandb_project_name,
-                entity=args.wandb_entity,
-                sync_tensorboard=True,
-                config=vars(args),
-                name=self.name,
-                dir=str(self.dir),
-                save_code=True,
-            )
+            tracking = {"project": args.wandb_project_name, "entity": args.wandb_entity, "config": vars(args)}
+            wandb.init(**tracking, name=self.name, dir=str(self.dir), sync_tensorboard=True, save_code=True)
         from torch.utils.tensorboard import SummaryWriter
 
         # on resume, purge_step hides events logged after the checkpoint: one continuous curve
         self.writer = SummaryWriter(str(self.dir), purge_step=ckpt["global_step"] + 1 if in_place else None)
         if not in_place:  # a run resumed in its folder keeps the first start's args.json and hyperparameter table
             self.writer.add_text(
-                "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+                "hyperparameters", "\n".join(["|param|value|", "|-|-|"] + [f"|{k}|{v}|" for k, v in vars(args).items()])
             )
             compute = {
                 "device": "cuda" if torch.cuda.is_available() and args.cuda else "cpu",
@@ -668,70 +699,66 @@ class Run:
             (self.dir / "args.json").write_text(json.dumps({**dataclasses.asdict(args), "compute": compute}, indent=2))
         print(f"run: {self.dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
         self.recent_returns, self.phase_time = [], {}  # the last 10 episodes' returns; seconds per run.timer phase
-        self.state, self.parts, self.closing, self.play, self.line, self.window_step = None, {}, None, None, "", 0
+        self.state, self.parts, self.closing, self.play, self.line = None, {}, None, None, ""
         self.stop_requested = self.saving = self.stopped = self.last = False
-        self.last_print, self.best_path, self.best_step = time.monotonic(), self.ckpt_dir / "best.pt", None
+        self.best_path, self.best_step = self.ckpt_dir / "best.pt", None
         self.best_score = float(ckpt["run_state"]["best_score"]) if in_place else -math.inf
-        if in_place and args.keep_best and self.best_path.is_file():  # from an older checkpoint: best.pt may be better
-            self.best_score = max(self.best_score, float(load_checkpoint(str(self.best_path))["run_state"]["best_score"]))
 
     def attach(self, state, envs, **parts) -> None:
         """Register what a checkpoint holds and what to close at the end; on --resume, load it all."""
         self.state, self.closing, self.parts = state, envs, parts
-        if hasattr(envs, "step"):  # what the envs return is checked as it arrives (a NaN stops the run: non_finite)
-            envs.step = lambda actions, step=envs.step: self.checked_step(step, actions)
         if self.ckpt is None:
             return
         for name, part in parts.items():
             try:  # an edited network (a layer, a width) no longer fits the checkpoint's weights
                 getattr(part, "load_state_dict", lambda saved: load_plain(part, saved))(self.ckpt[name])
-            except (RuntimeError, KeyError, ValueError) as e:
+            except (RuntimeError, KeyError, ValueError, TypeError) as e:
                 raise UserError(
-                    f"checkpoint '{self.args.resume}' does not fit this script's {name} "
-                    f"({str(e).splitlines()[-1].strip()}): the script changed since it was saved. Resume with "
-                    "the script as it was, or start a new run without --resume."
+                    f"checkpoint '{self.args.resume}' does not fit this script's {name} ({str(e).splitlines()[-1].strip()}): "
+                    "the script changed since it was saved. Resume with the script as it was, or start a new run."
                 ) from None
         if not (exact := all(getattr(part, "exact", True) for part in parts.values())):
             print(f"warning: {self.args.env_id}'s simulator state cannot be captured; its envs restart from a reset.")
         load_plain(state, self.ckpt["run_state"], exact)
         self.recent_returns = list(self.ckpt["run_state"]["recent_returns"])
         torch.set_rng_state(self.ckpt["rng_states"]["torch"])
-        if "cuda" in self.ckpt["rng_states"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(self.ckpt["rng_states"]["cuda"])
 
     def iterations(self, state, num_iterations: int):
         """The iteration numbers; after each, what is due: logs, evaluation, checkpoints, a stop (a signal, `run.last`)."""
         self.handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-        UNSTARTED.clear()
-        start_time, start_step, window_start = time.time(), state.global_step, time.monotonic()
+        start_time, start_step, last_print, window_start = time.time(), state.global_step, 0.0, time.monotonic()
         self.window_step = saved_step = evaluated_step = state.global_step
         for iteration in range(state.iteration + 1, num_iterations + 1):
             state.iteration = iteration
             yield iteration
+            Run.unstarted.clear()  # the first iteration ended: a failure from now on keeps the run's folder
+            step, window = state.global_step, state.global_step - self.window_step
             if self.log_due():
-                sps = (state.global_step - start_step) / (time.time() - start_time)
-                self.writer.add_scalar("charts/SPS", sps, state.global_step)
-                window = state.global_step - self.window_step  # 0 when a stop ends a window with no new step
-                for phase, seconds in self.phase_time.items() if window > 0 else ():
-                    self.writer.add_scalar(f"charts/{phase}_us_per_step", seconds / window * 1e6, state.global_step)
-                self.phase_time = dict.fromkeys(self.phase_time, 0.0)
-                self.progress(sps, window / max(time.monotonic() - window_start, 1e-9))
-                self.window_step, window_start = state.global_step, time.monotonic()
-            every = self.args.eval_interval
-            if self.play is not None and every > 0 and state.global_step // every > evaluated_step // every:
+                sps = (step - start_step) / (time.time() - start_time)
+                self.writer.add_scalar("charts/SPS", sps, step)
+                for phase, seconds in self.phase_time.items() if window > 0 else ():  # a stop's window may have no step
+                    self.writer.add_scalar(f"charts/{phase}_us_per_step", seconds / window * 1e6, step)
+                left = int((self.args.total_timesteps - step) * (time.monotonic() - window_start) / max(window, 1))
+                self.phase_time, self.window_step, window_start = dict.fromkeys(self.phase_time, 0.0), step, time.monotonic()
+                ret = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
+                eta = f"{left // 3600}:{left % 3600 // 60:02d}:{left % 60:02d}"  # at the last window's speed
+                self.line = f"step {step:,}/{self.args.total_timesteps:,} | {sps:.0f} SPS | return (last 10) {ret} | ETA {eta}"
+                tty = sys.stdout.isatty()  # a terminal: one line, rewritten; else a line every 30 s and the last one
+                if self.args.progress and (tty or time.monotonic() - last_print >= 30):
+                    print(f"\r{self.line}" if tty else self.line, end="" if tty else "\n", flush=True)
+                    last_print, self.line = time.monotonic(), self.line if tty else ""
+            if self.play is not None and due(step, evaluated_step, self.args.eval_interval):
                 self.evaluated(self.play(self.args.eval_episodes))
-                evaluated_step = state.global_step
-            every = self.args.checkpoint_interval
-            if every > 0 and state.global_step // every > saved_step // every:
+                evaluated_step = step
+            if due(step, saved_step, self.args.checkpoint_interval):
                 self.offer_training_return()  # before the save: the checkpoint holds the best score
                 self.save("step")
-                prune_checkpoints(self.ckpt_dir, self.args.keep_checkpoints)
-                saved_step = state.global_step
+                saved_step = step
             if self.stop_requested or self.last:
                 self.stopped = self.stop_requested
                 break
         if self.args.progress and self.line:
-            print() if sys.stdout.isatty() else print(self.line, flush=True)
+            print("" if sys.stdout.isatty() else self.line, flush=True)
 
     def on_signal(self, signum, frame) -> None:
         """Ctrl-C / SIGTERM: stop after this iteration, not mid-write; a second one interrupts, unless the final save runs."""
@@ -739,79 +766,55 @@ class Run:
             raise KeyboardInterrupt
         self.stop_requested = True
 
-    def progress(self, sps: float, recent_sps: float) -> None:
-        """A self-overwriting line on a terminal, else a line every 30 s; the ETA from the last window's speed."""
-        step, total = self.state.global_step, self.args.total_timesteps
-        eta = int(max(total - step, 0) / recent_sps) if recent_sps > 0 else None
-        eta = "?" if eta is None else f"{eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
-        ret = f"{np.mean(self.recent_returns):9.1f}" if self.recent_returns else "      n/a"
-        self.line = f"step {step:>10,}/{total:,} | {sps:6.0f} SPS | return (last 10) {ret} | ETA {eta}"
-        if self.args.progress and (sys.stdout.isatty() or time.monotonic() - self.last_print >= 30):
-            print(f"\r{self.line}" if sys.stdout.isatty() else self.line, end="" if sys.stdout.isatty() else "\n", flush=True)
-            self.last_print = time.monotonic()
-
     def log_due(self) -> bool:
         """Does this iteration end a log window (a multiple of log_every passed, the last iteration, a stop)?"""
-        step, last = self.state.global_step, self.state.iteration == self.args.num_iterations
-        return step // self.log_every > self.window_step // self.log_every or last or self.last or self.stop_requested
+        last = self.state.iteration == self.args.num_iterations or self.last or self.stop_requested
+        return last or due(self.state.global_step, self.window_step, self.log_every)
 
     @contextmanager
     def timer(self, phase: str):
-        """Time a phase of the loop; logged per env step as charts/<phase>_us_per_step at the end of each window."""
+        """Time a phase of the loop; logged per env step as charts/<phase>_us_per_step at the end of each log window."""
         start = time.perf_counter()
         yield
         self.phase_time[phase] = self.phase_time.get(phase, 0.0) + time.perf_counter() - start
 
     def log(self, step: int, scalars: dict) -> None:
-        """Log an update's metrics after checking them for NaN / Inf (a NaN weight makes its loss NaN: caught here)."""
-        if bad := [f"{tag} ({value})" for tag, value in scalars.items() if not math.isfinite(value) and tag not in MAY_BE_NAN]:
-            self.non_finite(bad[0], cause="training")
+        """Log an update's metrics; a NaN / Inf stops the run (explained variance may be NaN: all returns equal)."""
         for tag, value in scalars.items():
+            if not math.isfinite(value) and tag != "losses/explained_variance":
+                self.non_finite(f"{tag} ({value})")
             self.writer.add_scalar(tag, value, step)
 
     def episode(self, episode_return: float, length: int, step: int) -> None:
         """A finished episode: its true return and length, at the global step at which it ended."""
         if not math.isfinite(episode_return):
-            self.non_finite(f"an episode's return ({episode_return})", cause="env")
+            self.non_finite(f"an episode's return ({episode_return})")
         self.writer.add_scalar("charts/episodic_return", episode_return, step)
         self.writer.add_scalar("charts/episodic_length", length, step)
         self.recent_returns = (self.recent_returns + [float(episode_return)])[-10:]
 
     def checkpoint(self, best: bool = False) -> dict:
-        """The checkpoint as plain data; for best.pt a copy, without the parts that `holds_replay_buffer`."""
-        state = {
-            "format": 1,
-            "script": self.script,
-            "run_name": self.name,
-            "args": dataclasses.asdict(self.args),
-            "global_step": self.state.global_step,
-            "iteration": self.state.iteration,
-            **self.shapes,
-            **{
-                name: None
-                if best and getattr(part, "holds_replay_buffer", False)
-                else part.state_dict()
-                if hasattr(part, "state_dict")
-                else to_plain(part)
-                for name, part in self.parts.items()
-            },
-            "run_state": {**to_plain(self.state), "recent_returns": list(self.recent_returns), "best_score": self.best_score},
-            # torch's RNGs: the scripts draw every random number from torch, or from the envs' own (env-state)
-            "rng_states": {
-                "torch": torch.get_rng_state(),
-                **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}),
-            },
-        }
+        """The checkpoint as plain data (best.pt: a copy, without the parts that `holds_replay_buffer`); never a NaN weight."""
+        state = {"format": 1, "script": self.script, "run_name": self.name, "args": dataclasses.asdict(self.args)}
+        state |= {"global_step": self.state.global_step, "iteration": self.state.iteration, **self.shapes}
+        for name, part in self.parts.items():
+            if getattr(part, "holds_replay_buffer", False):
+                state[name] = None if best else part.state_dict()
+                continue
+            state[name] = part.state_dict() if hasattr(part, "state_dict") else to_plain(part)
+            if any(t.is_floating_point() and not t.isfinite().all() for t in tensors_in(state[name])):
+                self.non_finite(f"{name}'s weights, about to be saved")
+        state["run_state"] = {**to_plain(self.state), "recent_returns": self.recent_returns, "best_score": self.best_score}
+        state["rng_states"] = {"torch": torch.get_rng_state()}  # the scripts draw every random number from torch or the envs
         return copy.deepcopy(state) if best else state
 
     def save(self, kind: str) -> Path:
-        """Write `<kind>_<global step>.pt` (never with a NaN in it); it supersedes this run's older interrupted one."""
-        path, state = self.ckpt_dir / f"{kind}_{self.state.global_step:010d}.pt", self.checkpoint()
-        self.check_weights(state, f"the {kind} checkpoint about to be written")
-        save_checkpoint(state, path)
-        for old in self.ckpt_dir.glob("interrupted_*.pt") if getattr(self.args, "save_buffer", True) else ():
-            if kind != "interrupted" and CHECKPOINT.fullmatch(old.name) and int(old.stem[-10:]) < self.state.global_step:
-                old.unlink()
+        """Write `<kind>_<step>.pt`; it supersedes older interrupted ones and periodic ones past --keep-checkpoints."""
+        path = self.ckpt_dir / f"{kind}_{self.state.global_step:010d}.pt"
+        save_checkpoint(self.checkpoint(), path)
+        periodic = sorted(p for p in self.ckpt_dir.glob("step_*.pt") if CHECKPOINT.fullmatch(p.name))  # zero-padded
+        for old in periodic[: -self.args.keep_checkpoints] + sorted(set(self.ckpt_dir.glob("interrupted_*.pt")) - {path}):
+            old.unlink()
         return path
 
     def evaluated(self, returns: list, step: Optional[int] = None, snapshot: Optional[dict] = None) -> None:
@@ -824,9 +827,10 @@ class Run:
         """--keep-best: best.pt holds the agent of the best evaluation return (else of 10 training episodes) so far."""
         if not self.args.keep_best:
             return
+        if self.best_path.is_file():  # compared with best.pt as it is on disk now (an older checkpoint's resume may lag it)
+            self.best_score = max(self.best_score, float(load_checkpoint(str(self.best_path))["run_state"]["best_score"]))
         if score > self.best_score:
             self.best_score, state = score, snapshot if snapshot is not None else self.checkpoint(best=True)
-            self.check_weights(state, "the agent --keep-best was about to keep")
             state["run_state"]["best_score"] = score
             save_checkpoint(state, self.best_path)
         self.best_step = step
@@ -843,8 +847,7 @@ class Run:
         if self.stopped:
             path = self.save("interrupted")
             print(
-                f"interrupted: saved step {self.state.global_step} (iteration {self.state.iteration}) to {path}\n"
-                f"resume with: {resume_command(path)}",
+                f"interrupted: saved step {self.state.global_step} to {path}\nresume with: {resume_command(path)}",
                 file=sys.stderr,
             )
             self.close()
@@ -858,45 +861,20 @@ class Run:
             print(f"model saved to {self.save('final')}")
         self.close()
 
-    def checked_step(self, step: Callable, actions):
-        """envs.step, checking the actions (a policy gone NaN), then what the env returns, for NaN / Inf."""
-        if first_non_finite(actions) is not None:
-            self.non_finite("the actions the policy chose", cause="training")
-        out = step(actions)
-        for name, value in (("observation", out[0]), ("reward", out[1]), ("final observation", out[4].get("final_obs"))):
-            if first_non_finite(value) is not None:
-                self.non_finite(f"the environment's {name}", cause="env")
-        return out
-
-    def check_weights(self, state: dict, what: str) -> None:
-        """Stop on a NaN / Inf in a checkpoint's (or the attached parts') tensors; replay buffers and counters aside."""
-        buffers = {name for name, part in self.parts.items() if getattr(part, "holds_replay_buffer", False)}
-        if (found := first_non_finite({k: v for k, v in state.items() if k in self.parts and k not in buffers})) is not None:
-            self.non_finite(f"{what}: {found}", cause="training")
-
-    def non_finite(self, quantity: str, cause: str) -> None:
+    def non_finite(self, quantity: str) -> None:
         """Stop on the first NaN / Inf, saving nothing: one paragraph (what, when, likely causes, how to resume), exit 3."""
-        args, state = self.args, self.state
-        newest = max(
-            (p for p in self.ckpt_dir.glob("*.pt") if CHECKPOINT.fullmatch(p.name)),
-            key=lambda p: p.stat().st_mtime,
-            default=None,
-        )
-        flags = ", ".join(f"--{f.replace('_', '-')} {getattr(args, f)}" for f in NON_FINITE_FLAGS if hasattr(args, f))
+        newest = max(self.ckpt_dir.glob("*_??????????.pt"), key=lambda p: p.stat().st_mtime, default=None)
+        rates = ", ".join(f"--{f.replace('_', '-')} {getattr(self.args, f)}" for f in LEARNING_RATES if hasattr(self.args, f))
         print(
-            f"error: non-finite value (NaN or Inf) in {quantity} at env step {state.global_step} (iteration "
-            f"{state.iteration}): the run stopped and saved nothing of this state. Likely cause: "
+            f"error: non-finite value (NaN or Inf) in {quantity} at env step {self.state.global_step} (iteration "
+            f"{self.state.iteration}): the run stopped and saved nothing of this state. Likely cause: a step too large "
+            f"for these settings ({rates}; a lower learning rate or normalization usually helps), or the environment "
+            f"({self.args.env_id}) returning NaN / Inf. "
             + (
-                f"the environment ({args.env_id}): a custom env's bug, or a simulator made unstable"
-                if cause == "env"
-                else f"a step too large for these settings: {flags} (a lower learning rate, a larger batch or normalization "
-                "usually help)"
-            )
-            + (
-                f". The newest checkpoint from before it, {newest}, is untouched: resume it with "
-                f"`{resume_command(newest)}` once the cause is fixed."
+                f"The newest checkpoint from before it, {newest}, is untouched: resume it with `{resume_command(newest)}` "
+                "once the cause is fixed."
                 if newest
-                else ". No checkpoint was written before it (--checkpoint-interval sets how often)."
+                else "No checkpoint was written before it."
             ),
             file=sys.stderr,
         )
@@ -917,30 +895,26 @@ def resume_folder(args, ckpt: dict) -> Optional[Path]:
     """The checkpoint's run folder; None (a new one under --runs-dir) if it is none, is not writable, or has later ones."""
     folder, step = Path(args.resume).resolve().parent, ckpt["global_step"]
     later = sorted(p.name for p in folder.glob("*.pt") if CHECKPOINT.fullmatch(p.name) and int(p.stem[-10:]) > step)
-    why = (
-        "is not in a run folder"
-        if folder.name != "checkpoints" or not (folder.parent / "args.json").is_file()
-        else "sits in a run folder this user cannot write"
-        if not all(os.access(f, os.W_OK | os.X_OK) for f in (folder, folder.parent))
-        else f"is older than checkpoints saved later in its folder ({', '.join(later)}), which stay as they are"
-        if later
-        else None
-    )
-    if why is not None:
-        print(f"note: '{args.resume}' {why}: the resumed run writes into a new run folder under '{args.runs_dir}'.")
-    return None if why else folder.parent
+    if folder.name != "checkpoints" or not (folder.parent / "args.json").is_file():
+        why = "is not in a run folder"
+    elif not all(os.access(f, os.W_OK | os.X_OK) for f in (folder, folder.parent)):
+        why = "sits in a run folder this user cannot write"
+    elif later:
+        why = f"is older than checkpoints saved later in its folder ({', '.join(later)}), which stay as they are"
+    else:
+        return folder.parent
+    print(f"note: '{args.resume}' {why}: the resumed run writes into a new run folder under '{args.runs_dir}'.")
+    return None
 
 
 def to_plain(obj) -> dict:
     """An object's attributes as plain data that loads with weights_only=True (numpy arrays and scalars: tensors; copies)."""
-    return {
-        name: torch.from_numpy(np.array(v))
-        if isinstance(v, (np.ndarray, np.generic))
-        else v.detach().cpu().clone()
-        if isinstance(v, torch.Tensor)
-        else v
-        for name, v in vars(obj).items()
-    }
+    plain = {}
+    for name, value in vars(obj).items():
+        if isinstance(value, (np.ndarray, np.generic)):
+            value = torch.from_numpy(np.array(value))
+        plain[name] = value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
+    return plain
 
 
 def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
@@ -948,19 +922,10 @@ def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
     env_fields = {f.name for f in dataclasses.fields(obj) if f.metadata.get("env")} if dataclasses.is_dataclass(obj) else set()
     for name, current in vars(obj).items():
         if name in saved and (name not in env_fields or env_exact):
-            value = saved[name].numpy().astype(current.dtype) if isinstance(current, (np.ndarray, np.generic)) else saved[name]
+            value = saved[name]
+            if isinstance(current, (np.ndarray, np.generic)):
+                value = value.numpy().astype(current.dtype)
             setattr(obj, name, value.to(current.device) if isinstance(current, torch.Tensor) else value)
-
-
-def first_non_finite(obj, path: str = "") -> Optional[str]:
-    """The dotted path to the first NaN / Inf in obj (tensors, arrays, numbers, nested), or None."""
-    if isinstance(obj, (np.ndarray, float)) and getattr(obj, "dtype", None) != np.dtype(object):  # a float: a logged number
-        return path if np.asarray(obj).dtype.kind in "fc" and not np.isfinite(obj).all() else None
-    if isinstance(obj, torch.Tensor):
-        return path if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else None
-    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple, np.ndarray)) else ()
-    found = (first_non_finite(value, f"{path}.{key}" if path else str(key)) for key, value in items)
-    return next((where for where in found if where is not None), None)
 
 
 def resume_command(checkpoint: Path) -> str:
@@ -973,7 +938,7 @@ def resume_command(checkpoint: Path) -> str:
 def save_checkpoint(state: dict, path: Path) -> None:
     """Atomically (a temporary file, fsync, rename): a crash mid-write never leaves a truncated checkpoint."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
             torch.save(state, f)
@@ -986,7 +951,7 @@ def save_checkpoint(state: dict, path: Path) -> None:
 
 def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
     """Load with weights_only=True: plain tensors and Python data, never arbitrary pickled objects."""
-    if not os.path.isfile(path):  # os.path: no PermissionError from a path under an unreadable folder
+    if not os.path.isfile(path):
         raise UserError(f"{what} '{path}' " + ("is a folder, not a file." if os.path.isdir(path) else "does not exist."))
     try:  # why the CPU: RNG and env states must be CPU tensors; modules copy their weights to their own device
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -994,138 +959,40 @@ def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
         raise UserError(
             f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint ({type(e).__name__})."
         ) from None
-    if not isinstance(state, dict) or "format" not in state or "args" not in state:
-        raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
+    if not isinstance(state, dict) or not isinstance(state.get("script"), str) or not isinstance(state.get("args"), dict):
+        raise UserError(
+            f"'{path}' is a torch file but not a checkpoint written by these scripts (keys missing or of the wrong type)."
+        )
     return state
 
 
-def check_checkpoint_matches(ckpt: dict, path: str, script: str, shapes: dict) -> None:
-    """Refuse a checkpoint of another script, or one made for an env of other shapes (`shapes`: name -> value)."""
-    if ckpt.get("script") != script:
-        raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script', 'another script')}.py, not {script}.py.")
-    if (saved := {k: ckpt.get(k) for k in shapes}) != shapes:
-        describe = lambda d: ", ".join(f"{k} {tuple(v) if isinstance(v, list) else v}" for k, v in d.items())  # noqa: E731
-        raise UserError(
-            f"checkpoint '{path}' was made for {ckpt['args']['env_id']} ({describe(saved)}), which does not "
-            f"fit this env ({describe(shapes)})."
-        )
-
-
-def check_memory(flag: str, value: int, needed: float, what: str) -> None:
-    """Refuse `--flag value` if `what` needs more bytes than the memory available (Linux), not be killed as it fills."""
-    info = Path("/proc/meminfo").read_text().split() if Path("/proc/meminfo").is_file() else ["MemAvailable:", "inf"]
-    if needed > (available := float(info[info.index("MemAvailable:") + 1]) * 1024):
-        raise UserError(
-            f"--{flag.replace('_', '-')} {value:,}: {what} needs {needed / 2**30:.1f} GiB, but this machine has "
-            f"{available / 2**30:.1f} GiB of memory available: at most {int(value * available / needed):,} fit."
-        )
-
-
-def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
-    """Delete all but the `keep` periodic checkpoints of highest step (by number; no file of another name)."""
-    periodic = sorted((p for p in ckpt_dir.glob("step_*.pt") if CHECKPOINT.fullmatch(p.name)), key=lambda p: int(p.stem[5:]))
-    for old in periodic[: max(len(periodic) - keep, 0)]:
-        old.unlink()
-
-
-RULES = {
-    "> 0": lambda v: v > 0,
-    ">= 0": lambda v: v >= 0,
-    ">= 1": lambda v: v >= 1,
-    "in [0, 1]": lambda v: 0 <= v <= 1,
-    "in (0, 1]": lambda v: 0 < v <= 1,
-    "in [0, 1)": lambda v: 0 <= v < 1,
-}
-# the run flags every script has, with their rules; each script's FLAG_RULES adds its own
-RUN_RULES = {
-    "seed": ">= 0",
-    "torch_threads": ">= 0",
-    "checkpoint_interval": ">= 0",
-    "keep_checkpoints": ">= 1",
-    "eval_episodes": ">= 1",
-    "eval_interval": ">= 0",
-}
+# The rule each numeric run flag must meet; each script's FLAG_RULES adds its own (rule: the flags it applies to).
+RULES = {">= 0": lambda v: v >= 0, "> 0": lambda v: v > 0, ">= 1": lambda v: v >= 1, "in [0, 1]": lambda v: 0 <= v <= 1}
+RULES |= {"in (0, 1]": lambda v: 0 < v <= 1, "in [0, 1)": lambda v: 0 <= v < 1}
+RUN_RULES = {">= 0": "seed torch_threads checkpoint_interval eval_interval", ">= 1": "keep_checkpoints eval_episodes"}
 
 
 def check_flags(args, rules: dict) -> None:
-    """Every numeric flag against its rule (RUN_RULES and `rules`: flag -> a key of RULES); None passes."""
-    for name, rule in {**RUN_RULES, **rules}.items():
-        if (value := getattr(args, name)) is not None and not RULES[rule](value):
-            raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
-    if args.exp_name in ("", ".", "..") or Path(args.exp_name).name != args.exp_name:  # it names the run's folder
+    """Every flag named in RUN_RULES and `rules` against its rule (None passes), and --exp-name, which names a folder."""
+    for rule, names in [*RUN_RULES.items(), *rules.items()]:
+        for name in names.split():
+            if (value := getattr(args, name)) is not None and not RULES[rule](value):
+                raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
+    if args.exp_name in ("", ".", "..") or Path(args.exp_name).name != args.exp_name:
         raise UserError(f"--exp-name '{args.exp_name}' must be a plain name, not a path: it names the run's folder.")
 
 
-def parse_command_line(cls, rules: dict, validate: Callable):
-    """(args, the --resume checkpoint or None, device), all checked before anything starts; torch's threads set."""
-    args = tyro.cli(cls)
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))  # never wait at wandb's login prompt
-    if (
-        args.track
-        and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun")
-        and not (os.environ.get("WANDB_API_KEY") or netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace"))
-    ):
-        raise UserError(
-            "--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
-            "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`)."
-        )
-    # 0: a thread per usable core (taskset, cgroups); runs sharing a machine must split them, or slow each other severalfold
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    torch.set_num_threads(args.torch_threads or cores)
-    device, ckpt = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu"), None
-    if args.resume:
-        ckpt, argv = load_checkpoint(args.resume, "--resume"), sys.argv[1:]
-        if ":" in str(ckpt["args"].get("env_id")) and not any(w.startswith("--env-id") for w in argv):  # it imports nothing
-            raise UserError(
-                f"checkpoint '{args.resume}' names the env '{ckpt['args']['env_id']}', which imports a "
-                "module: give the same --env-id on the command line to allow it."
-            )
-        args = merge_resume_args(args, ckpt["args"], argv)
-    check_flags(args, rules)
-    existing = Path(args.runs_dir).absolute()
-    while not os.path.lexists(existing):  # made at the start of the run; what exists of it must be a writable folder
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(
-            f"--runs-dir '{args.runs_dir}': run folders are made in it, but '{existing}' is "
-            + ("not writable (no permission)." if existing.is_dir() else "not a folder.")
-        )
-    validate(args)
-    return args, ckpt, device
+def tensors_in(obj):
+    """Every tensor in a checkpoint part: nested dicts, lists and tuples of tensors."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    for value in obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ():
+        yield from tensors_in(value)
 
 
-def merge_resume_args(cli, saved: dict, argv: list):
-    """The checkpoint's Args, with the RESUME_OVERRIDABLE flags argv types; a fixed flag typed with another value is
-    refused. Why argv: tyro cannot tell a default from a flag left out (which keeps the run's: `--x`, `--x=v`, `--no-x`)."""
-    given = {w[2:].split("=", 1)[0].replace("-", "_") for w in argv if w.startswith("--")}
-    given |= {name[3:] for name in given if name.startswith("no_")}
-    merged = {}
-    for f in dataclasses.fields(cli):
-        keep = (f.name in RESUME_OVERRIDABLE and f.name in given) or f.name not in saved
-        if not keep and f.name in given and getattr(cli, f.name) != saved[f.name]:
-            raise UserError(
-                f"--{f.name.replace('_', '-')} {getattr(cli, f.name)} conflicts with the checkpoint, which "
-                f"was trained with {saved[f.name]}: a resumed run keeps it. Drop the flag, or start a new "
-                "run."
-            )
-        merged[f.name] = getattr(cli, f.name) if keep else saved[f.name]
-    return type(cli)(**merged)
-
-
-class UserError(Exception):
-    """A problem with the user's input (flags, env, checkpoint): reported as one paragraph, exit code 2."""
-
-
-def run_cli(main: Callable[[], None]) -> None:
-    """Run main(); a UserError becomes a short message on stderr and exit code 2 instead of a traceback."""
-    try:
-        main()
-    except UserError as e:
-        for folder, before in UNSTARTED:  # refused before training began: its new folder, or what it added to one, goes
-            for path in set(folder.iterdir()) - before if before else [folder]:
-                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+def due(step: int, last_step: int, every: int) -> bool:
+    """Has a multiple of `every` (> 0) been passed since last_step?"""
+    return every > 0 and step // every > last_step // every
 
 
 def seed_everything(seed: int, torch_deterministic: bool) -> None:

@@ -5,15 +5,13 @@ Map of this file, top to bottom:
   sac-algorithm     make_env, Actor, q_network (two critics), squashed_gaussian, soft_q_target, Policy, ReplayBuffer,
                     Learner and its updates (gradient_step), the rollout step (env_step)
   main()            set-up, then the loop: act -> store -> sample a batch -> update -> log, then finish
-  # === Plumbing    runs, checkpoints, errors, progress, evaluation, the env probe, the speed set-up
+  # === Plumbing    runs, checkpoints, errors, progress, evaluation, the env probe, the networks' check
 Docs: docs/sac_continuous.md; the algorithm: arxiv.org/abs/1812.05905
 """
 
-import atexit
+import argparse
 import copy
-import ctypes
 import dataclasses
-import gc
 import json
 import math
 import os
@@ -24,6 +22,7 @@ import shutil
 import signal
 import sys
 import time
+import traceback
 import warnings
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -83,29 +82,25 @@ class Args:
     progress: bool = True  # show progress: a one-line display on a terminal, a plain line every 30 s otherwise
 
     # --- derived from the flags above (not flags themselves) ---
-    num_iterations: tyro.conf.Suppress[int] = 0  # the number of vector steps: total_timesteps // num_envs
+    num_iterations: int = field(init=False, default=0)  # the number of vector steps: total_timesteps // num_envs
+
+    def __post_init__(self):
+        validate_args(self)  # tyro runs it: each flag's range, the sizes that must fit together, the derived sizes
 
 
-# Every numeric flag and the range it must lie in (checked before anything starts; see check_flags)
+# The rule each numeric flag must meet (rule: the flags it applies to; the run flags' are in RUN_RULES)
 FLAG_RULES = {
-    "total_timesteps": ">= 1",
-    "num_envs": ">= 1",
-    "buffer_size": ">= 1",
-    "gamma": "in [0, 1]",
-    "tau": "in (0, 1]",
-    "batch_size": ">= 1",
-    "learning_starts": ">= 0",
-    "policy_lr": "> 0",
-    "q_lr": "> 0",
-    "policy_frequency": ">= 1",
-    "target_network_frequency": ">= 1",
-    "alpha": ">= 0",
-    "log_interval": ">= 1",
+    ">= 1": "total_timesteps num_envs buffer_size batch_size policy_frequency target_network_frequency log_interval",
+    "in [0, 1]": "gamma",
+    "in (0, 1]": "tau",
+    ">= 0": "learning_starts alpha",
+    "> 0": "policy_lr q_lr",
 }
 
 
 def validate_args(args: Args) -> None:
     """What single-flag rules cannot say: sizes that must fit together."""
+    check_flags(args, FLAG_RULES)
     if args.total_timesteps < args.num_envs:
         raise UserError(f"total_timesteps ({args.total_timesteps}) is below one vector step (num_envs = {args.num_envs}).")
     if args.learning_starts > args.total_timesteps:
@@ -154,32 +149,37 @@ class Actor(nn.Module):
 
 
 def q_network(obs_dim: int, act_dim: int) -> nn.Sequential:
-    """A soft Q-network: (obs, action) concatenated -> 256 -> 256 -> Q(s, a), ReLU MLP. The learner has two."""
+    """A soft Q-network: (obs, action) concatenated -> 256 -> 256 -> Q(s, a), ReLU MLP. The learner has two (Learner)."""
     return nn.Sequential(
         nn.Linear(obs_dim + act_dim, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, 1)
     )
 
 
 def q_values(critics: nn.ModuleList, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
-    """Q1(s, a) and Q2(s, a) as a (2, batch) tensor: each critic called on its own (vmap was slower on CPU)."""
+    """Each critic's Q_i(s, a), as a (critics, batch) tensor: each critic called on its own (vmap was slower on CPU)."""
     x = torch.cat([obs, action], -1)
     return torch.stack([critic(x).squeeze(-1) for critic in critics])
 
 
 def squashed_gaussian(
-    mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor, action_scale: torch.Tensor, action_bias: torch.Tensor
+    mean: torch.Tensor, log_std: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor, deterministic: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reparameterized sample a = tanh(u) * scale + bias, u = mean + std * noise, and its log-density summed over
-    action dimensions (change of variables, SAC paper appendix C; exact, without the reference's 1e-6: docs page):
-        log pi(a|s) = log N(u; mean, std) - sum_i [log scale_i + log(1 - tanh(u_i)^2)]
+    """a = tanh(u) * scale + bias, u ~ N(mean, std) reparameterized (u = mean if deterministic), and log pi(a|s) summed
+    over action dimensions: every action SAC takes or trains on is drawn here. The textbook form (a test swaps it in):
+        normal = torch.distributions.Normal(mean, log_std.exp())
+        u = mean if deterministic else normal.rsample()
+        # change of variables (SAC paper appendix C): log pi(a|s) = log N(u) - sum_i log(scale_i (1 - tanh(u_i)^2))
+        log_prob = normal.log_prob(u).sum(-1) - torch.log(scale * (1 - torch.tanh(u).pow(2))).sum(-1)
+        return torch.tanh(u) * scale + bias, log_prob
+    Below, the same numbers (to rounding) in fewer ops, finite where tanh(u) rounds to +-1, exact (no 1e-6: docs page):
         log N(u; mean, std) = sum_i (-noise_i^2 / 2 - log std_i - log sqrt(2 pi))      ((u - mean) / std = noise)
-        log(1 - tanh(u)^2) = 2 log 2 - 2 (u + softplus(-2u))
-    Finite even where tanh(u) rounds to +-1. Terms without gradient are summed apart (each op costs a backward one)."""
+        log(1 - tanh(u)^2) = 2 log 2 - 2 (u + softplus(-2u))"""
+    noise = torch.zeros_like(mean) if deterministic else torch.randn_like(mean)
     u = torch.addcmul(mean, log_std.exp(), noise)
     minus_log_slope = 2.0 * (u + nn.functional.softplus(-2.0 * u))  # 2 log 2 - log(1 - tanh(u)^2); 2 log 2 is constant
-    # the terms without gradient: sum_i (noise_i^2 / 2 + log scale_i + log sqrt(2 pi) + 2 log 2)
-    constant = 0.5 * noise.pow(2).sum(-1) + torch.log(action_scale * (4.0 * math.sqrt(2.0 * math.pi))).sum()
-    return torch.addcmul(action_bias, torch.tanh(u), action_scale), (minus_log_slope - log_std).sum(-1) - constant
+    # no gradient, summed apart (an op costs a backward one): sum_i (noise_i^2 / 2 + log scale_i + log sqrt(2 pi) + 2 log 2)
+    constant = 0.5 * noise.pow(2).sum(-1) + torch.log(scale * (4.0 * math.sqrt(2.0 * math.pi))).sum()
+    return torch.addcmul(bias, torch.tanh(u), scale), (minus_log_slope - log_std).sum(-1) - constant
 
 
 def soft_q_target(
@@ -190,15 +190,15 @@ def soft_q_target(
     alpha: torch.Tensor,
     gamma: float,
 ) -> torch.Tensor:
-    """y = r + gamma * (1 - terminated) * (min(Q1', Q2')(s', a') - alpha * log pi(a'|s')),  a' ~ pi(.|s').
-    `next_q` is the target critics' (2, batch) output. Only a termination stops bootstrapping: at a time-limit
+    """y = r + gamma * (1 - terminated) * (min_i Q_i'(s', a') - alpha * log pi(a'|s')),  a' ~ pi(.|s').
+    `next_q` is the target critics' (critics, batch) output. Only a termination stops bootstrapping: at a time-limit
     truncation s' is the true final observation and the value beyond it is real."""
     return rewards + gamma * (1.0 - terminated) * (next_q.min(0).values - alpha * next_log_prob)
 
 
 class Policy(nn.Module):
-    """The agent as it acts: observations as make_env's env returns them -> a = tanh(mean + std * noise) scaled to the
-    bounds, by the Actor's forward and squashed_gaussian; deterministic (noise 0) in evaluation and in an export."""
+    """The agent as it acts: observations as make_env's env returns them -> actions in the bounds, by the Actor's forward
+    and squashed_gaussian: sampled in the rollout (act), deterministic (tanh of the mean) in evaluation and export."""
 
     def __init__(self, actor: Actor, low, high):
         super().__init__()
@@ -206,14 +206,13 @@ class Policy(nn.Module):
         self.register_buffer("scale", torch.as_tensor((high - low) / 2.0, dtype=torch.float32))
         self.register_buffer("bias", torch.as_tensor((high + low) / 2.0, dtype=torch.float32))
 
-    def forward(self, obs: torch.Tensor, noise: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, obs: torch.Tensor, deterministic: bool = True) -> torch.Tensor:
         mean, log_std = self.actor(obs.to(torch.float32))
-        noise = torch.zeros_like(mean) if noise is None else noise.to(mean)
-        return squashed_gaussian(mean, log_std, noise, self.scale, self.bias)[0]
+        return squashed_gaussian(mean, log_std, self.scale, self.bias, deterministic)[0]
 
-    def act(self, obs: np.ndarray, noise) -> np.ndarray:  # a rollout step's actions, with the given noise
+    def act(self, obs: np.ndarray) -> np.ndarray:  # a rollout step's actions, sampled
         with torch.inference_mode():  # no_grad, and no version counters either: a quarter less time on one observation
-            return self(torch.as_tensor(obs, device=self.scale.device), torch.as_tensor(noise)).cpu().numpy()
+            return self(torch.as_tensor(obs, device=self.scale.device), deterministic=False).cpu().numpy()
 
 
 class ReplayBuffer:
@@ -293,27 +292,27 @@ class Learner:
 def sample_action(learner: Learner, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """a ~ pi(.|s) (reparameterized: differentiable in the actor's weights) and log pi(a|s)."""
     mean, log_std = learner.actor(obs)
-    return squashed_gaussian(mean, log_std, torch.randn_like(mean), learner.policy.scale, learner.policy.bias)
+    return squashed_gaussian(mean, log_std, learner.policy.scale, learner.policy.bias)
 
 
 def critic_update(learner: Learner, batch: dict, gamma: float) -> torch.Tensor:
-    """One gradient step on both critics: L_i = E[(Q_i(s, a) - y)^2], y from soft_q_target (the target critics and
-    a fresh a' ~ pi(.|s')). Returns [mean Q1, mean Q2, L1, L2] as a detached tensor (no sync)."""
+    """One gradient step on every critic: L_i = E[(Q_i(s, a) - y)^2], y from soft_q_target (the target critics and
+    a fresh a' ~ pi(.|s')). Returns [[mean Q_i], [L_i]] as a detached (2, critics) tensor (no sync)."""
     with torch.no_grad():
         next_actions, next_log_prob = sample_action(learner, batch["next_obs"])
         next_q = q_values(learner.qf_target, batch["next_obs"], next_actions)
         y = soft_q_target(batch["rewards"], batch["terminated"], next_q, next_log_prob, learner.alpha(), gamma)
     q = q_values(learner.qf, batch["obs"], batch["actions"])
-    losses = (q - y).pow(2).mean(1)  # (2,): one MSE per critic
+    losses = (q - y).pow(2).mean(1)  # one MSE per critic
     learner.q_optimizer.zero_grad()
     losses.sum().backward()
     learner.q_optimizer.step()
-    return torch.cat([q.detach().mean(1), losses.detach()])
+    return torch.stack([q.detach().mean(1), losses.detach()])
 
 
 def actor_update(learner: Learner, obs: torch.Tensor, autotune: bool) -> torch.Tensor:
     """One gradient step on the actor, then (autotune) on the temperature. Returns [actor loss, alpha, alpha loss].
-    L_pi    = E_s[ alpha * log pi(a|s) - min(Q1, Q2)(s, a) ],  a = tanh-squashed reparameterized sample
+    L_pi    = E_s[ alpha * log pi(a|s) - min_i Q_i(s, a) ],  a = tanh-squashed reparameterized sample
     L_alpha = E_s[ -alpha * (log pi(a|s) + target_entropy) ]   (log pi detached: only alpha moves)"""
     alpha = learner.alpha()
     actions, log_prob = sample_action(learner, obs)
@@ -352,6 +351,16 @@ def gradient_step(learner: Learner, batch: dict, step: int, args) -> tuple[torch
     if step % args.target_network_frequency == 0:
         soft_update(learner.qf_target, learner.qf, args.tau)
     return critic_metrics, actor_metrics
+
+
+def critic_logs(metrics: torch.Tensor) -> dict:
+    """critic_update's metrics (summed, divided by the window's gradient steps) by name: each critic's, and their mean loss."""
+    values, losses = metrics.tolist()  # one column per critic
+    return {
+        **{f"losses/qf{i}_values": value for i, value in enumerate(values, 1)},
+        **{f"losses/qf{i}_loss": loss for i, loss in enumerate(losses, 1)},
+        "losses/qf_loss": sum(losses) / len(losses),
+    }
 
 
 def env_step(envs: gym.vector.VectorEnv, actions: np.ndarray, episode_return: np.ndarray, episode_length: np.ndarray):
@@ -399,15 +408,14 @@ class LoopState:
     updates_start: int = 0  # the first gradient step comes once global_step reaches it
     grad_steps: int = 0
     actor_updates: int = 0
-    loss_sums: Optional[torch.Tensor] = None  # critic_update's [Q1, Q2, L1, L2] summed over the log window's steps
+    loss_sums: Optional[torch.Tensor] = None  # critic_update's [[mean Q_i], [L_i]] summed over the log window's steps
     actor_sums: Optional[torch.Tensor] = None  # actor_update's [actor loss, alpha, alpha loss], over its actor updates
     logged_grad_steps: int = 0  # grad_steps and actor_updates at the last log: the window's are the differences
     logged_actor_updates: int = 0
 
 
 def main() -> None:
-    args, ckpt, device = parse_command_line(Args, FLAG_RULES, validate_args)
-    speed_setup()  # speed (below the banner): before torch's first parallel op
+    args, ckpt, device = parse_command_line(Args)
     args.num_iterations = args.total_timesteps // args.num_envs
     shapes, act_space = probe_env(args.env_id, args.capture_video)
     check_buffer_fits(args, shapes["obs_shape"], act_space.shape)  # below the banner: memory and disk hold it
@@ -429,8 +437,8 @@ def main() -> None:
         episode_return=np.zeros(args.num_envs),
         episode_length=np.zeros(args.num_envs, np.int64),
         updates_start=args.learning_starts,
-        loss_sums=torch.zeros(4, device=device),
-        actor_sums=torch.zeros(3, device=device),
+        loss_sums=torch.zeros((), device=device),  # 0 until the first sum: then the shape of the updates' metrics
+        actor_sums=torch.zeros((), device=device),
     )
     run.attach(state, envs, learner=learner, env_states=EnvStates(envs), replay_buffer=BufferPart(buffer, args.save_buffer))
     if ckpt is not None and ckpt["replay_buffer"] is None:  # resumed without a buffer: updates pause until it refills
@@ -438,7 +446,6 @@ def main() -> None:
     run.play = lambda episodes, video_dir=None: evaluate(
         learner.policy, eval_env(args.env_id, video_dir), episodes, args.seed + 10_000
     )
-    freeze_startup_objects()  # speed (below the banner): everything set up so far lives to the end of the run
 
     for iteration in run.iterations(state, args.num_iterations):  # between steps: checkpoints, Ctrl-C, progress
         # ---- rollout: act (uniform random before learning_starts), step the envs, store the transitions ----
@@ -448,7 +455,7 @@ def main() -> None:
                 uniform = torch.rand((args.num_envs, act_dim)).numpy()
                 actions = (uniform * (act_space.high - act_space.low) + act_space.low).astype(np.float32)
             else:
-                actions = learner.policy.act(state.raw_obs, torch.randn((args.num_envs, act_dim)))
+                actions = learner.policy.act(state.raw_obs)
             obs = state.raw_obs
             (state.raw_obs, real_next_obs, rewards, terminations, state.episode_return, state.episode_length, finished) = (
                 env_step(envs, actions, state.episode_return, state.episode_length)
@@ -465,9 +472,9 @@ def main() -> None:
                 state.grad_steps += 1
                 batch = buffer.sample(args.batch_size, device)
                 critic_metrics, actor_metrics = gradient_step(learner, batch, state.grad_steps, args)
-                state.loss_sums += critic_metrics
+                state.loss_sums = state.loss_sums + critic_metrics
                 if actor_metrics is not None:
-                    state.actor_sums += actor_metrics
+                    state.actor_sums = state.actor_sums + actor_metrics
                     state.actor_updates += args.policy_frequency
 
         # ---- log: at the end of each log window (--log-interval env steps), means over its updates; one sync ----
@@ -475,17 +482,7 @@ def main() -> None:
             grad_steps = state.grad_steps - state.logged_grad_steps  # the window's, as in sac_continuous_ray.py
             actor_updates = state.actor_updates - state.logged_actor_updates
             if grad_steps > 0:
-                q1, q2, loss1, loss2 = (state.loss_sums / grad_steps).tolist()
-                run.log(
-                    state.global_step,
-                    {
-                        "losses/qf1_values": q1,
-                        "losses/qf2_values": q2,
-                        "losses/qf1_loss": loss1,
-                        "losses/qf2_loss": loss2,
-                        "losses/qf_loss": (loss1 + loss2) / 2.0,
-                    },
-                )
+                run.log(state.global_step, critic_logs(state.loss_sums / grad_steps))
             if actor_updates > 0:
                 actor_loss, alpha, alpha_loss = (state.actor_sums / actor_updates).tolist()
                 run.log(
@@ -503,8 +500,8 @@ def main() -> None:
     run.finish()  # after Ctrl-C: saved, exits; with --save-model: the final agent evaluated (run.play), then saved
 
 
-# === Plumbing: runs, checkpoints, errors, speed set-up; not needed to follow the algorithm ===
-# Checkpoints, resume, logging, flag checks, the env probe, the networks' check, speed (`shared:`: tools/sync_shared.py)
+# === Plumbing: runs, checkpoints, errors; not needed to follow the algorithm ===
+# Checkpoints, resume, logging, flag checks, the env probe, the networks' check (`shared:`: tools/sync_shared.py)
 
 
 # --- shared: sac-run ---
@@ -559,47 +556,37 @@ def policy_from_checkpoint(ckpt: dict) -> Policy:
 
 def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_dim: int) -> None:
     """Stop at once, naming what to change, where an edit broke the networks' sizes (else it fails after learning_starts
-    steps): on 64 observations the Actor gives a mean and a log-std (64, act_dim) each, the critics Q1, Q2 (2, 64)."""
-    obs, actions = (torch.zeros(64, n, device=next(actor.parameters()).device) for n in (obs_dim, act_dim))  # no RNG
-    for name, network, inputs, first, last, expected in (
-        ("Actor", actor, (obs,), f"obs_dim = {obs_dim}", f"2 * act_dim = {2 * act_dim} (mean, log-std)", [(64, act_dim)] * 2),
-        ("q_network", q_values, (critics, obs, actions), f"obs_dim + act_dim = {obs_dim + act_dim}", "1 (Q)", [(2, 64)]),
-    ):
-        sizes = (
-            f"Each layer's input size must be the previous layer's output size, the first one's {first}, and the "
-            f"last layer's output size {last}."
-        )
+    steps): on 64 observations the Actor's outputs must give squashed_gaussian 64 actions of act_dim and 64 log-probs,
+    the critics one row of 64 Q-values each. Any width, depth, activation, number of critics or log-std form passes."""
+    obs = torch.zeros(64, obs_dim, device=next(actor.parameters()).device)  # zeros, deterministic: no RNG drawn
+    scale = torch.ones(act_dim, device=obs.device)
+    layers = "Each layer's input size must be the previous layer's output size, the first one's"
+    actor_sizes = (
+        f"{layers} obs_dim = {obs_dim}, the last one's 2 * act_dim = {2 * act_dim} (mean, log-std), or "
+        f"act_dim = {act_dim} (mean) with a log-std of shape (act_dim,) apart."
+    )
+    critic_sizes = f"{layers} obs_dim + act_dim = {obs_dim + act_dim}, the last one's 1 (Q)."
+    with torch.no_grad():
         try:
-            with torch.no_grad():
-                out = network(*inputs)
-        except (RuntimeError, ValueError) as e:
-            raise UserError(f"{name} cannot map its inputs to its outputs ({str(e).splitlines()[0]}). {sizes}") from None
-        shapes = [tuple(t.shape) for t in (out if isinstance(out, tuple) else [out])]
-        if shapes != expected:
+            actions, log_prob = squashed_gaussian(*actor(obs), scale, torch.zeros_like(scale), deterministic=True)
+        except (RuntimeError, ValueError, TypeError) as e:
+            reason = str(e).partition("\n")[0]
+            raise UserError(f"Actor cannot map its inputs to its outputs ({reason}). {actor_sizes}") from None
+        if actions.shape != (64, act_dim) or log_prob.shape != (64,):
             raise UserError(
-                f"{name} maps 64 inputs to outputs of shape {', '.join(map(str, shapes))}, not "
-                f"{', '.join(map(str, expected))}. {sizes}"
+                f"Actor's outputs give 64 observations actions of shape {tuple(actions.shape)} and log-probs of shape "
+                f"{tuple(log_prob.shape)}, not (64, {act_dim}) and (64,). {actor_sizes}"
             )
-
-
-def speed_setup() -> None:
-    """Speed, measured in benchmarks/README.md; before torch's first parallel op (its OpenMP threads copy the flag):
-    float32 denormals (|x| < 1.2e-38) become 0, as Adam's moments of dead ReLU units decay through that slow range;
-    glibc's malloc keeps freed memory, so an update's large activations do not fault their pages in again each step."""
-    torch.set_flush_denormal(True)
-    if sys.platform.startswith("linux"):
-        with suppress(OSError):  # another C library (e.g. musl): its allocator is left alone
-            libc = ctypes.CDLL("libc.so.6")
-            libc.mallopt(-3, 32 * 1024 * 1024)  # M_MMAP_THRESHOLD (malloc.h): blocks under 32 MiB from the heap
-            libc.mallopt(-1, 512 * 1024 * 1024)  # M_TRIM_THRESHOLD: up to 512 MiB freed at its top kept
-
-
-def freeze_startup_objects() -> None:
-    """Speed: every object alive now (modules, envs, networks) leaves the garbage collector's full collections, which
-    walk them all every few hundred gradient steps; unfrozen at exit (nanobind modules print "leaked" lines otherwise)."""
-    gc.collect()
-    gc.freeze()
-    atexit.register(gc.unfreeze)
+        try:
+            q = q_values(critics, obs, actions)
+        except (RuntimeError, ValueError) as e:
+            reason = str(e).partition("\n")[0]
+            raise UserError(f"q_network cannot map its inputs to its outputs ({reason}). {critic_sizes}") from None
+    if q.shape != (len(critics), 64):
+        raise UserError(
+            f"q_network maps 64 inputs to Q-values of shape {tuple(q.shape)} (all critics), not ({len(critics)}, 64). "
+            f"{critic_sizes}"
+        )
 
 
 # --- end shared: sac-run ---
@@ -610,7 +597,13 @@ def check_buffer_fits(args, obs_shape: tuple, act_shape: tuple) -> None:
     then be killed hours later as it fills); --save-buffer writes it into every checkpoint (twice during a save)."""
     row = ReplayBuffer.fields(int(np.prod(obs_shape)), int(np.prod(act_shape))).values()
     nbytes = args.buffer_size * 4 * sum(int(np.prod(shape)) for shape in row)  # float32 rows, as ReplayBuffer holds them
-    check_memory("buffer_size", args.buffer_size, nbytes, "the replay buffer")
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # numpy allocates lazily: it would fill, then die
+    if nbytes > available:
+        raise UserError(
+            f"--buffer-size {args.buffer_size:,}: the replay buffer needs {nbytes / 2**30:.1f} GiB, but this "
+            f"machine has {available / 2**30:.1f} GiB of memory available: at most "
+            f"{args.buffer_size * available // nbytes:,} fit."
+        )
     runs_dir = Path(args.runs_dir).absolute()
     disk = shutil.disk_usage(next(p for p in (runs_dir, *runs_dir.parents) if p.exists())).free  # the folder, or above
     if args.save_buffer and 2 * nbytes > disk:
@@ -682,87 +675,124 @@ def quiet_mujoco_warnings() -> None:
 
 
 # --- shared: plumbing ---
-# Flags a --resume command may change (those the script has); a flag it leaves out, and every other, is the checkpoint's.
-RESUME_OVERRIDABLE = (
-    "total_timesteps",
-    "track",
-    "wandb_project_name",
-    "wandb_entity",
-    "capture_video",
-    "save_model",
-    "runs_dir",
-    "checkpoint_interval",
-    "keep_checkpoints",
-    "resume",
-    "eval_episodes",
-    "eval_interval",
-    "keep_best",
-    "progress",
-    "cuda",
-    "torch_threads",
-    "save_buffer",
-    "log_interval",
-    "async_envs",
-    "num_rollout_workers",
-    "envs_per_worker",
-    "weight_sync_interval",
-    "worker_batch_steps",
-    "ray_address",
-    "pause_learner",
+# Flags a --resume command may change; every other flag keeps the checkpoint's value (given anew, it must equal it).
+RESUME_OVERRIDABLE = set(
+    "total_timesteps track wandb_project_name wandb_entity capture_video save_model runs_dir checkpoint_interval resume"
+    " keep_checkpoints eval_episodes eval_interval keep_best progress cuda torch_threads save_buffer log_interval async_envs"
+    " num_rollout_workers envs_per_worker weight_sync_interval worker_batch_steps ray_address pause_learner".split()
 )
-MAY_BE_NAN = ("losses/explained_variance",)  # NaN by definition when all returns are equal: not a broken run
-NON_FINITE_FLAGS = ("learning_rate", "policy_lr", "q_lr", "max_grad_norm", "num_minibatches", "norm_adv", "norm_obs")
+LEARNING_RATES = ("learning_rate", "policy_lr", "q_lr")  # named when a NaN stops a run
 CHECKPOINT = re.compile(r"(step|interrupted|final)_(\d{10})\.pt")  # the names runs write; no other file is pruned
-UNSTARTED = []  # (run folder, what it held) of a run not started yet: what a refusal added goes again (run_cli)
+
+
+class UserError(Exception):
+    """A problem with the user's input (flags, env, checkpoint, an edit the loop cannot serve): one paragraph, exit 2."""
+
+
+def run_cli(main: Callable[[], None]) -> None:
+    """Run main(). A UserError, an OSError (a path, a permission, a full disk), a MemoryError or a library's ValueError /
+    RuntimeError (torch's shape checks on an edited network) becomes one paragraph naming this script's line, exit code
+    2; a run that fails before its first iteration ends takes its new run folder, or what it added to one, with it."""
+    try:
+        main()
+    except (UserError, OSError, ValueError, RuntimeError, MemoryError) as e:
+        for folder, before in Run.unstarted:
+            for path in set(folder.iterdir()) - before if before else [folder]:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == __file__]
+        if not isinstance(e, UserError) and frames:
+            message += f" ({type(e).__name__} at line {frames[-1].lineno} of {Path(__file__).name}: `{frames[-1].line}`)"
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_command_line(cls):
+    """(args, the --resume checkpoint or None, device). tyro checks each flag (Args.__post_init__); with --resume the
+    checkpoint's args are tyro's defaults: a flag left out keeps the run's value, and only RESUME_OVERRIDABLE may change."""
+    before = argparse.ArgumentParser(add_help=False)  # --resume first: its checkpoint holds the other flags' defaults
+    before.add_argument("--resume")
+    args, ckpt, resume = None, None, before.parse_known_args()[0].resume
+    if resume:
+        ckpt = load_checkpoint(resume, "--resume")
+        check_checkpoint_matches(ckpt, resume, SCRIPT_NAME)  # another script's: refused before any flag check
+        saved = {f.name: ckpt["args"][f.name] for f in dataclasses.fields(cls) if f.init and f.name in ckpt["args"]}
+        if ":" in str(saved.get("env_id")) and not any(word.startswith("--env-id") for word in sys.argv):
+            raise UserError(f"checkpoint '{resume}' names an env that imports a module: give --env-id to allow it.")
+        args = tyro.cli(cls, default=cls(**saved))
+        args.__post_init__()  # why again: tyro copies the derived fields (init=False) from the default, not recomputed
+        for name in saved.keys() - RESUME_OVERRIDABLE:
+            if getattr(args, name) != saved[name]:
+                raise UserError(
+                    f"--{name.replace('_', '-')} {getattr(args, name)} conflicts with the checkpoint, which was trained with "
+                    f"{saved[name]}: a resumed run keeps it. Drop the flag, or start a new run."
+                )
+    args = args or tyro.cli(cls)
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    offline = os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun")
+    logged_in = os.environ.get("WANDB_API_KEY") or netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace")
+    if args.track and not (offline or logged_in):  # never wait at wandb's login prompt
+        raise UserError("--track needs wandb credentials: run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline.")
+    # 0: a thread per usable core; runs sharing a machine must split them, or slow each other severalfold
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()  # taskset, cgroups
+    torch.set_num_threads(args.torch_threads or cores)
+    return args, ckpt, torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+
+def check_checkpoint_matches(ckpt: dict, path: str, script: str, shapes: Optional[dict] = None) -> None:
+    """Refuse a checkpoint of another script, or one made for an env of other shapes (`shapes`: name -> value)."""
+    if ckpt["script"] != script:
+        raise UserError(f"checkpoint '{path}' was written by {ckpt['script']}.py, not {script}.py.")
+    if shapes is not None and (saved := {k: ckpt.get(k) for k in shapes}) != shapes:
+        saved, shapes = ({k: tuple(v) if isinstance(v, list) else v for k, v in d.items()} for d in (saved, shapes))
+        raise UserError(f"checkpoint '{path}' was made for an env of {saved}, not for this env's {shapes}.")
 
 
 class Run:
-    """A run's folder, args.json, TensorBoard, wandb, progress, Ctrl-C, timings, evaluation (`run.play(episodes,
-    video_dir) -> returns`, set by the script) and checkpoints (loop state, attach()'s parts, RNG) as plain data."""
+    """A run's folder, args.json, TensorBoard (and wandb), progress, Ctrl-C, timings, evaluation (`run.play(episodes,
+    video_dir) -> returns`, set by the script) and checkpoints: the loop state, attach()'s parts, torch's RNG."""
+
+    unstarted = []  # (folder, what it held) while the first iteration runs: run_cli removes what a failure added
 
     def __init__(self, args, script: str, ckpt: Optional[dict], shapes: dict, log_every: int):
         self.args, self.script, self.ckpt, self.shapes, self.log_every = args, script, ckpt, shapes, log_every
+        self.dir = None
         if ckpt is not None:
             check_checkpoint_matches(ckpt, args.resume, script, shapes)
+            kinds = {"global_step": int, "iteration": int, "run_name": str, "run_state": dict, "rng_states": dict}
+            if bad := [key for key, kind in kinds.items() if not isinstance(ckpt.get(key), kind)]:
+                raise UserError(f"checkpoint '{args.resume}' is malformed: {', '.join(bad)} missing or of the wrong type.")
             if ckpt["iteration"] >= args.num_iterations:
                 raise UserError(
-                    f"checkpoint '{args.resume}' is at iteration {ckpt['iteration']} (step "
-                    f"{ckpt['global_step']}), the last of --total-timesteps {args.total_timesteps}: "
-                    "nothing left to do. Raise --total-timesteps."
+                    f"checkpoint '{args.resume}' is at step {ckpt['global_step']}, the end of --total-timesteps "
+                    f"{args.total_timesteps}: nothing left to do. Raise --total-timesteps."
                 )
-        self.dir = None if ckpt is None else resume_folder(args, ckpt)
-        base = (
-            ckpt["run_name"]
-            if ckpt
-            else f"{args.env_id.replace('/', '-').replace(':', '-')}__{args.exp_name}__{args.seed}__{int(time.time())}"
-        )
-        Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
-        for n in range(1, 1000) if self.dir is None else ():  # exclusively: runs started in the same second get two
-            self.dir = Path(args.runs_dir) / (base if n == 1 else f"{base}-{n}")
-            with suppress(FileExistsError):
-                self.dir.mkdir()
-                break
+            self.dir = resume_folder(args, ckpt)
+        env_name = args.env_id.replace("/", "-").replace(":", "-")
+        base = ckpt["run_name"] if ckpt else f"{env_name}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        try:
+            Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
+            for n in range(1, 1000) if self.dir is None else ():  # exclusively: runs started in the same second get two
+                self.dir = Path(args.runs_dir) / (base if n == 1 else f"{base}-{n}")
+                with suppress(FileExistsError):
+                    self.dir.mkdir()
+                    break
+        except OSError as e:  # the first write of the run: what stops it is said once, here
+            raise UserError(f"--runs-dir '{args.runs_dir}' cannot hold run folders: {e.strerror} ('{e.filename}').") from None
         self.name, self.ckpt_dir, in_place = self.dir.name, self.dir / "checkpoints", (self.dir / "args.json").exists()
-        UNSTARTED.append((self.dir, set(self.dir.iterdir())))  # a refusal before the first iteration removes what it adds
+        Run.unstarted.append((self.dir, set(self.dir.iterdir()) if in_place else None))
         if args.track:  # wandb mirrors the TensorBoard scalars: initialized before the writer
             import wandb
 
-            wandb.init(
-                project=args.wandb_project_name,
-                entity=args.wandb_entity,
-                sync_tensorboard=True,
-                config=vars(args),
-                name=self.name,
-                dir=str(self.dir),
-                save_code=True,
-            )
+            tracking = {"project": args.wandb_project_name, "entity": args.wandb_entity, "config": vars(args)}
+            wandb.init(**tracking, name=self.name, dir=str(self.dir), sync_tensorboard=True, save_code=True)
         from torch.utils.tensorboard import SummaryWriter
 
         # on resume, purge_step hides events logged after the checkpoint: one continuous curve
         self.writer = SummaryWriter(str(self.dir), purge_step=ckpt["global_step"] + 1 if in_place else None)
         if not in_place:  # a run resumed in its folder keeps the first start's args.json and hyperparameter table
             self.writer.add_text(
-                "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+                "hyperparameters", "\n".join(["|param|value|", "|-|-|"] + [f"|{k}|{v}|" for k, v in vars(args).items()])
             )
             compute = {
                 "device": "cuda" if torch.cuda.is_available() and args.cuda else "cpu",
@@ -771,70 +801,66 @@ class Run:
             (self.dir / "args.json").write_text(json.dumps({**dataclasses.asdict(args), "compute": compute}, indent=2))
         print(f"run: {self.dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
         self.recent_returns, self.phase_time = [], {}  # the last 10 episodes' returns; seconds per run.timer phase
-        self.state, self.parts, self.closing, self.play, self.line, self.window_step = None, {}, None, None, "", 0
+        self.state, self.parts, self.closing, self.play, self.line = None, {}, None, None, ""
         self.stop_requested = self.saving = self.stopped = self.last = False
-        self.last_print, self.best_path, self.best_step = time.monotonic(), self.ckpt_dir / "best.pt", None
+        self.best_path, self.best_step = self.ckpt_dir / "best.pt", None
         self.best_score = float(ckpt["run_state"]["best_score"]) if in_place else -math.inf
-        if in_place and args.keep_best and self.best_path.is_file():  # from an older checkpoint: best.pt may be better
-            self.best_score = max(self.best_score, float(load_checkpoint(str(self.best_path))["run_state"]["best_score"]))
 
     def attach(self, state, envs, **parts) -> None:
         """Register what a checkpoint holds and what to close at the end; on --resume, load it all."""
         self.state, self.closing, self.parts = state, envs, parts
-        if hasattr(envs, "step"):  # what the envs return is checked as it arrives (a NaN stops the run: non_finite)
-            envs.step = lambda actions, step=envs.step: self.checked_step(step, actions)
         if self.ckpt is None:
             return
         for name, part in parts.items():
             try:  # an edited network (a layer, a width) no longer fits the checkpoint's weights
                 getattr(part, "load_state_dict", lambda saved: load_plain(part, saved))(self.ckpt[name])
-            except (RuntimeError, KeyError, ValueError) as e:
+            except (RuntimeError, KeyError, ValueError, TypeError) as e:
                 raise UserError(
-                    f"checkpoint '{self.args.resume}' does not fit this script's {name} "
-                    f"({str(e).splitlines()[-1].strip()}): the script changed since it was saved. Resume with "
-                    "the script as it was, or start a new run without --resume."
+                    f"checkpoint '{self.args.resume}' does not fit this script's {name} ({str(e).splitlines()[-1].strip()}): "
+                    "the script changed since it was saved. Resume with the script as it was, or start a new run."
                 ) from None
         if not (exact := all(getattr(part, "exact", True) for part in parts.values())):
             print(f"warning: {self.args.env_id}'s simulator state cannot be captured; its envs restart from a reset.")
         load_plain(state, self.ckpt["run_state"], exact)
         self.recent_returns = list(self.ckpt["run_state"]["recent_returns"])
         torch.set_rng_state(self.ckpt["rng_states"]["torch"])
-        if "cuda" in self.ckpt["rng_states"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(self.ckpt["rng_states"]["cuda"])
 
     def iterations(self, state, num_iterations: int):
         """The iteration numbers; after each, what is due: logs, evaluation, checkpoints, a stop (a signal, `run.last`)."""
         self.handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-        UNSTARTED.clear()
-        start_time, start_step, window_start = time.time(), state.global_step, time.monotonic()
+        start_time, start_step, last_print, window_start = time.time(), state.global_step, 0.0, time.monotonic()
         self.window_step = saved_step = evaluated_step = state.global_step
         for iteration in range(state.iteration + 1, num_iterations + 1):
             state.iteration = iteration
             yield iteration
+            Run.unstarted.clear()  # the first iteration ended: a failure from now on keeps the run's folder
+            step, window = state.global_step, state.global_step - self.window_step
             if self.log_due():
-                sps = (state.global_step - start_step) / (time.time() - start_time)
-                self.writer.add_scalar("charts/SPS", sps, state.global_step)
-                window = state.global_step - self.window_step  # 0 when a stop ends a window with no new step
-                for phase, seconds in self.phase_time.items() if window > 0 else ():
-                    self.writer.add_scalar(f"charts/{phase}_us_per_step", seconds / window * 1e6, state.global_step)
-                self.phase_time = dict.fromkeys(self.phase_time, 0.0)
-                self.progress(sps, window / max(time.monotonic() - window_start, 1e-9))
-                self.window_step, window_start = state.global_step, time.monotonic()
-            every = self.args.eval_interval
-            if self.play is not None and every > 0 and state.global_step // every > evaluated_step // every:
+                sps = (step - start_step) / (time.time() - start_time)
+                self.writer.add_scalar("charts/SPS", sps, step)
+                for phase, seconds in self.phase_time.items() if window > 0 else ():  # a stop's window may have no step
+                    self.writer.add_scalar(f"charts/{phase}_us_per_step", seconds / window * 1e6, step)
+                left = int((self.args.total_timesteps - step) * (time.monotonic() - window_start) / max(window, 1))
+                self.phase_time, self.window_step, window_start = dict.fromkeys(self.phase_time, 0.0), step, time.monotonic()
+                ret = f"{np.mean(self.recent_returns):.1f}" if self.recent_returns else "n/a"
+                eta = f"{left // 3600}:{left % 3600 // 60:02d}:{left % 60:02d}"  # at the last window's speed
+                self.line = f"step {step:,}/{self.args.total_timesteps:,} | {sps:.0f} SPS | return (last 10) {ret} | ETA {eta}"
+                tty = sys.stdout.isatty()  # a terminal: one line, rewritten; else a line every 30 s and the last one
+                if self.args.progress and (tty or time.monotonic() - last_print >= 30):
+                    print(f"\r{self.line}" if tty else self.line, end="" if tty else "\n", flush=True)
+                    last_print, self.line = time.monotonic(), self.line if tty else ""
+            if self.play is not None and due(step, evaluated_step, self.args.eval_interval):
                 self.evaluated(self.play(self.args.eval_episodes))
-                evaluated_step = state.global_step
-            every = self.args.checkpoint_interval
-            if every > 0 and state.global_step // every > saved_step // every:
+                evaluated_step = step
+            if due(step, saved_step, self.args.checkpoint_interval):
                 self.offer_training_return()  # before the save: the checkpoint holds the best score
                 self.save("step")
-                prune_checkpoints(self.ckpt_dir, self.args.keep_checkpoints)
-                saved_step = state.global_step
+                saved_step = step
             if self.stop_requested or self.last:
                 self.stopped = self.stop_requested
                 break
         if self.args.progress and self.line:
-            print() if sys.stdout.isatty() else print(self.line, flush=True)
+            print("" if sys.stdout.isatty() else self.line, flush=True)
 
     def on_signal(self, signum, frame) -> None:
         """Ctrl-C / SIGTERM: stop after this iteration, not mid-write; a second one interrupts, unless the final save runs."""
@@ -842,79 +868,55 @@ class Run:
             raise KeyboardInterrupt
         self.stop_requested = True
 
-    def progress(self, sps: float, recent_sps: float) -> None:
-        """A self-overwriting line on a terminal, else a line every 30 s; the ETA from the last window's speed."""
-        step, total = self.state.global_step, self.args.total_timesteps
-        eta = int(max(total - step, 0) / recent_sps) if recent_sps > 0 else None
-        eta = "?" if eta is None else f"{eta // 3600}:{eta % 3600 // 60:02d}:{eta % 60:02d}"
-        ret = f"{np.mean(self.recent_returns):9.1f}" if self.recent_returns else "      n/a"
-        self.line = f"step {step:>10,}/{total:,} | {sps:6.0f} SPS | return (last 10) {ret} | ETA {eta}"
-        if self.args.progress and (sys.stdout.isatty() or time.monotonic() - self.last_print >= 30):
-            print(f"\r{self.line}" if sys.stdout.isatty() else self.line, end="" if sys.stdout.isatty() else "\n", flush=True)
-            self.last_print = time.monotonic()
-
     def log_due(self) -> bool:
         """Does this iteration end a log window (a multiple of log_every passed, the last iteration, a stop)?"""
-        step, last = self.state.global_step, self.state.iteration == self.args.num_iterations
-        return step // self.log_every > self.window_step // self.log_every or last or self.last or self.stop_requested
+        last = self.state.iteration == self.args.num_iterations or self.last or self.stop_requested
+        return last or due(self.state.global_step, self.window_step, self.log_every)
 
     @contextmanager
     def timer(self, phase: str):
-        """Time a phase of the loop; logged per env step as charts/<phase>_us_per_step at the end of each window."""
+        """Time a phase of the loop; logged per env step as charts/<phase>_us_per_step at the end of each log window."""
         start = time.perf_counter()
         yield
         self.phase_time[phase] = self.phase_time.get(phase, 0.0) + time.perf_counter() - start
 
     def log(self, step: int, scalars: dict) -> None:
-        """Log an update's metrics after checking them for NaN / Inf (a NaN weight makes its loss NaN: caught here)."""
-        if bad := [f"{tag} ({value})" for tag, value in scalars.items() if not math.isfinite(value) and tag not in MAY_BE_NAN]:
-            self.non_finite(bad[0], cause="training")
+        """Log an update's metrics; a NaN / Inf stops the run (explained variance may be NaN: all returns equal)."""
         for tag, value in scalars.items():
+            if not math.isfinite(value) and tag != "losses/explained_variance":
+                self.non_finite(f"{tag} ({value})")
             self.writer.add_scalar(tag, value, step)
 
     def episode(self, episode_return: float, length: int, step: int) -> None:
         """A finished episode: its true return and length, at the global step at which it ended."""
         if not math.isfinite(episode_return):
-            self.non_finite(f"an episode's return ({episode_return})", cause="env")
+            self.non_finite(f"an episode's return ({episode_return})")
         self.writer.add_scalar("charts/episodic_return", episode_return, step)
         self.writer.add_scalar("charts/episodic_length", length, step)
         self.recent_returns = (self.recent_returns + [float(episode_return)])[-10:]
 
     def checkpoint(self, best: bool = False) -> dict:
-        """The checkpoint as plain data; for best.pt a copy, without the parts that `holds_replay_buffer`."""
-        state = {
-            "format": 1,
-            "script": self.script,
-            "run_name": self.name,
-            "args": dataclasses.asdict(self.args),
-            "global_step": self.state.global_step,
-            "iteration": self.state.iteration,
-            **self.shapes,
-            **{
-                name: None
-                if best and getattr(part, "holds_replay_buffer", False)
-                else part.state_dict()
-                if hasattr(part, "state_dict")
-                else to_plain(part)
-                for name, part in self.parts.items()
-            },
-            "run_state": {**to_plain(self.state), "recent_returns": list(self.recent_returns), "best_score": self.best_score},
-            # torch's RNGs: the scripts draw every random number from torch, or from the envs' own (env-state)
-            "rng_states": {
-                "torch": torch.get_rng_state(),
-                **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {}),
-            },
-        }
+        """The checkpoint as plain data (best.pt: a copy, without the parts that `holds_replay_buffer`); never a NaN weight."""
+        state = {"format": 1, "script": self.script, "run_name": self.name, "args": dataclasses.asdict(self.args)}
+        state |= {"global_step": self.state.global_step, "iteration": self.state.iteration, **self.shapes}
+        for name, part in self.parts.items():
+            if getattr(part, "holds_replay_buffer", False):
+                state[name] = None if best else part.state_dict()
+                continue
+            state[name] = part.state_dict() if hasattr(part, "state_dict") else to_plain(part)
+            if any(t.is_floating_point() and not t.isfinite().all() for t in tensors_in(state[name])):
+                self.non_finite(f"{name}'s weights, about to be saved")
+        state["run_state"] = {**to_plain(self.state), "recent_returns": self.recent_returns, "best_score": self.best_score}
+        state["rng_states"] = {"torch": torch.get_rng_state()}  # the scripts draw every random number from torch or the envs
         return copy.deepcopy(state) if best else state
 
     def save(self, kind: str) -> Path:
-        """Write `<kind>_<global step>.pt` (never with a NaN in it); it supersedes this run's older interrupted one."""
-        path, state = self.ckpt_dir / f"{kind}_{self.state.global_step:010d}.pt", self.checkpoint()
-        self.check_weights(state, f"the {kind} checkpoint about to be written")
-        save_checkpoint(state, path)
-        for old in self.ckpt_dir.glob("interrupted_*.pt") if getattr(self.args, "save_buffer", True) else ():
-            if kind != "interrupted" and CHECKPOINT.fullmatch(old.name) and int(old.stem[-10:]) < self.state.global_step:
-                old.unlink()
+        """Write `<kind>_<step>.pt`; it supersedes older interrupted ones and periodic ones past --keep-checkpoints."""
+        path = self.ckpt_dir / f"{kind}_{self.state.global_step:010d}.pt"
+        save_checkpoint(self.checkpoint(), path)
+        periodic = sorted(p for p in self.ckpt_dir.glob("step_*.pt") if CHECKPOINT.fullmatch(p.name))  # zero-padded
+        for old in periodic[: -self.args.keep_checkpoints] + sorted(set(self.ckpt_dir.glob("interrupted_*.pt")) - {path}):
+            old.unlink()
         return path
 
     def evaluated(self, returns: list, step: Optional[int] = None, snapshot: Optional[dict] = None) -> None:
@@ -927,9 +929,10 @@ class Run:
         """--keep-best: best.pt holds the agent of the best evaluation return (else of 10 training episodes) so far."""
         if not self.args.keep_best:
             return
+        if self.best_path.is_file():  # compared with best.pt as it is on disk now (an older checkpoint's resume may lag it)
+            self.best_score = max(self.best_score, float(load_checkpoint(str(self.best_path))["run_state"]["best_score"]))
         if score > self.best_score:
             self.best_score, state = score, snapshot if snapshot is not None else self.checkpoint(best=True)
-            self.check_weights(state, "the agent --keep-best was about to keep")
             state["run_state"]["best_score"] = score
             save_checkpoint(state, self.best_path)
         self.best_step = step
@@ -946,8 +949,7 @@ class Run:
         if self.stopped:
             path = self.save("interrupted")
             print(
-                f"interrupted: saved step {self.state.global_step} (iteration {self.state.iteration}) to {path}\n"
-                f"resume with: {resume_command(path)}",
+                f"interrupted: saved step {self.state.global_step} to {path}\nresume with: {resume_command(path)}",
                 file=sys.stderr,
             )
             self.close()
@@ -961,45 +963,20 @@ class Run:
             print(f"model saved to {self.save('final')}")
         self.close()
 
-    def checked_step(self, step: Callable, actions):
-        """envs.step, checking the actions (a policy gone NaN), then what the env returns, for NaN / Inf."""
-        if first_non_finite(actions) is not None:
-            self.non_finite("the actions the policy chose", cause="training")
-        out = step(actions)
-        for name, value in (("observation", out[0]), ("reward", out[1]), ("final observation", out[4].get("final_obs"))):
-            if first_non_finite(value) is not None:
-                self.non_finite(f"the environment's {name}", cause="env")
-        return out
-
-    def check_weights(self, state: dict, what: str) -> None:
-        """Stop on a NaN / Inf in a checkpoint's (or the attached parts') tensors; replay buffers and counters aside."""
-        buffers = {name for name, part in self.parts.items() if getattr(part, "holds_replay_buffer", False)}
-        if (found := first_non_finite({k: v for k, v in state.items() if k in self.parts and k not in buffers})) is not None:
-            self.non_finite(f"{what}: {found}", cause="training")
-
-    def non_finite(self, quantity: str, cause: str) -> None:
+    def non_finite(self, quantity: str) -> None:
         """Stop on the first NaN / Inf, saving nothing: one paragraph (what, when, likely causes, how to resume), exit 3."""
-        args, state = self.args, self.state
-        newest = max(
-            (p for p in self.ckpt_dir.glob("*.pt") if CHECKPOINT.fullmatch(p.name)),
-            key=lambda p: p.stat().st_mtime,
-            default=None,
-        )
-        flags = ", ".join(f"--{f.replace('_', '-')} {getattr(args, f)}" for f in NON_FINITE_FLAGS if hasattr(args, f))
+        newest = max(self.ckpt_dir.glob("*_??????????.pt"), key=lambda p: p.stat().st_mtime, default=None)
+        rates = ", ".join(f"--{f.replace('_', '-')} {getattr(self.args, f)}" for f in LEARNING_RATES if hasattr(self.args, f))
         print(
-            f"error: non-finite value (NaN or Inf) in {quantity} at env step {state.global_step} (iteration "
-            f"{state.iteration}): the run stopped and saved nothing of this state. Likely cause: "
+            f"error: non-finite value (NaN or Inf) in {quantity} at env step {self.state.global_step} (iteration "
+            f"{self.state.iteration}): the run stopped and saved nothing of this state. Likely cause: a step too large "
+            f"for these settings ({rates}; a lower learning rate or normalization usually helps), or the environment "
+            f"({self.args.env_id}) returning NaN / Inf. "
             + (
-                f"the environment ({args.env_id}): a custom env's bug, or a simulator made unstable"
-                if cause == "env"
-                else f"a step too large for these settings: {flags} (a lower learning rate, a larger batch or normalization "
-                "usually help)"
-            )
-            + (
-                f". The newest checkpoint from before it, {newest}, is untouched: resume it with "
-                f"`{resume_command(newest)}` once the cause is fixed."
+                f"The newest checkpoint from before it, {newest}, is untouched: resume it with `{resume_command(newest)}` "
+                "once the cause is fixed."
                 if newest
-                else ". No checkpoint was written before it (--checkpoint-interval sets how often)."
+                else "No checkpoint was written before it."
             ),
             file=sys.stderr,
         )
@@ -1020,30 +997,26 @@ def resume_folder(args, ckpt: dict) -> Optional[Path]:
     """The checkpoint's run folder; None (a new one under --runs-dir) if it is none, is not writable, or has later ones."""
     folder, step = Path(args.resume).resolve().parent, ckpt["global_step"]
     later = sorted(p.name for p in folder.glob("*.pt") if CHECKPOINT.fullmatch(p.name) and int(p.stem[-10:]) > step)
-    why = (
-        "is not in a run folder"
-        if folder.name != "checkpoints" or not (folder.parent / "args.json").is_file()
-        else "sits in a run folder this user cannot write"
-        if not all(os.access(f, os.W_OK | os.X_OK) for f in (folder, folder.parent))
-        else f"is older than checkpoints saved later in its folder ({', '.join(later)}), which stay as they are"
-        if later
-        else None
-    )
-    if why is not None:
-        print(f"note: '{args.resume}' {why}: the resumed run writes into a new run folder under '{args.runs_dir}'.")
-    return None if why else folder.parent
+    if folder.name != "checkpoints" or not (folder.parent / "args.json").is_file():
+        why = "is not in a run folder"
+    elif not all(os.access(f, os.W_OK | os.X_OK) for f in (folder, folder.parent)):
+        why = "sits in a run folder this user cannot write"
+    elif later:
+        why = f"is older than checkpoints saved later in its folder ({', '.join(later)}), which stay as they are"
+    else:
+        return folder.parent
+    print(f"note: '{args.resume}' {why}: the resumed run writes into a new run folder under '{args.runs_dir}'.")
+    return None
 
 
 def to_plain(obj) -> dict:
     """An object's attributes as plain data that loads with weights_only=True (numpy arrays and scalars: tensors; copies)."""
-    return {
-        name: torch.from_numpy(np.array(v))
-        if isinstance(v, (np.ndarray, np.generic))
-        else v.detach().cpu().clone()
-        if isinstance(v, torch.Tensor)
-        else v
-        for name, v in vars(obj).items()
-    }
+    plain = {}
+    for name, value in vars(obj).items():
+        if isinstance(value, (np.ndarray, np.generic)):
+            value = torch.from_numpy(np.array(value))
+        plain[name] = value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
+    return plain
 
 
 def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
@@ -1051,19 +1024,10 @@ def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
     env_fields = {f.name for f in dataclasses.fields(obj) if f.metadata.get("env")} if dataclasses.is_dataclass(obj) else set()
     for name, current in vars(obj).items():
         if name in saved and (name not in env_fields or env_exact):
-            value = saved[name].numpy().astype(current.dtype) if isinstance(current, (np.ndarray, np.generic)) else saved[name]
+            value = saved[name]
+            if isinstance(current, (np.ndarray, np.generic)):
+                value = value.numpy().astype(current.dtype)
             setattr(obj, name, value.to(current.device) if isinstance(current, torch.Tensor) else value)
-
-
-def first_non_finite(obj, path: str = "") -> Optional[str]:
-    """The dotted path to the first NaN / Inf in obj (tensors, arrays, numbers, nested), or None."""
-    if isinstance(obj, (np.ndarray, float)) and getattr(obj, "dtype", None) != np.dtype(object):  # a float: a logged number
-        return path if np.asarray(obj).dtype.kind in "fc" and not np.isfinite(obj).all() else None
-    if isinstance(obj, torch.Tensor):
-        return path if obj.is_floating_point() and not bool(torch.isfinite(obj).all()) else None
-    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple, np.ndarray)) else ()
-    found = (first_non_finite(value, f"{path}.{key}" if path else str(key)) for key, value in items)
-    return next((where for where in found if where is not None), None)
 
 
 def resume_command(checkpoint: Path) -> str:
@@ -1076,7 +1040,7 @@ def resume_command(checkpoint: Path) -> str:
 def save_checkpoint(state: dict, path: Path) -> None:
     """Atomically (a temporary file, fsync, rename): a crash mid-write never leaves a truncated checkpoint."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
             torch.save(state, f)
@@ -1089,7 +1053,7 @@ def save_checkpoint(state: dict, path: Path) -> None:
 
 def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
     """Load with weights_only=True: plain tensors and Python data, never arbitrary pickled objects."""
-    if not os.path.isfile(path):  # os.path: no PermissionError from a path under an unreadable folder
+    if not os.path.isfile(path):
         raise UserError(f"{what} '{path}' " + ("is a folder, not a file." if os.path.isdir(path) else "does not exist."))
     try:  # why the CPU: RNG and env states must be CPU tensors; modules copy their weights to their own device
         state = torch.load(path, map_location="cpu", weights_only=True)
@@ -1097,138 +1061,40 @@ def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
         raise UserError(
             f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint ({type(e).__name__})."
         ) from None
-    if not isinstance(state, dict) or "format" not in state or "args" not in state:
-        raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
+    if not isinstance(state, dict) or not isinstance(state.get("script"), str) or not isinstance(state.get("args"), dict):
+        raise UserError(
+            f"'{path}' is a torch file but not a checkpoint written by these scripts (keys missing or of the wrong type)."
+        )
     return state
 
 
-def check_checkpoint_matches(ckpt: dict, path: str, script: str, shapes: dict) -> None:
-    """Refuse a checkpoint of another script, or one made for an env of other shapes (`shapes`: name -> value)."""
-    if ckpt.get("script") != script:
-        raise UserError(f"checkpoint '{path}' was written by {ckpt.get('script', 'another script')}.py, not {script}.py.")
-    if (saved := {k: ckpt.get(k) for k in shapes}) != shapes:
-        describe = lambda d: ", ".join(f"{k} {tuple(v) if isinstance(v, list) else v}" for k, v in d.items())  # noqa: E731
-        raise UserError(
-            f"checkpoint '{path}' was made for {ckpt['args']['env_id']} ({describe(saved)}), which does not "
-            f"fit this env ({describe(shapes)})."
-        )
-
-
-def check_memory(flag: str, value: int, needed: float, what: str) -> None:
-    """Refuse `--flag value` if `what` needs more bytes than the memory available (Linux), not be killed as it fills."""
-    info = Path("/proc/meminfo").read_text().split() if Path("/proc/meminfo").is_file() else ["MemAvailable:", "inf"]
-    if needed > (available := float(info[info.index("MemAvailable:") + 1]) * 1024):
-        raise UserError(
-            f"--{flag.replace('_', '-')} {value:,}: {what} needs {needed / 2**30:.1f} GiB, but this machine has "
-            f"{available / 2**30:.1f} GiB of memory available: at most {int(value * available / needed):,} fit."
-        )
-
-
-def prune_checkpoints(ckpt_dir: Path, keep: int) -> None:
-    """Delete all but the `keep` periodic checkpoints of highest step (by number; no file of another name)."""
-    periodic = sorted((p for p in ckpt_dir.glob("step_*.pt") if CHECKPOINT.fullmatch(p.name)), key=lambda p: int(p.stem[5:]))
-    for old in periodic[: max(len(periodic) - keep, 0)]:
-        old.unlink()
-
-
-RULES = {
-    "> 0": lambda v: v > 0,
-    ">= 0": lambda v: v >= 0,
-    ">= 1": lambda v: v >= 1,
-    "in [0, 1]": lambda v: 0 <= v <= 1,
-    "in (0, 1]": lambda v: 0 < v <= 1,
-    "in [0, 1)": lambda v: 0 <= v < 1,
-}
-# the run flags every script has, with their rules; each script's FLAG_RULES adds its own
-RUN_RULES = {
-    "seed": ">= 0",
-    "torch_threads": ">= 0",
-    "checkpoint_interval": ">= 0",
-    "keep_checkpoints": ">= 1",
-    "eval_episodes": ">= 1",
-    "eval_interval": ">= 0",
-}
+# The rule each numeric run flag must meet; each script's FLAG_RULES adds its own (rule: the flags it applies to).
+RULES = {">= 0": lambda v: v >= 0, "> 0": lambda v: v > 0, ">= 1": lambda v: v >= 1, "in [0, 1]": lambda v: 0 <= v <= 1}
+RULES |= {"in (0, 1]": lambda v: 0 < v <= 1, "in [0, 1)": lambda v: 0 <= v < 1}
+RUN_RULES = {">= 0": "seed torch_threads checkpoint_interval eval_interval", ">= 1": "keep_checkpoints eval_episodes"}
 
 
 def check_flags(args, rules: dict) -> None:
-    """Every numeric flag against its rule (RUN_RULES and `rules`: flag -> a key of RULES); None passes."""
-    for name, rule in {**RUN_RULES, **rules}.items():
-        if (value := getattr(args, name)) is not None and not RULES[rule](value):
-            raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
-    if args.exp_name in ("", ".", "..") or Path(args.exp_name).name != args.exp_name:  # it names the run's folder
+    """Every flag named in RUN_RULES and `rules` against its rule (None passes), and --exp-name, which names a folder."""
+    for rule, names in [*RUN_RULES.items(), *rules.items()]:
+        for name in names.split():
+            if (value := getattr(args, name)) is not None and not RULES[rule](value):
+                raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
+    if args.exp_name in ("", ".", "..") or Path(args.exp_name).name != args.exp_name:
         raise UserError(f"--exp-name '{args.exp_name}' must be a plain name, not a path: it names the run's folder.")
 
 
-def parse_command_line(cls, rules: dict, validate: Callable):
-    """(args, the --resume checkpoint or None, device), all checked before anything starts; torch's threads set."""
-    args = tyro.cli(cls)
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))  # never wait at wandb's login prompt
-    if (
-        args.track
-        and os.environ.get("WANDB_MODE", "").lower() not in ("offline", "disabled", "dryrun")
-        and not (os.environ.get("WANDB_API_KEY") or netrc.is_file() and "api.wandb.ai" in netrc.read_text(errors="replace"))
-    ):
-        raise UserError(
-            "--track needs Weights & Biases credentials: run `wandb login`, set WANDB_API_KEY, or set "
-            "WANDB_MODE=offline to record the run locally (sync it later with `wandb sync`)."
-        )
-    # 0: a thread per usable core (taskset, cgroups); runs sharing a machine must split them, or slow each other severalfold
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    torch.set_num_threads(args.torch_threads or cores)
-    device, ckpt = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu"), None
-    if args.resume:
-        ckpt, argv = load_checkpoint(args.resume, "--resume"), sys.argv[1:]
-        if ":" in str(ckpt["args"].get("env_id")) and not any(w.startswith("--env-id") for w in argv):  # it imports nothing
-            raise UserError(
-                f"checkpoint '{args.resume}' names the env '{ckpt['args']['env_id']}', which imports a "
-                "module: give the same --env-id on the command line to allow it."
-            )
-        args = merge_resume_args(args, ckpt["args"], argv)
-    check_flags(args, rules)
-    existing = Path(args.runs_dir).absolute()
-    while not os.path.lexists(existing):  # made at the start of the run; what exists of it must be a writable folder
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise UserError(
-            f"--runs-dir '{args.runs_dir}': run folders are made in it, but '{existing}' is "
-            + ("not writable (no permission)." if existing.is_dir() else "not a folder.")
-        )
-    validate(args)
-    return args, ckpt, device
+def tensors_in(obj):
+    """Every tensor in a checkpoint part: nested dicts, lists and tuples of tensors."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    for value in obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ():
+        yield from tensors_in(value)
 
 
-def merge_resume_args(cli, saved: dict, argv: list):
-    """The checkpoint's Args, with the RESUME_OVERRIDABLE flags argv types; a fixed flag typed with another value is
-    refused. Why argv: tyro cannot tell a default from a flag left out (which keeps the run's: `--x`, `--x=v`, `--no-x`)."""
-    given = {w[2:].split("=", 1)[0].replace("-", "_") for w in argv if w.startswith("--")}
-    given |= {name[3:] for name in given if name.startswith("no_")}
-    merged = {}
-    for f in dataclasses.fields(cli):
-        keep = (f.name in RESUME_OVERRIDABLE and f.name in given) or f.name not in saved
-        if not keep and f.name in given and getattr(cli, f.name) != saved[f.name]:
-            raise UserError(
-                f"--{f.name.replace('_', '-')} {getattr(cli, f.name)} conflicts with the checkpoint, which "
-                f"was trained with {saved[f.name]}: a resumed run keeps it. Drop the flag, or start a new "
-                "run."
-            )
-        merged[f.name] = getattr(cli, f.name) if keep else saved[f.name]
-    return type(cli)(**merged)
-
-
-class UserError(Exception):
-    """A problem with the user's input (flags, env, checkpoint): reported as one paragraph, exit code 2."""
-
-
-def run_cli(main: Callable[[], None]) -> None:
-    """Run main(); a UserError becomes a short message on stderr and exit code 2 instead of a traceback."""
-    try:
-        main()
-    except UserError as e:
-        for folder, before in UNSTARTED:  # refused before training began: its new folder, or what it added to one, goes
-            for path in set(folder.iterdir()) - before if before else [folder]:
-                shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+def due(step: int, last_step: int, every: int) -> bool:
+    """Has a multiple of `every` (> 0) been passed since last_step?"""
+    return every > 0 and step // every > last_step // every
 
 
 def seed_everything(seed: int, torch_deterministic: bool) -> None:

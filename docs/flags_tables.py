@@ -6,7 +6,7 @@
 The script is read with `ast`, never imported (no torch, no gymnasium needed). Each field of `Args` becomes a row:
 `--flag-name` (the field name with `-` for `_`, as tyro spells it; a bool flag also has `--no-flag-name`), its
 annotation, its default as written in the source, and its help: the inline `# comment` after the field, or the
-docstring under it. Fields annotated `tyro.conf.Suppress[...]` are derived at start-up and are not flags: they are
+docstring under it. Fields declared `field(init=False, ...)` are derived at start-up and are not flags: they are
 left out. A `# --- section ---` comment in the class body starts a section row (algorithm, run, ...).
 """
 
@@ -31,11 +31,13 @@ def args_class(tree: ast.Module) -> ast.ClassDef:
     raise ValueError("no top-level class Args")
 
 
-def is_suppressed(annotation: ast.expr) -> bool:
-    """tyro.conf.Suppress[...] (or Suppress[...] imported by name): a derived field, not a flag."""
-    target = annotation.value if isinstance(annotation, ast.Subscript) else annotation
-    return (isinstance(target, ast.Attribute) and target.attr == "Suppress") or (
-        isinstance(target, ast.Name) and target.id == "Suppress"
+def is_derived(node: ast.AnnAssign) -> bool:
+    """`name: type = field(init=False, ...)`: a derived field (Args.__post_init__ sets it), not a flag."""
+    value = node.value
+    return (
+        isinstance(value, ast.Call)
+        and getattr(value.func, "id", getattr(value.func, "attr", None)) == "field"
+        and any(k.arg == "init" and isinstance(k.value, ast.Constant) and k.value.value is False for k in value.keywords)
     )
 
 
@@ -73,7 +75,7 @@ def flag_rows(source: str) -> list:
         last_line = node.end_lineno
         if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
             continue
-        if is_suppressed(node.annotation):
+        if is_derived(node):
             continue
         name = node.target.id
         annotation = source_segment(lines, node.annotation)

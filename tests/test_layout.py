@@ -12,11 +12,11 @@ from tests.conftest import ROOT, run_script
 
 # script: (the banner's line number at most, main()'s length at most), in lines as `ruff format` writes them (test_format).
 BUDGETS = {
-    "ppo_continuous.py": (423, 150),
-    "ppo_atari.py": (429, 150),
-    "a2c_atari.py": (395, 150),
+    "ppo_continuous.py": (430, 150),
+    "ppo_atari.py": (435, 150),
+    "a2c_atari.py": (400, 150),
     "sac_continuous.py": (506, 150),
-    "sac_continuous_ray.py": (1027, 180),
+    "sac_continuous_ray.py": (1027, 185),
 }
 # The "Honest lines" ceilings (whole file, above the banner), formatted; the issue's targets are 760/400, 790/410,
 # 770/380, 830/460 and 1,350/900, and 250 for the generic plumbing block every script carries.

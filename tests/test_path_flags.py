@@ -7,7 +7,7 @@ Why one subprocess per script, not per row: each row would pay the script's impo
 an error that comes before any work. DRIVER imports once, then runs the script file as `__main__` (runpy: its own
 `if __name__ == "__main__"` entry, with sys.argv set) once per row, in the row's own folder, and records the exit
 code and stderr of each. Two rows also run as a plain `python script.py`, the way a user runs it. An unwritable folder
-is made by os.access answering no for it (what the scripts ask), not by chmod: that holds as root too, where
+is made by os.mkdir raising PermissionError in it (what the OS would do), not by chmod: that holds as root too, where
 permission bits stop nothing."""
 
 import json
@@ -27,11 +27,13 @@ pytestmark = pytest.mark.xdist_group("test_path_flags")  # one worker: each scri
 DRIVER = r"""
 import contextlib, io, json, os, runpy, sys, traceback
 script, rows_file, out_file = sys.argv[1:4]
-real_access, results = os.access, []
+real_access, real_mkdir, results = os.access, os.mkdir, []
 for row in json.loads(open(rows_file).read()):
     denied = row["deny"]  # a folder os.access must call unwritable (the permission check, testable as root)
     os.access = lambda p, mode, *a, _d=denied, **k: (False if _d and mode & os.W_OK and os.path.realpath(p) == _d
                                                     else real_access(p, mode, *a, **k))
+    os.mkdir = lambda p, *a, _d=denied, **k: (_ for _ in ()).throw(PermissionError(13, "Permission denied", p)) if (
+        _d and os.path.realpath(os.path.dirname(os.path.abspath(p))) == _d) else real_mkdir(p, *a, **k)
     os.chdir(row["cwd"])
     sys.argv = [script, *row["argv"]]
     err, out, code = io.StringIO(), io.StringIO(), 0
@@ -44,7 +46,7 @@ for row in json.loads(open(rows_file).read()):
             traceback.print_exc()
             code = 1
     results.append({"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
-os.access = real_access
+os.access, os.mkdir = real_access, real_mkdir
 open(out_file, "w").write(json.dumps(results))
 """
 
@@ -63,9 +65,9 @@ def folder_at(path: Path) -> Path:
 # Each wrong kind of path: build(row folder) -> (the flag's value, the folder to make unwritable or None), and the
 # words the message must hold. A folder flag wants a folder it can make and write in; a checkpoint flag, a file.
 FOLDER_KINDS = {
-    "a file": (lambda r: (file_at(r / "a_file"), None), "is not a folder"),
-    "under a file": (lambda r: (file_at(r / "a_file") / "sub", None), "is not a folder"),
-    "not writable": (lambda r: (folder_at(r / "locked"), r / "locked"), "is not writable"),
+    "a file": (lambda r: (file_at(r / "a_file"), None), "cannot hold run folders: File exists"),
+    "under a file": (lambda r: (file_at(r / "a_file") / "sub", None), "cannot hold run folders: Not a directory"),
+    "not writable": (lambda r: (folder_at(r / "locked"), r / "locked"), "cannot hold run folders: Permission denied"),
 }
 CHECKPOINT_KINDS = {
     "missing": (lambda r: (r / "missing.pt", None), "does not exist"),
@@ -190,5 +192,5 @@ def test_a_plain_command_line_is_refused_the_same_way(tmp_path, script):
     runs_dir = file_at(tmp_path / "a_file")
     extra = NO_RAY if script == "sac_continuous_ray.py" else []
     proc = run_script(script, "--runs-dir", runs_dir, *extra, timeout=120)
-    assert_clean_error(proc, "--runs-dir", f"'{runs_dir}'", "is not a folder")
+    assert_clean_error(proc, "--runs-dir", f"'{runs_dir}'", "cannot hold run folders: File exists")
     assert tree(tmp_path) == ["a_file"]

@@ -267,7 +267,16 @@ class ArbitraryObject:
 
 
 def minimal_checkpoint() -> dict:
-    return {"format": 1, "args": {"env_id": "Pendulum-v1"}, "model": {"w": torch.ones(2)}, "global_step": 5}
+    return {
+        "format": 1,
+        "script": "ppo_continuous",
+        "args": {"env_id": "Pendulum-v1"},
+        "model": {"w": torch.ones(2)},
+        "global_step": 5,
+        "iteration": 1,
+        "run_state": {},
+        "rng_states": {},
+    }
 
 
 def test_save_checkpoint_is_atomic(tmp_path, monkeypatch):
@@ -307,14 +316,19 @@ def test_load_checkpoint_rejects_bad_files(tmp_path):
         ppo.load_checkpoint(str(evil))
 
 
-def test_prune_keeps_the_newest_periodic_checkpoints(tmp_path):
+def test_a_save_prunes_the_oldest_periodic_checkpoints_and_nothing_else(tmp_path):
     """By step number, and only the names runs write: a user's step_mine.pt or step_0000000001.pt.bak survives."""
-    for step in (100, 2000, 300, 40):
-        (tmp_path / f"step_{step:010d}.pt").write_bytes(b"x")
+    args = ppo.Args(env_id="Pendulum-v1", total_timesteps=100, num_steps=64, runs_dir=str(tmp_path), keep_checkpoints=2)
+    run = ppo.Run(args, "ppo_continuous", None, {"obs_shape": [3], "act_shape": [1]}, log_every=10)
+    run.attach(ppo.LoopState(np.zeros((1, 3)), np.zeros(1), np.zeros(1, np.int64), np.zeros(1), global_step=2000), None)
+    run.ckpt_dir.mkdir()
+    for step in (100, 300, 40):
+        (run.ckpt_dir / f"step_{step:010d}.pt").write_bytes(b"x")
     for name in ("final_0000003000.pt", "step_mine.pt", "step_0000000001.pt.bak", "step_00000000010.pt"):
-        (tmp_path / name).write_bytes(b"x")
-    ppo.prune_checkpoints(tmp_path, keep=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        (run.ckpt_dir / name).write_bytes(b"x")
+    run.save("step")
+    run.writer.close()
+    assert sorted(p.name for p in run.ckpt_dir.iterdir()) == [
         "final_0000003000.pt",
         "step_0000000001.pt.bak",
         "step_00000000010.pt",
@@ -324,22 +338,28 @@ def test_prune_keeps_the_newest_periodic_checkpoints(tmp_path):
     ]
 
 
-def test_merge_resume_args_keeps_checkpoint_values_and_refuses_conflicts():
+def test_resume_takes_the_checkpoint_args_as_defaults_and_refuses_conflicts(tmp_path, monkeypatch):
+    """tyro.cli(Args, default=saved): a flag left out keeps the checkpoint's value; total_timesteps and the run flags
+    may change; a fixed flag given with the checkpoint's own value is fine, with another value it is refused."""
     saved = ppo.Args(env_id="Pendulum-v1", learning_rate=1e-3, total_timesteps=10_000)
-    cli = ppo.Args(learning_rate=5e-4, total_timesteps=20_000, resume="x.pt")
-    given = ["--resume", "x.pt", "--total-timesteps=20000"]
-    merged = ppo.merge_resume_args(cli, vars(saved), given)
+    ckpt = {**minimal_checkpoint(), "args": ppo.dataclasses.asdict(saved)}
+    ppo.save_checkpoint(ckpt, tmp_path / "x.pt")
+
+    def parse(*flags):
+        monkeypatch.setattr(ppo.sys, "argv", ["ppo_continuous.py", "--resume", str(tmp_path / "x.pt"), *flags])
+        return ppo.parse_command_line(ppo.Args)[0]
+
+    merged = parse("--total-timesteps=20000")
     assert merged.env_id == "Pendulum-v1" and merged.learning_rate == 1e-3  # the checkpoint wins...
-    assert merged.total_timesteps == 20_000 and merged.resume == "x.pt"  # ...except total_timesteps and output flags
-    # a fixed flag typed with the checkpoint's own value is fine; with another value it is refused, naming both
-    same = ppo.merge_resume_args(ppo.Args(learning_rate=1e-3), vars(saved), ["--learning-rate", "1e-3"])
-    assert same.learning_rate == 1e-3
-    with pytest.raises(ppo.UserError, match=r"--learning-rate 0.0005 .*1e-3|--learning-rate 0.0005 .*0.001"):
-        ppo.merge_resume_args(cli, vars(saved), [*given, "--learning-rate", "5e-4"])
-    # a boolean turned off with --no-X counts as given: refused when the checkpoint trained with it on
-    with pytest.raises(ppo.UserError, match="--norm-obs False conflicts"):
-        ppo.merge_resume_args(ppo.Args(norm_obs=False), vars(saved), ["--no-norm-obs"])
-    assert ppo.merge_resume_args(ppo.Args(norm_obs=False), vars(saved), []).norm_obs is True  # not typed: the checkpoint's
+    assert merged.total_timesteps == 20_000 and merged.num_iterations == 20_000 // 2048  # ...derived sizes follow
+    assert parse("--learning-rate", "1e-3").learning_rate == 1e-3
+    with pytest.raises(
+        ppo.UserError, match=r"--learning-rate 0.0005 conflicts with the checkpoint, which was trained with 0.001"
+    ):
+        parse("--learning-rate", "5e-4")
+    with pytest.raises(ppo.UserError, match="--norm-obs False"):
+        parse("--no-norm-obs")
+    assert parse().norm_obs is True
 
 
 def test_logged_losses_are_the_mean_over_all_minibatches(tmp_path, monkeypatch):

@@ -279,44 +279,6 @@ def test_an_edit_refused_at_start_leaves_no_run_folder(tmp_path):
     assert sorted((tmp_path / "runs").iterdir()) == []
 
 
-@pytest.mark.parametrize("script", ["ppo_continuous.py", "ppo_atari.py", "a2c_atari.py"])
-def test_num_envs_the_machine_cannot_hold_is_refused_before_anything_starts(script, tmp_path):
-    """The rollout storage of --num-envs 10^7 (terabytes) is refused naming the flag and the number that fits; no
-    env is made (making ten million would take hours) and no run folder."""
-    env_id = "Pendulum-v1" if script == "ppo_continuous.py" else "BreakoutNoFrameskip-v4"
-    sizes = ["--num-minibatches", 1] if script.startswith("ppo") else []  # the batch must split into minibatches
-    proc = run_script(
-        script,
-        "--env-id",
-        env_id,
-        "--num-envs",
-        10**7,
-        *sizes,
-        "--total-timesteps",
-        10**12,
-        "--runs-dir",
-        tmp_path / "runs",
-        timeout=120,
-    )
-    assert proc.returncode == 2, proc.stderr
-    assert "--num-envs 10,000,000: the rollout needs" in proc.stderr and "GiB of memory available: at most" in proc.stderr
-    fits = int(proc.stderr.split("at most ")[1].split(" fit")[0].replace(",", ""))
-    assert 0 < fits < 10**7
-    assert not (tmp_path / "runs").exists()
-
-
-def test_check_memory_counts_the_fitting_number_from_meminfo(monkeypatch, tmp_path):
-    meminfo = tmp_path / "meminfo"
-    meminfo.write_text("MemTotal:       32000000 kB\nMemAvailable:    1000000 kB\n")  # 1,024,000,000 bytes
-    real = ppo.Path
-    monkeypatch.setattr(ppo, "Path", lambda p: real(meminfo) if p == "/proc/meminfo" else real(p))
-    ppo.check_memory("num_envs", 4, 1_024_000_000, "the rollout")  # exactly what is available: fits
-    with pytest.raises(
-        ppo.UserError, match=r"--num-envs 5: the rollout needs 1\.2 GiB.*1\.0 GiB of memory available: at most 4"
-    ):
-        ppo.check_memory("num_envs", 5, 1_280_000_000, "the rollout")
-
-
 def test_eval_episodes_needs_no_check_against_memory_the_evaluation_does_not_grow_with_it():
     """Why --eval-episodes has no up-front check (--num-envs and the replay buffer have): evaluation plays its episodes
     one after another on one env, so its memory is the same for 2 episodes and for 20 (only the time grows)."""

@@ -4,9 +4,6 @@ script itself (no copies)."""
 import copy
 import math
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -50,8 +47,8 @@ def test_squashed_log_prob_matches_a_numerical_change_of_variables():
     log_std = torch.tensor([[-0.5, 0.2, -1.0]], dtype=torch.float64)
     scale = torch.tensor([2.0, 0.5, 1.0], dtype=torch.float64)
     bias = torch.tensor([1.0, 0.0, -0.25], dtype=torch.float64)
-    for noise in (torch.zeros(1, 3, dtype=torch.float64), torch.tensor([[0.7, -1.5, 1.1]], dtype=torch.float64)):
-        action, log_prob = sac.squashed_gaussian(mean, log_std, noise, scale, bias)
+    for deterministic in (True, False):  # u = mean, and u drawn (seeded above)
+        action, log_prob = sac.squashed_gaussian(mean, log_std, scale, bias, deterministic)
         normal = torch.distributions.Normal(mean, log_std.exp())
         d = 1e-6 * scale
         lo = torch.atanh((action - d - bias) / scale)
@@ -64,7 +61,7 @@ def test_squashed_sample_is_inside_the_bounds_and_stable_at_saturation():
     mean = torch.tensor([[40.0, -40.0, 0.0]])  # tanh rounds to +-1 in float32
     log_std = torch.zeros(1, 3)
     scale, bias = torch.tensor([2.0, 2.0, 2.0]), torch.tensor([1.0, 1.0, 1.0])
-    action, log_prob = sac.squashed_gaussian(mean, log_std, torch.zeros(1, 3), scale, bias)
+    action, log_prob = sac.squashed_gaussian(mean, log_std, scale, bias, deterministic=True)
     assert ((action >= -1.0) & (action <= 3.0)).all()
     assert torch.isfinite(log_prob).all()
     # log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)): for u = 40 that is about -78.6, not log(1e-6) = -13.8
@@ -116,12 +113,13 @@ def test_acting_runs_the_actor_module_and_the_squashed_gaussian():
         for p in actor.parameters():
             p.add_(0.3 * torch.randn_like(p))
     obs = np.random.default_rng(0).normal(size=(64, 17)) * 3  # float64, as MuJoCo returns them
-    noise = torch.from_numpy(np.random.default_rng(1).normal(size=(64, 6)).astype(np.float32))
     scale, bias = torch.full((6,), 2.0), torch.full((6,), 0.5)
+    torch.manual_seed(1)
     with torch.no_grad():
         mean, log_std = actor(torch.from_numpy(obs).float())
-        expected, _ = sac.squashed_gaussian(mean, log_std, noise, scale, bias)
-    actions = sac.Policy(actor, bias - scale, bias + scale).act(obs, noise)  # the bounds: scale 2, bias 0.5
+        expected, _ = sac.squashed_gaussian(mean, log_std, scale, bias)
+    torch.manual_seed(1)  # the same noise
+    actions = sac.Policy(actor, bias - scale, bias + scale).act(obs)  # the bounds: scale 2, bias 0.5
     assert actions.dtype == np.float32
     np.testing.assert_allclose(actions, expected.numpy(), rtol=1e-6, atol=1e-6)
     deterministic = np.tanh(mean.numpy()) * scale.numpy() + bias.numpy()
@@ -194,13 +192,13 @@ def test_critic_update_regresses_on_the_soft_bellman_target():
     torch.manual_seed(5)
     with torch.no_grad():
         mean, log_std = learner.actor(batch["next_obs"])
-        noise, scale, bias = torch.randn_like(mean), learner.policy.scale, learner.policy.bias
-        next_actions, next_log_prob = sac.squashed_gaussian(mean, log_std, noise, scale, bias)
+        scale, bias = learner.policy.scale, learner.policy.bias
+        next_actions, next_log_prob = sac.squashed_gaussian(mean, log_std, scale, bias)
         next_q = sac.q_values(learner.qf_target, batch["next_obs"], next_actions)
         y = sac.soft_q_target(batch["rewards"], batch["terminated"], next_q, next_log_prob, learner.alpha(), 0.99)
         expected = (sac.q_values(learner.qf, batch["obs"], batch["actions"]) - y).pow(2).mean(1)
     torch.manual_seed(5)
-    torch.testing.assert_close(sac.critic_update(learner, batch, 0.99)[2:], expected)
+    torch.testing.assert_close(sac.critic_update(learner, batch, 0.99)[1], expected)  # [[mean Q_i], [L_i]]
 
 
 def test_critic_update_moves_only_the_critics_and_lowers_their_loss():
@@ -210,7 +208,7 @@ def test_critic_update_moves_only_the_critics_and_lowers_their_loss():
     first = sac.critic_update(learner, batch, 0.99)
     for _ in range(50):
         last = sac.critic_update(learner, batch, 0.99)
-    assert first.shape == (4,) and (last[2:] < first[2:]).all()
+    assert first.shape == (2, 2) and (last[1] < first[1]).all()  # [[mean Q_i], [L_i]], one column per critic
     torch.testing.assert_close(flat(learner.actor), actor_before)
     torch.testing.assert_close(flat(learner.qf_target), target_before)  # targets move only by soft_update
 
@@ -329,19 +327,6 @@ def test_stored_done_flag_is_termination_and_next_obs_the_true_final_obs(env_id,
     np.testing.assert_array_equal(ep_return, [1.0, 1.0])  # the third episode's first step
 
 
-def test_merge_resume_args_keeps_checkpoint_values_and_refuses_conflicts():
-    saved = sac.Args(env_id="Pendulum-v1", q_lr=3e-3, total_timesteps=10_000)
-    cli = sac.Args(q_lr=5e-4, total_timesteps=20_000, resume="x.pt", save_buffer=True)
-    given = ["--total-timesteps", "20000", "--resume=x.pt", "--save-buffer"]  # --q-lr not typed: its default does not count
-    merged = sac.merge_resume_args(cli, vars(saved), given)
-    assert merged.env_id == "Pendulum-v1" and merged.q_lr == 3e-3
-    assert merged.total_timesteps == 20_000 and merged.save_buffer and merged.resume == "x.pt"
-    same = sac.merge_resume_args(sac.Args(q_lr=3e-3), vars(saved), ["--q-lr", "3e-3"])
-    assert same.q_lr == 3e-3  # typed with the checkpoint's own value: no conflict
-    with pytest.raises(sac.UserError, match=r"--q-lr 0.0005 .* 0.003"):
-        sac.merge_resume_args(cli, vars(saved), [*given, "--q-lr=0.0005"])
-
-
 def test_actor_and_alpha_losses_in_one_backward_pass_equal_two_separate_steps():
     """actor_update backpropagates L_pi + L_alpha at once. That equals two separate steps only because neither loss
     reaches the other's parameters (alpha enters L_pi detached, log pi enters L_alpha detached): recompute it apart."""
@@ -351,8 +336,7 @@ def test_actor_and_alpha_losses_in_one_backward_pass_equal_two_separate_steps():
     sac.actor_update(learner, batch["obs"], autotune=True)
     torch.manual_seed(3)
     mean, log_std = manual.actor(batch["obs"])
-    noise, scale, bias = torch.randn_like(mean), manual.policy.scale, manual.policy.bias
-    actions, log_prob = sac.squashed_gaussian(mean, log_std, noise, scale, bias)
+    actions, log_prob = sac.squashed_gaussian(mean, log_std, manual.policy.scale, manual.policy.bias)
     frozen = copy.deepcopy(manual.qf).requires_grad_(False)  # the critics as the actor's loss must see them
     q = sac.q_values(frozen, batch["obs"], actions).min(0).values
     manual.actor_optimizer.zero_grad()
@@ -424,59 +408,6 @@ def test_gradient_step_runs_the_delayed_schedule(monkeypatch):
     ]
     assert [m is None for m in actor_sums] == [True, False, True, False, True, False]
     assert actor_sums[1].shape == (3,) and actor_sums[1][1].item() < 2.0  # alpha summed over 2 updates, below 1 each
-
-
-FLUSH = """
-import sys, torch
-import sac_continuous as sac
-torch.set_num_threads(2)
-if sys.argv[1] == "late":
-    torch.ones(1 << 20).sum()  # torch's OpenMP threads start before the flag is set
-
-
-def denormals(n):  # the smallest denormal, 1.4e-45, by its bit pattern (a float conversion would flush it)
-    return torch.ones(n, dtype=torch.int32).view(torch.float32)
-
-
-sac.speed_setup()
-ok = bool(((denormals(1 << 16) * 1.0).view(torch.int32) == 0).all())  # 2 chunks of 32k: flushed in both threads?
-x = denormals(1 << 20)  # 1M elements: every thread gets a chunk
-
-
-def nonzero(t):  # by bit pattern: with the flag, even a comparison reads a denormal as 0
-    return int((t.view(torch.int32) != 0).sum())
-
-
-assert nonzero(x) == 1 << 20  # stored as such; arithmetic on them is what the flag changes
-param = torch.nn.Parameter(torch.ones(1 << 20))
-opt = torch.optim.Adam([param], lr=1e-3, fused=True)
-param.grad = torch.full_like(param, 1e-3)
-opt.step()
-opt.state[param]["exp_avg"].copy_(denormals(1 << 20))  # the first moment of a weight whose gradient stopped
-param.grad.zero_()
-opt.step()  # exp_avg <- 0.9 * exp_avg: stays denormal without the flag
-print(ok, nonzero(x * 1.0), nonzero(opt.state[param]["exp_avg"]), torch.get_num_threads())
-"""
-
-
-def test_speed_setup_flushes_denormals_in_every_torch_thread_and_adam():
-    """Called before torch's first parallel op (as main() does), denormals read and write as zero in every OpenMP
-    thread, Adam's decaying first moment included; called after it, the threads already running keep denormals."""
-
-    def run(mode: str) -> list:
-        out = subprocess.run(
-            [sys.executable, "-c", FLUSH, mode], capture_output=True, text=True, check=True, cwd=str(Path(sac.__file__).parent)
-        )
-        return out.stdout.split()
-
-    if not torch.set_flush_denormal(True):
-        pytest.skip("this CPU has no flush-to-zero mode")
-    torch.set_flush_denormal(False)  # this test process: leave the default
-    ok, nonzero_x, nonzero_moment, threads = run("early")
-    assert (ok, nonzero_x, nonzero_moment) == ("True", "0", "0")
-    ok, nonzero_x, _, threads = run("late")
-    if int(threads) >= 2:
-        assert ok == "False" and 0 < int(nonzero_x) < 1 << 20  # the main thread's chunk flushed, the other's not
 
 
 def test_a_replay_buffer_the_machine_cannot_hold_is_refused_before_anything_starts(tmp_path, monkeypatch):

@@ -13,13 +13,18 @@ from tests.student_copy import copy_alone, import_copy, run_copy
 pytest.importorskip("ale_py")
 
 TRUNK = """        self.network = nn.Sequential(
-            layer_init(nn.Conv2d(4, 32, 8, stride=4)), nn.ReLU(),
-            layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-            layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(),
-            nn.Flatten(), layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU(),
+            layer_init(nn.Conv2d(4, 32, 8, stride=4)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+            nn.ReLU(),
+            layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+            nn.ReLU(),
+            nn.Flatten(),
+            layer_init(nn.Linear(64 * 7 * 7, 512)),
+            nn.ReLU(),
         )
 """
-FIRST_CONV = "layer_init(nn.Conv2d(4, 32, 8, stride=4)), "
+FIRST_CONV = "            layer_init(nn.Conv2d(4, 32, 8, stride=4)),\n"
 AGENT = "class Agent(nn.Module):\n"
 # a trunk that subclasses nn.Sequential with a forward of its own: it adds a learned offset (0.5 at the start)
 SEQUENTIAL_SUBCLASS = """class Trunk(nn.Sequential):
@@ -65,7 +70,7 @@ WORKING_EDITS = {
         (TRUNK, TRUNK.replace("nn.Sequential(", "Trunk(")),
     ],
     "custom module trunk": trunk_class(CUSTOM_TRUNK, "torch.flatten(x, 1)"),
-    "BatchNorm2d": [(TRUNK, TRUNK.replace(FIRST_CONV, FIRST_CONV + "nn.BatchNorm2d(32), "))],
+    "BatchNorm2d": [(TRUNK, TRUNK.replace(FIRST_CONV, FIRST_CONV + "            nn.BatchNorm2d(32),\n"))],
     "zero_grad(set_to_none=False)": [(ZERO_GRAD, "optimizer.zero_grad(set_to_none=False)")],
     "extra loss term": [(LOSS, LOSS + " + 1e-4 * sum((p**2).sum() for p in agent.network.parameters())")],
 }

@@ -48,6 +48,18 @@ SQUASHED = [
         "        return torch.distributions.TransformedDistribution(base, squash)\n",
     )
 ]
+# the same squashing with torch's other nesting: Independent outside the transform (torch has no mean for either)
+TANH_INDEPENDENT = [
+    (
+        DIST,
+        "        base = Normal(self.actor_mean(x), self.actor_logstd.exp())\n"
+        "        squashed = torch.distributions.TransformedDistribution(base, [torch.distributions.TanhTransform()])\n"
+        "        return Independent(squashed, 1)\n",
+    )
+]
+# dropout in the actor: each forward pass is another policy, so the rollout's log-probs must be those of the pass that
+# acted, and evaluation must run in eval mode (dropout off)
+DROPOUT = [(ACTOR, ACTOR.replace(HIDDEN, HIDDEN + "            nn.Dropout(0.1),\n"))]
 
 # edit -> (old, new) replacements; each must leave the script correct
 WORKING_EDITS = {
@@ -61,6 +73,8 @@ WORKING_EDITS = {
     "extra loss term": [(LOSS, LOSS + " + 1e-3 * sum((p**2).sum() for p in agent.actor_mean.parameters())")],
     "state-dependent std": STATE_STD,
     "tanh-squashed Gaussian": SQUASHED,
+    "tanh-squashed Gaussian under Independent": TANH_INDEPENDENT,
+    "dropout in the actor": DROPOUT,
 }
 # edit -> (replacements, what the message must name); each must stop the run before any update
 STOPPING_EDITS = {
@@ -217,3 +231,93 @@ def test_edited_copy_learns_pendulum(edit, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert best_last10(tmp_path / "runs") >= -300
+
+
+def test_tanh_under_independent_evaluates_the_squashed_mean(tmp_path):
+    """Independent(TransformedDistribution(Normal(mu, sigma), [TanhTransform()]), 1): a run with in-training and final
+    evaluation ends well, and the Policy that evaluates it (tools/agent.py's too: policy_from_checkpoint) plays
+    tanh(mu) of the normalized observation. Before: check_agent failed with an IndexError traceback (torch has no mean
+    for the transformed distribution, and the NotImplementedError has no message)."""
+    path = copy_alone(SCRIPT, tmp_path / "student", TANH_INDEPENDENT)
+    script = import_copy(path)
+    flags = ("--save-model", "--eval-interval", 64, "--eval-episodes", 1)
+    proc = run_copy(path, *ONE_UPDATE, *flags, "--runs-dir", tmp_path / "runs", timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (final,) = (tmp_path / "runs").rglob("final_*.pt")
+    ckpt = torch.load(final, weights_only=True, map_location="cpu")
+    policy = script.policy_from_checkpoint(ckpt).eval()
+    obs = torch.randn(16, 3, dtype=torch.float64) * 3
+    with torch.no_grad():
+        x = torch.clamp((obs - policy.obs_mean) / policy.obs_std, -10.0, 10.0).float()
+        expected = torch.tanh(policy.agent.actor_mean(x))  # inside Pendulum's bounds (+-2): no clipping
+        assert torch.allclose(policy(obs), expected, atol=1e-6), (policy(obs), expected)
+
+
+def run_recorded(script, monkeypatch, tmp_path, argv: list) -> dict:
+    """main() of the copy in-process on Pendulum, minibatches in rollout order (torch.randperm: the identity),
+    recording: "acted", log pi(a|s) of each rollout action under the very distribution it was sampled from; "old",
+    the old log-probs each ppo_losses call received; "events", in order, ("update", agent.training) per minibatch and
+    ("eval", policy.training, the same action twice for one observation) per evaluation."""
+    rec = {"acted": [], "old": [], "events": []}
+    real_distribution, real_losses, real_evaluate = script.Agent.distribution, script.ppo_losses, script.evaluate
+
+    def distribution(agent, x):
+        dist = real_distribution(agent, x)
+        if torch.is_grad_enabled():  # the update
+            rec["events"].append(("update", agent.training))
+        elif x.shape[0] == 1:  # the rollout (one env) or evaluation: record what the rollout samples
+            real_sample = dist.sample
+
+            def sample(*args):
+                action = real_sample(*args)
+                rec["acted"].append(dist.log_prob(action).clone())
+                return action
+
+            dist.sample = sample
+        return dist
+
+    def losses(new_logprob, old_logprob, *rest):
+        rec["old"].append(old_logprob.detach().clone())
+        return real_losses(new_logprob, old_logprob, *rest)
+
+    def evaluate(policy, env, *args, **kwargs):
+        obs = torch.as_tensor(env.reset(seed=0)[0], dtype=torch.float32).unsqueeze(0)
+        with torch.no_grad():
+            rec["events"].append(("eval", policy.training, torch.equal(policy(obs), policy(obs))))
+        return real_evaluate(policy, env, *args, **kwargs)
+
+    monkeypatch.setattr(script.Agent, "distribution", distribution)
+    monkeypatch.setattr(script, "ppo_losses", losses)
+    monkeypatch.setattr(script, "evaluate", evaluate)
+    monkeypatch.setattr(torch, "randperm", lambda n, **kw: torch.arange(n, device=kw.get("device")))
+    fixed = ["--env-id", "Pendulum-v1", "--torch-threads", 1, "--no-progress", "--checkpoint-interval", 0, "--no-cuda"]
+    main_in_process(script, [*fixed, *argv, "--runs-dir", tmp_path], monkeypatch)
+    return rec
+
+
+def test_dropout_rollout_keeps_the_log_probs_of_the_policy_that_acted(tmp_path, monkeypatch):
+    """With dropout in the actor, each forward pass draws another mask: the old log-probs the update's ratio divides
+    by must be those of the distribution each action was sampled from, kept at sampling time. Before, main()
+    recomputed them after the rollout in one batched pass, under other masks."""
+    script = import_copy(copy_alone(SCRIPT, tmp_path / "student", DROPOUT))
+    steps = ["--num-steps", 128, "--num-minibatches", 1, "--update-epochs", 1, "--total-timesteps", 128]
+    rec = run_recorded(script, monkeypatch, tmp_path / "runs", steps)
+    acted, (old,) = torch.cat(rec["acted"]), rec["old"]  # one minibatch: the whole rollout, in order
+    assert acted.shape == old.shape == (128,)
+    assert torch.equal(old, acted), f"{(old - acted).abs().max():.2e} from the acting policy's log-probs"
+
+
+def test_dropout_evaluation_runs_in_eval_mode(tmp_path, monkeypatch):
+    """With dropout in the actor, every evaluation (every --eval-interval, and the final one of --save-model) plays
+    the network in eval mode, deterministic as tools/agent.py's, and the update after an evaluation trains in train
+    mode again. Before, in-training evaluation played with dropout on."""
+    script = import_copy(copy_alone(SCRIPT, tmp_path / "student", DROPOUT))
+    steps = ["--num-steps", 64, "--num-minibatches", 2, "--update-epochs", 1, "--total-timesteps", 128]
+    rec = run_recorded(
+        script, monkeypatch, tmp_path / "runs", [*steps, "--eval-interval", 64, "--eval-episodes", 1, "--save-model"]
+    )
+    evals = [event for event in rec["events"] if event[0] == "eval"]
+    assert len(evals) >= 2 and all(event == ("eval", False, True) for event in evals), evals
+    first_eval = rec["events"].index(evals[0])
+    updates_after = [event for event in rec["events"][first_eval:] if event[0] == "update"]
+    assert updates_after and all(event == ("update", True) for event in updates_after), rec["events"]

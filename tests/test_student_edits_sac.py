@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import assert_clean_error, best_last10, reached_return
+from tests.conftest import ROOT, assert_clean_error, best_last10, reached_return
 from tests.student_copy import copy_alone, import_copy, run_copy
 from tests.test_sac_continuous_learning import PENDULUM_RUN
 
@@ -25,6 +25,30 @@ CRITIC_LAYERNORM = CRITIC.replace(
     "nn.Linear(obs_dim + act_dim, HIDDEN), nn.LayerNorm(HIDDEN), nn.ReLU(), "
     "nn.Linear(HIDDEN, HIDDEN), nn.LayerNorm(HIDDEN), nn.ReLU()",
 )
+# a state-independent log-std (as ppo_continuous.py's): a parameter of shape (act_dim,), squashed as the head's was
+STATE_INDEPENDENT_LOG_STD = [
+    (LAST, "nn.Linear(HIDDEN, act_dim)"),
+    ("        self.act_dim = act_dim\n", "        self.log_std = nn.Parameter(torch.zeros(act_dim))\n"),
+    ("mean, raw_log_std = self.net(obs).split(self.act_dim, dim=-1)", "mean, raw_log_std = self.net(obs), self.log_std"),
+]
+FAST_SAMPLING = """    noise = torch.zeros_like(mean) if deterministic else torch.randn_like(mean)
+    u = torch.addcmul(mean, log_std.exp(), noise)"""
+
+
+def textbook_sampling() -> list:
+    """squashed_gaussian's code swapped for the textbook form its docstring shows (Normal.rsample, then the tanh
+    correction), as a student would paste it: the docstring's lines, 4 spaces less indented."""
+    text = (ROOT / SCRIPT).read_text()
+    function = text[text.index("def squashed_gaussian(") :]
+    function = function[: function.index("\n\n\n")]
+    doc = function.split("\n")
+    first = next((i for i, line in enumerate(doc) if "The textbook form" in line), None)
+    last = next((i for i, line in enumerate(doc) if line.startswith("    Below,")), None)
+    if first is None or last is None or FAST_SAMPLING not in function:  # copy_alone then fails the tests that use it
+        return [("squashed_gaussian's textbook form, in its docstring", "")]
+    return [(function[function.index(FAST_SAMPLING) :], "\n".join(line[4:] for line in doc[first + 1 : last]))]
+
+
 Q_ZERO_GRAD, ACTOR_ZERO_GRAD = "learner.q_optimizer.zero_grad()", "learner.actor_optimizer.zero_grad()"
 LOSS = "actor_loss = (alpha * log_prob - q).mean()"
 
@@ -49,6 +73,9 @@ WORKING_EDITS = {
     "zero_grad(set_to_none=True)": zero_grad("set_to_none=True"),
     "zero_grad(set_to_none=False)": zero_grad("set_to_none=False"),
     "extra loss term": [(LOSS, LOSS + " + 1e-3 * sum((p**2).sum() for p in learner.actor.parameters())")],
+    "three critics": [("[q_network(obs_dim, act_dim) for _ in range(2)]", "[q_network(obs_dim, act_dim) for _ in range(3)]")],
+    "state-independent log-std": STATE_INDEPENDENT_LOG_STD,
+    "textbook sampling": textbook_sampling(),
 }
 # edit -> (replacements, what the message must name); each must stop the run before any update
 STOPPING_EDITS = {
@@ -94,28 +121,28 @@ def trained_like(actor: torch.nn.Module) -> None:
             p.add_(0.3 * torch.randn(p.shape, generator=generator))
 
 
-def expected_actions(module, actor, obs: np.ndarray, noise, scale: torch.Tensor, bias: torch.Tensor) -> np.ndarray:
-    """The training path's math: the edited Actor module, then squashed_gaussian (noise None: the mean, noise 0)."""
+def expected_actions(module, actor, obs: np.ndarray, scale: torch.Tensor, bias: torch.Tensor, deterministic=False):
+    """The training path's math: the edited Actor module, then squashed_gaussian (its noise: torch's RNG as it is)."""
     with torch.no_grad():
         mean, log_std = actor(torch.from_numpy(obs).float())
-        noise = torch.zeros_like(mean) if noise is None else noise
-        return module.squashed_gaussian(mean, log_std, noise, scale, bias)[0].numpy()
+        return module.squashed_gaussian(mean, log_std, scale, bias, deterministic)[0].numpy()
 
 
 def check_acting(module, obs_dim: int, act_dim: int) -> None:
     """Acting (the rollout's Policy.act, and the evaluated Policy) matches the edited Actor within 1e-5 on 64
-    fixed observations, with noise and without."""
+    fixed observations, with noise (the same seed) and without."""
     torch.manual_seed(0)
     actor = module.Actor(obs_dim, act_dim)
     trained_like(actor)
     obs = np.random.default_rng(1).normal(size=(64, obs_dim)) * 3  # float64, as MuJoCo returns them
-    noise = torch.randn(64, act_dim, generator=torch.Generator().manual_seed(2))
     scale, bias = torch.full((act_dim,), 2.0), torch.linspace(-0.5, 0.5, act_dim)
-    acting = module.Policy(actor, bias - scale, bias + scale).act(obs, noise)
-    np.testing.assert_allclose(acting, expected_actions(module, actor, obs, noise, scale, bias), rtol=1e-5, atol=1e-5)
+    torch.manual_seed(2)
+    acting = module.Policy(actor, bias - scale, bias + scale).act(obs)
+    torch.manual_seed(2)
+    np.testing.assert_allclose(acting, expected_actions(module, actor, obs, scale, bias), rtol=1e-5, atol=1e-5)
     with torch.no_grad():
         evaluated = module.Policy(actor, bias - scale, bias + scale)(torch.from_numpy(obs)).numpy()
-    np.testing.assert_allclose(evaluated, expected_actions(module, actor, obs, None, scale, bias), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(evaluated, expected_actions(module, actor, obs, scale, bias, True), rtol=1e-5, atol=1e-5)
 
 
 def initial_learner(module, obs_dim: int, act_dim: int, low: float, high: float, seed: int = 1):
@@ -168,6 +195,9 @@ RAY_EDITS = [
     "critic LayerNorm",
     "zero_grad(set_to_none=True)",
     "zero_grad(set_to_none=False)",
+    "three critics",
+    "state-independent log-std",
+    "textbook sampling",
 ]
 
 
@@ -184,9 +214,11 @@ def test_edit_keeps_the_ray_copy_acting_and_training_correct(edit, tmp_path):
     server.publish(script.actor_weights(learner.actor), 0)
     worker = script.RolloutWorker(0, "Pendulum-v1", 1, 7, server)
     batch, stats = worker.collect(16, 0, True)
-    noise = torch.from_numpy(np.random.default_rng([7, 1]).standard_normal((16, 1)))  # the worker's generator
-    expected = expected_actions(script, learner.actor, batch["obs"], noise.float(), worker.policy.scale, worker.policy.bias)
-    np.testing.assert_allclose(batch["actions"], expected, rtol=1e-5, atol=1e-5)
+    torch.manual_seed(7)  # the worker's seed: it drew its noise from torch's RNG, one step at a time
+    expected = [
+        expected_actions(script, learner.actor, obs[None], worker.policy.scale, worker.policy.bias) for obs in batch["obs"]
+    ]
+    np.testing.assert_allclose(batch["actions"], np.concatenate(expected), rtol=1e-5, atol=1e-5)
 
     learner, initial = initial_learner(script, 3, 1, -2.0, 2.0), initial_learner(script, 3, 1, -2.0, 2.0)
     shard = script.BufferShard(64, 3, 1, seed=0)
@@ -195,6 +227,17 @@ def test_edit_keeps_the_ray_copy_acting_and_training_correct(edit, tmp_path):
         script.gradient_step(learner, shard.sample(16), step, script.Args())
     trained = {network: getattr(learner, network).state_dict() for network in LRS} | {"log_alpha": learner.log_alpha}
     assert_every_tensor_moved(edit, trained, initial, 4)
+
+
+def random_batch(g: torch.Generator, terminated: float = 0.3) -> dict:
+    """32 transitions of HalfCheetah's sizes, actions in [-1, 1], a `terminated` fraction of them terminal."""
+    return {
+        "obs": torch.randn(32, OBS_DIM, generator=g),
+        "next_obs": torch.randn(32, OBS_DIM, generator=g),
+        "actions": torch.rand(32, ACT_DIM, generator=g) * 2 - 1,
+        "rewards": torch.randn(32, generator=g),
+        "terminated": (torch.rand(32, generator=g) < terminated).float(),
+    }
 
 
 def test_critic_layernorm_trains_and_each_critic_is_called_on_its_own(tmp_path):
@@ -206,14 +249,7 @@ def test_critic_layernorm_trains_and_each_critic_is_called_on_its_own(tmp_path):
     assert sum(isinstance(m, torch.nn.LayerNorm) for m in learner.qf.modules()) == 4  # 2 per critic
     g = torch.Generator().manual_seed(3)
     for step in range(1, 5):
-        batch = {
-            "obs": torch.randn(32, OBS_DIM, generator=g),
-            "next_obs": torch.randn(32, OBS_DIM, generator=g),
-            "actions": torch.rand(32, ACT_DIM, generator=g) * 2 - 1,
-            "rewards": torch.randn(32, generator=g),
-            "terminated": torch.zeros(32),
-        }
-        script.gradient_step(learner, batch, step, script.Args())
+        script.gradient_step(learner, random_batch(g, terminated=0.0), step, script.Args())
     trained = {network: getattr(learner, network).state_dict() for network in LRS} | {"log_alpha": learner.log_alpha}
     assert_every_tensor_moved("critic LayerNorm", trained, initial, 4)  # the LayerNorms' weights and biases too
     obs, actions = torch.randn(64, OBS_DIM, generator=g), torch.rand(64, ACT_DIM, generator=g) * 2 - 1
@@ -221,6 +257,66 @@ def test_critic_layernorm_trains_and_each_critic_is_called_on_its_own(tmp_path):
         for critics in (learner.qf, learner.qf_target):
             one_by_one = torch.stack([critic(torch.cat([obs, actions], -1)).squeeze(-1) for critic in critics])
             torch.testing.assert_close(script.q_values(critics, obs, actions), one_by_one, rtol=0, atol=0)
+
+
+def test_three_critics_each_trained_and_logged_and_the_target_takes_their_min(tmp_path):
+    """range(2) -> range(3) where the critics are built, and nothing else: critic_update returns each critic's mean Q
+    and loss, (2, 3); the losses regress on y = r + gamma (1 - d) (min of the three target critics - alpha log pi);
+    critic_logs names each critic (qf1..qf3, as qf1 / qf2 with two) and qf_loss is their mean."""
+    script = import_copy(copy_alone(SCRIPT, tmp_path / "student", WORKING_EDITS["three critics"]))
+    learner = initial_learner(script, OBS_DIM, ACT_DIM, -1.0, 1.0)
+    assert len(learner.qf) == len(learner.qf_target) == 3
+    batch = random_batch(torch.Generator().manual_seed(4))
+    torch.manual_seed(5)
+    with torch.no_grad():
+        next_actions, next_log_prob = script.sample_action(learner, batch["next_obs"])
+        next_x, x = torch.cat([batch["next_obs"], next_actions], -1), torch.cat([batch["obs"], batch["actions"]], -1)
+        next_q = torch.stack([critic(next_x).squeeze(-1) for critic in learner.qf_target]).min(0).values
+        y = batch["rewards"] + 0.99 * (1 - batch["terminated"]) * (next_q - learner.alpha() * next_log_prob)
+        losses = torch.stack([(critic(x).squeeze(-1) - y).pow(2).mean() for critic in learner.qf])
+    torch.manual_seed(5)
+    metrics = script.critic_update(learner, batch, 0.99)
+    assert metrics.shape == (2, 3)
+    torch.testing.assert_close(metrics[1], losses)
+    logs = script.critic_logs(metrics)
+    assert set(logs) == {f"losses/qf{i}_{kind}" for i in (1, 2, 3) for kind in ("values", "loss")} | {"losses/qf_loss"}
+    assert logs["losses/qf_loss"] == pytest.approx(sum(logs[f"losses/qf{i}_loss"] for i in (1, 2, 3)) / 3)
+
+
+def test_a_state_independent_log_std_is_accepted_and_trains(tmp_path):
+    """A log-std parameter of shape (act_dim,) in place of the head's half (as ppo_continuous.py has it): the networks'
+    check accepts it (it broadcasts over the batch in squashed_gaussian), and gradient steps move it with the rest."""
+    script = import_copy(copy_alone(SCRIPT, tmp_path / "student", STATE_INDEPENDENT_LOG_STD))
+    learner, initial = (initial_learner(script, OBS_DIM, ACT_DIM, -1.0, 1.0) for _ in range(2))
+    assert learner.actor.log_std.shape == (ACT_DIM,)
+    g = torch.Generator().manual_seed(6)
+    for step in range(1, 5):
+        script.gradient_step(learner, random_batch(g), step, script.Args())
+    trained = {network: getattr(learner, network).state_dict() for network in LRS} | {"log_alpha": learner.log_alpha}
+    assert_every_tensor_moved("state-independent log-std", trained, initial, 4)  # actor.log_std among them
+
+
+def test_textbook_sampling_gives_the_same_actions_log_probs_and_gradients(tmp_path):
+    """squashed_gaussian as the script has it, and swapped for the textbook form its docstring shows
+    (Normal(mean, std).rsample(), then log pi = log N(u) - sum log(scale (1 - tanh(u)^2))): for the same seed, the
+    same actions, log-probs and gradients, sampled and deterministic, with a log-std per observation or one for all."""
+    fast = import_copy(copy_alone(SCRIPT, tmp_path / "fast", []))
+    textbook = import_copy(copy_alone(SCRIPT, tmp_path / "textbook", WORKING_EDITS["textbook sampling"]))
+    g = torch.Generator().manual_seed(5)
+    mean = torch.randn(256, ACT_DIM, generator=g, dtype=torch.float64) * 2
+    scale = torch.rand(ACT_DIM, generator=g, dtype=torch.float64) + 0.5
+    bias = torch.randn(ACT_DIM, generator=g, dtype=torch.float64)
+    per_observation = torch.rand(256, ACT_DIM, generator=g, dtype=torch.float64) * 4 - 3
+    for log_std in (per_observation, torch.linspace(-2.0, 0.5, ACT_DIM, dtype=torch.float64)):
+        for deterministic in (False, True):
+            results = []
+            for module in (fast, textbook):
+                inputs = [mean.clone().requires_grad_(), log_std.clone().requires_grad_()]
+                torch.manual_seed(9)
+                actions, log_prob = module.squashed_gaussian(*inputs, scale, bias, deterministic)
+                (actions.sum() + log_prob.sum()).backward()
+                results.append([actions.detach(), log_prob.detach(), inputs[0].grad, inputs[1].grad])
+            torch.testing.assert_close(results[1], results[0], rtol=1e-7, atol=1e-7)  # float64; textbook: 1 - tanh^2 cancels
 
 
 @pytest.mark.slow

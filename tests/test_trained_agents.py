@@ -170,8 +170,6 @@ def test_run_keeps_the_best_evaluated_agent_a_snapshot_and_its_score_on_resume(t
     assert best["global_step"] == 30 and torch.all(best["model"]["weight"] == 3.0) and best["run_state"]["best_score"] == 9
     step_ckpt = run.save("step")  # every checkpoint holds the best score (and a periodic one the buffer)
     run.save("final")
-    ppo.prune_checkpoints(run.ckpt_dir, keep=0)  # --keep-checkpoints never deletes best.pt
-    assert best_pt.is_file() and not step_ckpt.exists()
     run.writer.flush()
     assert scalars(run.dir, "eval/best_return") == {10: 6.0, 20: 6.0, 30: 9.0}
     run.close()
@@ -182,6 +180,10 @@ def test_run_keeps_the_best_evaluated_agent_a_snapshot_and_its_score_on_resume(t
     resumed = ppo.Run(args, "ppo_continuous", ckpt, shapes, 10)
     assert resumed.best_score == 9.0  # a resumed run keeps best.pt unless it beats 9
     resumed.writer.close()
+    run.args.keep_checkpoints = 1
+    at(50, 5.0)
+    run.save("step")  # --keep-checkpoints 1: the older periodic checkpoint goes, best.pt never
+    assert best_pt.is_file() and not step_ckpt.exists()
 
 
 # ---- keep-best in real runs whose training return falls (no evaluation: the recent training returns) ----
@@ -338,8 +340,8 @@ def test_ppo_continuous_keep_best_export_and_replay(tmp_path):
 
 
 def test_export_never_overwrites_and_a_failed_export_leaves_nothing(tmp_path, monkeypatch, capsys):
-    """An existing non-empty folder is refused unless --force (then replaced whole, once the new export is complete);
-    an export that fails half-way leaves no folder and no temporary files."""
+    """An existing non-empty folder is refused, with --force too when the tool did not export it; an export that fails
+    half-way leaves no folder and no temporary files."""
     from tools import agent as tool
 
     proc = run_script(
@@ -368,14 +370,16 @@ def test_export_never_overwrites_and_a_failed_export_leaves_nothing(tmp_path, mo
     assert code.value.code == 2 and "--force" in capsys.readouterr().err
     assert [p.name for p in project.iterdir()] == ["README.md"] and (project / "README.md").read_text() == "mine"
 
-    real_save = torch.save
+    with pytest.raises(SystemExit) as code:  # --force replaces only an earlier export (tests/test_agent_tool.py)
+        tool.main(["export", str(ckpt), "--out", str(project), "--episodes", "1", "--force"])
+    assert code.value.code == 2 and "not a folder this tool exported" in capsys.readouterr().err
+    assert [p.name for p in project.iterdir()] == ["README.md"] and (project / "README.md").read_text() == "mine"
+
     monkeypatch.setattr(tool.torch, "save", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
-    with pytest.raises(OSError):
+    with pytest.raises(SystemExit) as code:
         tool.main(["export", str(ckpt), "--out", str(tmp_path / "new"), "--episodes", "1"])
+    assert code.value.code == 2 and "disk full" in capsys.readouterr().err  # one paragraph
     assert sorted(p.name for p in tmp_path.iterdir()) == ["project", "runs"]  # no folder, no temporary leftovers
-    monkeypatch.setattr(tool.torch, "save", real_save)
-    tool.main(["export", str(ckpt), "--out", str(project), "--episodes", "1", "--force"])
-    assert {p.name for p in project.iterdir()} == {"policy.pt2", "model.pt", "config.json", "README.md"}
 
 
 @pytest.mark.parametrize("script", ["sac_continuous", "sac_continuous_ray"])

@@ -426,8 +426,6 @@ def test_sac_continuous_main_stores_the_true_transitions_and_regresses_on_the_so
         return critic_metrics, actor_metrics
 
     critics = itertools.cycle([0, 1])
-    monkeypatch.setattr(sac, "speed_setup", lambda: None)  # process-wide speed settings: not for the test's process
-    monkeypatch.setattr(sac, "freeze_startup_objects", lambda: None)  # (idem: gc.freeze)
     monkeypatch.setattr(sac, "q_network", lambda obs_dim, act_dim: KnownQ(next(critics)))
     monkeypatch.setattr(sac, "Learner", KnownTargetsLearner)
     monkeypatch.setattr(sac, "ReplayBuffer", RecordingBuffer)
@@ -477,7 +475,7 @@ def test_sac_continuous_main_stores_the_true_transitions_and_regresses_on_the_so
         torch.testing.assert_close(y, expected_y, rtol=1e-5, atol=1e-5)
         x = torch.cat([batch["obs"], batch["actions"]], -1)
         q = torch.stack([known_q(x, 0, target=False), known_q(x, 1, target=False)])
-        expected_metrics = torch.cat([q.mean(1), (q - expected_y).pow(2).mean(1)])  # [mean Q1, mean Q2, L1, L2]
+        expected_metrics = torch.stack([q.mean(1), (q - expected_y).pow(2).mean(1)])  # [[mean Q1, Q2], [L1, L2]]
         torch.testing.assert_close(critic_metrics, expected_metrics, rtol=1e-5, atol=1e-5)
 
 

@@ -4,8 +4,10 @@
     python tools/agent.py export runs/<run>/checkpoints/best.pt [--out DIR] [--force] [--capture-video]
 
 Works for the checkpoint of any script of this project: it imports the script that wrote it (the `script` the
-checkpoint names, from this project's folder) and uses its own `Policy` (the agent as it acts when evaluated) and
-`evaluate`. The scripts never import this tool.
+checkpoint names, from this project's folder) and uses its own `load_checkpoint`, `Policy` (the agent as it acts when
+evaluated) and `evaluate`. The scripts never import this tool. Eval logs and exports go into the checkpoint's run
+folder (<run>/eval/<name>, <run>/export/<name>), or, for a checkpoint not in a run's checkpoints/ folder, beside it.
+--force replaces only an earlier export (its config.json says so), never a folder with anything else in it.
 
 The export folder holds
   policy.pt2   the acting policy (normalization, network, deterministic action, clipping) as a torch.export program:
@@ -18,6 +20,7 @@ The export folder holds
 
 import argparse
 import dataclasses
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -55,6 +58,10 @@ NOT_TRAINING_FLAGS = (
     "keep_best",
     "ray_address",
 )
+EXPORTED_BY = "onefile-rl tools/agent.py"  # in config.json: the mark of a folder --force may replace
+EXPORT_FILES = ("policy.pt2", "model.pt", "config.json", "README.md", "replay.mp4")
+# The parts of a checkpoint this tool reads itself (the script's policy_from_checkpoint reads the networks).
+FIELDS = (("script", str), ("run_name", str), ("global_step", int), ("args", dict), ("args.env_id", str), ("args.seed", int))
 USAGE = """import gymnasium as gym
 import torch
 
@@ -73,36 +80,47 @@ class ToolError(Exception):
     """Bad input (a path, a checkpoint): one paragraph, exit code 2."""
 
 
-def load_script(ckpt: dict, path: str, script_path=None):
-    """The module of the script that wrote the checkpoint: this project's, or `script_path` (an edited copy)."""
-    script = ckpt.get("script")
-    file = Path(script_path) if script_path else ROOT / f"{script}.py"
-    if script not in SCRIPTS or not file.is_file():
-        raise ToolError(
-            f"checkpoint '{path}' was written by '{script}', and {file} is not there: give the script "
-            f"that wrote it with --script (this project's are {', '.join(SCRIPTS)})."
-        )
-    spec = importlib.util.spec_from_file_location(f"onefile_{script}", file)
+def import_script(file: Path):
+    """A script (this project's, or an edited copy) as a module."""
+    spec = importlib.util.spec_from_file_location(f"onefile_{file.stem}", file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up here
     spec.loader.exec_module(module)
     return module
 
 
+def malformed(ckpt: dict) -> list:
+    """The fields this tool reads that are missing or of another type, as 'name (type)'."""
+    wrong = []
+    for name, kind in FIELDS:
+        value = ckpt
+        for key in name.split("."):
+            value = value.get(key) if isinstance(value, dict) else None
+        if not isinstance(value, kind):
+            wrong.append(f"{name} ({kind.__name__})")
+    return wrong
+
+
 def load(path: str, script_path=None):
     """(script module, checkpoint, its Policy on the CPU), or a ToolError naming what is wrong."""
-    if not os.path.isfile(path):
-        raise ToolError(f"checkpoint '{path}' does not exist (or is not a file).")
+    if script_path and not Path(script_path).is_file():
+        raise ToolError(f"--script '{script_path}' does not exist (or is not a file).")
+    # the script's own loader reads the checkpoint (any script's: it is part of the plumbing each script carries)
+    reader = import_script(Path(script_path) if script_path else ROOT / f"{SCRIPTS[0]}.py")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)  # plain data only, never arbitrary objects
-    except Exception as e:  # torch raises many types here (pickle, zip, EOF, RuntimeError): report all the same way
+        ckpt = reader.load_checkpoint(path)
+    except reader.UserError as e:
+        raise ToolError(str(e)) from None
+    if wrong := malformed(ckpt):
+        raise ToolError(f"checkpoint '{path}' is malformed: {', '.join(wrong)} missing or of another type.")
+    file = Path(script_path) if script_path else ROOT / f"{ckpt['script']}.py"
+    if ckpt["script"] not in SCRIPTS or not file.is_file():
         raise ToolError(
-            f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint ({type(e).__name__})."
-        ) from None
-    if not isinstance(ckpt, dict) or "args" not in ckpt or "script" not in ckpt:
-        raise ToolError(f"'{path}' is a torch file but not a checkpoint written by these scripts.")
-    script, ckpt["path"] = load_script(ckpt, path, script_path), path
-    env_id = str(ckpt["args"]["env_id"])
+            f"checkpoint '{path}' was written by '{ckpt['script']}', and {file} is not there: give the script "
+            f"that wrote it with --script (this project's are {', '.join(SCRIPTS)})."
+        )
+    script, ckpt["path"] = reader if file == Path(reader.__file__) else import_script(file), path
+    env_id = ckpt["args"]["env_id"]
     if ":" in env_id:  # why: "module:Env" would import any module on sys.path; a checkpoint is data, not code
         raise ToolError(
             f"checkpoint '{path}' names the env '{env_id}', which imports a module; register the env "
@@ -112,11 +130,11 @@ def load(path: str, script_path=None):
         policy = script.policy_from_checkpoint(ckpt).eval()
     except script.UserError as e:
         raise ToolError(str(e)) from None
-    except (RuntimeError, KeyError, AttributeError) as e:  # load_state_dict's size mismatch or missing keys
+    except (RuntimeError, KeyError, AttributeError, TypeError, ValueError, IndexError) as e:  # a size mismatch, a bad part
         raise ToolError(
-            f"checkpoint '{path}' does not fit {Path(script.__file__).name} as it is now: the networks "
-            f"changed shape since it was written ({str(e).splitlines()[0]}). Evaluate it with the script "
-            "that wrote it (--script)."
+            f"checkpoint '{path}' does not fit {Path(script.__file__).name} as it is now (the networks changed shape "
+            f"since it was written) or is malformed ({f'{type(e).__name__}: {e}'.splitlines()[0]}). Evaluate it with "
+            "the script that wrote it (--script)."
         ) from None
     return script, ckpt, policy.requires_grad_(False)
 
@@ -127,10 +145,17 @@ def play(script, ckpt: dict, policy, episodes: int, video_dir=None) -> list:
     return script.evaluate(policy, script.eval_env(ckpt["args"]["env_id"], video_dir), episodes, seed, report)
 
 
+def beside(checkpoint: str, what: str) -> Path:
+    """<run>/<what>/<name> for a checkpoint in a run's checkpoints/ folder; <its folder>/<what>/<name> for any other."""
+    source = Path(checkpoint).resolve()
+    in_run = source.parent.name == "checkpoints" and (source.parents[1] / "args.json").is_file()
+    return (source.parents[1] if in_run else source.parent) / what / source.stem
+
+
 def evaluate_command(opts) -> None:
     """Deterministic episodes; the mean is printed and logged as eval/episodic_return in <run>/eval/<checkpoint>."""
     script, ckpt, policy = load(opts.checkpoint, opts.script)
-    out = Path(opts.checkpoint).resolve().parent.parent / "eval" / Path(opts.checkpoint).stem
+    out = beside(opts.checkpoint, "eval")
     returns = play(script, ckpt, policy, opts.episodes, str(out / "videos") if opts.capture_video else None)
     from torch.utils.tensorboard import SummaryWriter
 
@@ -143,16 +168,39 @@ def evaluate_command(opts) -> None:
     )
 
 
+def check_out(out: Path, source: Path, force: bool) -> None:
+    """Refuse an --out the export may not take: a link or a file; a folder with files, unless --force; and even with
+    --force, a folder this tool did not export (a run's checkpoints, event files, args.json, anyone's own files)."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise ToolError(f"--out '{out}' is a link or a file, not a folder: nothing was written. Give a folder's path.")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    if not force:
+        raise ToolError(
+            f"--out '{out}' exists and is not empty: nothing was written. Give --force to replace an earlier export, "
+            "or another --out."
+        )
+    try:
+        ours = json.loads((out / "config.json").read_text()).get("exported_by") == EXPORTED_BY
+    except (OSError, ValueError, AttributeError):  # no config.json, not JSON, not a JSON object
+        ours = False
+    held = sorted(p.name for p in out.iterdir() if p.name not in EXPORT_FILES or p.is_dir())  # checkpoints, args.json, ...
+    held += ["the checkpoint itself"] if source.is_relative_to(out.resolve()) else []
+    if held or not ours:
+        raise ToolError(
+            f"--out '{out}' is not a folder this tool exported ("
+            + (f"it holds {', '.join(held)}" if held else "its config.json does not say so")
+            + "): --force replaces only an earlier export. Nothing was written; give another --out."
+        )
+
+
 def export_command(opts) -> Path:
-    """The export folder, written whole in a temporary folder beside it, then renamed: never half an export, and
-    never over an existing folder's files unless --force (then the old folder is replaced as a whole)."""
+    """The export folder, written whole in a temporary folder beside it, then renamed into place: never half an export,
+    and never over a folder with files unless --force and that folder is an earlier export (replaced as a whole)."""
     script, ckpt, policy = load(opts.checkpoint, opts.script)
     source = Path(opts.checkpoint).resolve()
-    out = Path(opts.out) if opts.out else source.parent.parent / "export" / source.stem
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not opts.force:
-        raise ToolError(
-            f"--out '{out}' exists and is not empty: nothing was written. Give --force to replace it, or another --out."
-        )
+    out = Path(opts.out) if opts.out else beside(opts.checkpoint, "export")
+    check_out(out, source, opts.force)
     out.parent.mkdir(parents=True, exist_ok=True)
     args = ckpt["args"]
     env = script.eval_env(args["env_id"])
@@ -167,6 +215,7 @@ def export_command(opts) -> Path:
         torch.export.save(program, tmp / "policy.pt2")
         torch.save(policy.state_dict(), tmp / "model.pt")
         config = {
+            "exported_by": EXPORTED_BY,
             "script": f"{ckpt['script']}.py",
             "env_id": args["env_id"],
             "global_step": ckpt["global_step"],
@@ -185,9 +234,15 @@ def export_command(opts) -> Path:
                 shutil.move(videos[0], tmp / "replay.mp4")
         card = model_card(script, ckpt, opts.checkpoint, returns, (tmp / "replay.mp4").exists(), dtype)
         (tmp / "README.md").write_text(card)
-        if out.exists():  # --force: the old folder goes only once the new one is complete
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        os.replace(tmp, out)
+        folder = os.open(out.parent, os.O_RDONLY)
+        try:  # one export at a time checks --out again and moves in: another may have written it meanwhile
+            fcntl.flock(folder, fcntl.LOCK_EX)
+            check_out(out, source, opts.force)
+            if out.exists():  # an empty folder, or an earlier export (--force): it goes with the temporary folder
+                os.rename(out, Path(temp) / "old")
+            os.rename(tmp, out)  # fails if anything took --out since the check
+        finally:
+            os.close(folder)
     print(
         f"exported {opts.checkpoint} (step {ckpt['global_step']}) to {out}: eval {np.mean(returns):.2f} +- "
         f"{np.std(returns):.2f} over {len(returns)} episodes"
@@ -202,8 +257,8 @@ def reproduce_command(script, saved: dict) -> str:
         value = saved.get(name, default)
         if name in NOT_TRAINING_FLAGS or value == default or value is None or name not in script.Args.__annotations__:
             continue
-        if "Suppress" in str(script.Args.__annotations__[name]):
-            continue
+        if not next(f for f in dataclasses.fields(script.Args) if f.name == name).init:
+            continue  # a derived size (Args.__post_init__ sets it), not a flag
         flag = name.replace("_", "-")
         words.append(f"--{flag}" if value is True else f"--no-{flag}" if value is False else f"--{flag} {value}")
     return " ".join(words)
@@ -274,8 +329,10 @@ def main(argv=None) -> None:
         command.add_argument("--capture-video", action="store_true", help="record a video of the evaluation")
         command.add_argument("--script", help="the script that wrote the checkpoint, if not this project's (a copy)")
         if name == "export":
-            command.add_argument("--out", help="the export folder (default <run folder>/export/<checkpoint name>)")
-            command.add_argument("--force", action="store_true", help="replace an existing, non-empty --out")
+            command.add_argument("--out", help="the export folder (default <run>/export/<checkpoint name>)")
+            command.add_argument(
+                "--force", action="store_true", help="replace an earlier export in --out (never any other folder)"
+            )
     opts = parser.parse_args(argv)
     if opts.episodes < 1:
         parser.error("--episodes must be >= 1")
@@ -283,7 +340,7 @@ def main(argv=None) -> None:
         os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo renders through EGL; set before mujoco loads
     try:
         (evaluate_command if opts.command == "eval" else export_command)(opts)
-    except ToolError as e:
+    except (ToolError, OSError) as e:  # bad input, or the disk (full, unwritable): one paragraph
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
 
