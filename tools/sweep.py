@@ -317,56 +317,36 @@ def read_json(path: Path) -> Optional[dict]:
         return None
 
 
-def watch(procs: list, sweep_dir: Path, interval: float, report) -> None:
-    """Wait for the scripts, calling report() every `interval` s; on the STOP file or an exception here (Tune stopping
-    the trial), SIGINT to each script: it saves a checkpoint and exits."""
-    next_report = time.time() + interval
+def watch(proc: subprocess.Popen, sweep_dir: Path) -> None:
+    """Wait for the script; on the STOP file, or an exception here, SIGINT to it: it saves a checkpoint and exits."""
     try:
-        while any(p.poll() is None for p in procs):
+        while proc.poll() is None:
             time.sleep(0.2)
             if (sweep_dir / STOP_FILE).exists():
-                for p in procs:
-                    stop_group(p, signal.SIGINT)
-            elif time.time() >= next_report:
-                next_report = time.time() + interval
-                report()
+                stop_group(proc, signal.SIGINT)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                stop_group(p, signal.SIGINT)
+        if proc.poll() is None:
+            stop_group(proc, signal.SIGINT)
 
 
-def run_trial(config: dict) -> None:
-    """Tune's function for one grid trial: run (or resume) the script, report its progress, write result.json."""
-    from ray import tune
-
-    trial, sweep_dir = Trial(**config["trial"]), Path(config["sweep_dir"])
+def run_trial(trial: dict, sweep_dir: str) -> dict:
+    """A Ray task: run (or resume) the trial's script, write its result.json when it has finished; its result."""
+    trial, sweep_dir = Trial(**trial), Path(sweep_dir)
     trial_dir = sweep_dir / "trials" / trial.id
     trial_dir.mkdir(parents=True, exist_ok=True)
-    if (sweep_dir / STOP_FILE).exists() or (trial_dir / "result.json").exists():
-        return  # stopping: not started; or finished already (a Tune retry after the marker was written)
+    if (sweep_dir / STOP_FILE).exists() or read_result(sweep_dir, trial):
+        return read_result(sweep_dir, trial) or {"state": "not started"}  # stopping; or a retry after it finished
     start = time.time()
     proc = start_script(trial_dir, trial.command(trial_dir), trial.threads)
-    last = {}
-
-    def report() -> None:
-        nonlocal last
-        if (now := progress_of(trial_dir / "log.txt")) and now != last:
-            last = now
-            tune.report({**now, "state": "running"})
-
-    watch([proc], sweep_dir, config["report_interval"], report)
+    watch(proc, sweep_dir)
     rc = proc.returncode
-    state = "done" if rc == 0 else "failed"
     if rc == INTERRUPTED and (sweep_dir / STOP_FILE).exists():
-        state = "interrupted"
-    result = {"state": state, "returncode": rc, "seconds": round(time.time() - start, 1), "command": shlex.join(proc.args)}
-    result.update({"key": trial.id, "host": socket.gethostname(), **progress_of(trial_dir / "log.txt")})
-    if state == "failed":
-        result["log_tail"] = log_tail(trial_dir / "log.txt")
-    if state != "interrupted":  # the marker: a finished trial is never run again
-        write_json(trial_dir / "result.json", result)
-    tune.report({**progress_of(trial_dir / "log.txt"), "state": state, "returncode": rc})
+        return {"state": "interrupted"}  # no result.json: a --resume continues it from its checkpoint
+    result = {"state": "done" if rc == 0 else "failed", "returncode": rc, "seconds": round(time.time() - start, 1)}
+    result.update({"command": shlex.join(proc.args), "key": trial.id, "host": socket.gethostname()})
+    result.update(progress_of(trial_dir / "log.txt"), log_tail="" if rc == 0 else log_tail(trial_dir / "log.txt"))
+    write_json(trial_dir / "result.json", result)  # the marker: a finished trial is never run again
+    return result
 
 
 def read_result(sweep_dir: Path, trial: Trial) -> Optional[dict]:
@@ -375,19 +355,16 @@ def read_result(sweep_dir: Path, trial: Trial) -> Optional[dict]:
     return result if result and result.get("key") == trial.id else None
 
 
-# ---- the driver: Ray, Tune, progress lines, Ctrl-C -----------------------------------------------------------------
+# ---- the driver: Ray, progress lines, Ctrl-C -----------------------------------------------------------------------
 
 
 def start_ray(address: Optional[str], cpus_needed: int):
-    """Ray's own local cluster (ray.init: token authentication on, a token of its own, servers on 127.0.0.1, a temp
-    folder of this user's), or the cluster at --address; a trial bigger than its largest node is refused."""
+    """Ray's own local cluster (token authentication on with a token of its own, servers on 127.0.0.1, a temp folder
+    of this user's), or the cluster at --address; a trial bigger than its largest node is refused."""
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # `uv run` per worker start: only slower here
-    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")  # ours: SIGINT reaches every trial's script
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     temp = None
     if address is None:  # (read when ray is first imported: set before)
-        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # servers on 127.0.0.1 (the switch is named for others)
         os.environ["RAY_AUTH_MODE"] = "token"
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # this cluster's; its workers inherit it
         temp = tempfile.mkdtemp(prefix=f"ray-{os.getuid()}-")  # mode 0700, short: socket paths <= 107 bytes
@@ -395,10 +372,9 @@ def start_ray(address: Optional[str], cpus_needed: int):
 
     kwargs = {"logging_level": "ERROR", "log_to_driver": False}
     if address is None:
-        kwargs.update(address="local", num_cpus=usable_cores(), include_dashboard=False, _temp_dir=temp)
-        kwargs["_node_ip_address"] = "127.0.0.1"
+        kwargs.update(num_cpus=usable_cores(), include_dashboard=False, _temp_dir=temp, _node_ip_address="127.0.0.1")
     try:
-        ray.init(address=address, **kwargs) if address else ray.init(**kwargs)
+        ray.init(address=address or "local", **kwargs)
     except (ConnectionError, RuntimeError) as e:
         raise UserError(f"--address {address}: could not join its Ray cluster ({one_paragraph(str(e), 200)}).") from None
     largest = max((n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]), default=0)
@@ -408,43 +384,9 @@ def start_ray(address: Optional[str], cpus_needed: int):
     return ray, temp
 
 
-def progress_callback(total: int, done: int, failed: int):
-    """A line per trial event, then the sweep's: done / running / failed / pending."""
-    from ray import tune
-
-    count = {"done": done, "failed": failed}
-    words = {"done": "done", "failed": "FAILED (exit code {returncode})", "interrupted": "stopped, checkpoint saved"}
-    words["lost"] = "lost its worker (a node gone?): Tune restarts it, from its newest checkpoint"
-    words["error"] = "FAILED: its worker was lost more often than --max-failures allows (`--resume` tries again)"
-
-    def say(trials, trial, result: dict) -> None:
-        state = result.get("state")
-        count["done"] += state == "done"
-        count["failed"] += state in ("failed", "error")
-        line = words.get(state, "step {global_step:,}/{total:,}, {sps:.0f} SPS").format(**result)
-        print(f"[trial {trial.config['trial']['id']}] {line}")
-        running = sum(t.status == "RUNNING" for t in trials) - (state in words)
-        pending = max(total - count["done"] - count["failed"] - running, 0)
-        print(
-            f"[sweep] {count['done']}/{total} done, {running} running, {count['failed']} failed, {pending} pending", flush=True
-        )
-
-    class Callback(tune.Callback):
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            say(trials, trial, result)
-
-        def on_trial_recover(self, iteration, trials, trial, **info):  # a failure Tune retries (--max-failures)
-            say(trials, trial, {"state": "lost"})
-
-        def on_trial_error(self, iteration, trials, trial, **info):  # retries spent
-            say(trials, trial, {"state": "error"})
-
-    return Callback()
-
-
 def install_stop_handler(sweep_dir: Path) -> dict:
-    """Ctrl-C / SIGTERM: write the STOP file; each trial then sends SIGINT to its script's process group and waits
-    for its checkpoint."""
+    """Ctrl-C / SIGTERM: write the STOP file; each trial then sends SIGINT to its script's process group (it saves a
+    checkpoint and exits), and the trials not started do not start."""
     state = {"stopping": False}
 
     def on_signal(signum, frame):
@@ -458,37 +400,52 @@ def install_stop_handler(sweep_dir: Path) -> dict:
     return state
 
 
+WORDS = {"done": "done", "failed": "FAILED (exit code {returncode})", "interrupted": "stopped, checkpoint saved"}
+WORDS["lost"] = "FAILED: its worker was lost more often than --max-failures allows ({error}; `--resume` tries again)"
+
+
+def run_trials(sweep_dir: Path, trials: list, args: dict, counts: dict) -> None:
+    """Run the trials as Ray tasks of --cpus-per-trial CPUs. A task whose worker is lost (e.g. with its node) runs
+    again, up to --max-failures times: its script resumes from its newest checkpoint. A line per trial event and
+    progress, then the sweep's counts (counts: total, done, failed; updated)."""
+    import ray
+
+    task = ray.remote(num_cpus=args["cpus_per_trial"], max_retries=args["max_failures"])(run_trial)
+    waiting = {task.remote(asdict(t), str(sweep_dir.absolute())): t for t in {t.id: t for t in trials}.values()}
+    since, shown = time.time(), {}
+    while waiting:
+        finished, _ = ray.wait(list(waiting), timeout=args["report_interval"])
+        for ref in finished:
+            trial = waiting.pop(ref)
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayError as e:
+                result = {"state": "lost", "error": one_paragraph(str(e), 150)}
+            counts["done"] += result["state"] == "done"
+            counts["failed"] += result["state"] in ("failed", "lost")
+            if result["state"] in WORDS:
+                print(f"[trial {trial.id}] {WORDS[result['state']].format(**result)}")
+        for trial in waiting.values():
+            now = progress_of(sweep_dir / "trials" / trial.id / "log.txt")
+            if now and now != shown.get(trial.id):
+                shown[trial.id] = now
+                print(f"[trial {trial.id}] step {now['global_step']:,}/{now['total']:,}, {now['sps']:.0f} SPS")
+        logs = [sweep_dir / "trials" / t.id / "log.txt" for t in waiting.values()]
+        running = sum(p.is_file() and p.stat().st_mtime >= since for p in logs)
+        done, failed = counts["done"], counts["failed"]
+        pending = counts["total"] - done - failed - running
+        print(f"[sweep] {done}/{counts['total']} done, {running} running, {failed} failed, {pending} pending", flush=True)
+
+
 def run_grid(sweep_dir: Path, spec: dict, stopping: dict) -> int:
-    """Run the trials of spec that have no result.json on Tune; 0 all done, 1 some failed, 130 stopped."""
-    import logging
-
-    from ray import tune
-
-    logging.getLogger("ray.tune").setLevel(logging.WARNING)  # our progress lines instead of Tune's
+    """Run the trials of spec that have no result.json; 0 all done, 1 some failed, 130 stopped."""
     trials = [Trial(**t) for t in spec["trials"]]
-    markers = {t.id: read_result(sweep_dir, t) for t in trials}
-    todo = [asdict(t) for t in trials if markers[t.id] is None]
+    todo = [t for t in trials if read_result(sweep_dir, t) is None]
     if len(todo) < len(trials):
         print(f"[sweep] {len(trials) - len(todo)} finished trial(s) kept; {len(todo)} to run (resumed from checkpoints)")
-    states = [m["state"] for m in markers.values() if m]
-    if todo:
-        tuner = tune.Tuner(
-            tune.with_resources(run_trial, {"cpu": spec["args"]["cpus_per_trial"]}),
-            param_space={
-                "trial": tune.grid_search(todo),
-                "sweep_dir": str(sweep_dir.absolute()),
-                "report_interval": spec["args"]["report_interval"],
-            },
-            tune_config=tune.TuneConfig(trial_dirname_creator=lambda t: t.config["trial"]["id"][-10:]),
-            run_config=tune.RunConfig(
-                name="tune",
-                storage_path=str((sweep_dir / "tune").absolute()),
-                verbose=0,
-                failure_config=tune.FailureConfig(max_failures=spec["args"]["max_failures"]),
-                callbacks=[progress_callback(len(trials), states.count("done"), states.count("failed"))],
-            ),
-        )
-        tuner.fit()
+    states = [r["state"] for t in trials if (r := read_result(sweep_dir, t))]
+    counts = {"total": len(trials), "done": states.count("done"), "failed": states.count("failed")}
+    run_trials(sweep_dir, todo, spec["args"], counts)
     results = [read_result(sweep_dir, t) for t in trials]
     for t, r in zip(trials, results):
         if r and r["state"] == "failed":
@@ -499,7 +456,7 @@ def run_grid(sweep_dir: Path, spec: dict, stopping: dict) -> int:
     return 1 if any(r["state"] == "failed" for r in results) else 0
 
 
-# ---- --tune: search a space of flag values; objective the mean over seeds of the evaluation return -----------------
+# ---- --tune: Optuna proposes settings in rounds; a setting's seeds are grid trials, its score their mean -----------
 
 
 def parse_space(items: list) -> dict:
@@ -529,131 +486,50 @@ def fmt(value) -> str:
     return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
-class StopRequested(Exception):
-    """A setting stopped by Ctrl-C: an error for Tune, so that a --resume of the study runs it again."""
+def run_tune(sweep_dir: Path, spec: dict, stopping: dict) -> int:
+    """Rounds of as many settings as the cluster runs at once, up to --num-samples: Optuna's TPE, told every finished
+    setting's score (the mean over its seeds of their last evaluation; a failed seed fails the setting), proposes the
+    next round. sweep.json holds the settings: a --resume runs the unfinished ones (from their checkpoints) first."""
+    import optuna
+    import ray
+    from optuna import distributions as dist
 
-
-def tune_trial(config: dict) -> None:
-    """Tune's function for one setting: its seeds as subprocesses; the mean of their evaluation returns at each step
-    that all have evaluated is reported (ASHA may stop the setting there: the scripts then save and stop)."""
-    from ray import tune
-
-    sweep_dir, base = Path(config["sweep_dir"]), config["base"]
-    trial_dir = sweep_dir / "tune_trials" / tune.get_context().get_trial_name()
-    if (sweep_dir / STOP_FILE).exists():
-        raise StopRequested("the sweep is stopping")
-    flags = [[name, fmt(value)] for name, value in config["setting"].items()]
-    dirs, procs = [trial_dir / f"seed{seed}" for seed in base["seeds"]], []
-    for seed, seed_dir in zip(base["seeds"], dirs):
-        t = Trial(seed_dir.name, base["script"], base["env_id"], seed, flags, base["extra"], base["threads"], "")
-        seed_dir.mkdir(parents=True, exist_ok=True)
-        procs.append(start_script(seed_dir, t.command(seed_dir), t.threads))
-    write_json(trial_dir / "setting.json", {"flags": flags, "seeds": base["seeds"]})
-    reported = set()
-
-    def report() -> None:
-        curves = []
-        for seed_dir in dirs:
-            runs = [p for p in (seed_dir / "runs").glob("*") if p.is_dir()]
-            curves.append(dict(zip(*(x.tolist() for x in read_scalars(runs[0], EVAL_TAG)))) if runs else {})
-        for step in sorted(set.intersection(*(set(c) for c in curves)) - reported):
-            reported.add(step)
-            tune.report({"eval_return": float(np.mean([c[step] for c in curves])), "global_step": int(step)})
-
-    watch(procs, sweep_dir, config["report_interval"], report)
-    report()
-    failed = [d for d, p in zip(dirs, procs) if p.returncode not in (0, INTERRUPTED)]
-    if failed:
-        raise RuntimeError(f"seeds failed: {failed}; last lines: {log_tail(failed[0] / 'log.txt')}")
-    if (sweep_dir / STOP_FILE).exists() and INTERRUPTED in [p.returncode for p in procs]:
-        raise StopRequested("stopped by the sweep: each seed saved a checkpoint; --resume continues from it")
-
-
-def run_tune(sweep_dir: Path, spec: dict, resume: bool, stopping: dict) -> int:
-    """Optuna's search with ASHA's early stops; with --resume, the study as Tune saved it (its unfinished and stopped
-    settings run again). Writes tune.json and prints the best setting and the command that re-runs it on fresh seeds."""
-    import logging
-
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
-    from ray.tune.search.optuna import OptunaSearch
-
-    logging.getLogger("ray.tune").setLevel(logging.ERROR)
-    a, base = spec["args"], spec["base"]
-
-    class Report(tune.Callback):
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            setting = " ".join(f"{k}={fmt(v)}" for k, v in trial.config["setting"].items())
-            step = result["global_step"]
-            print(f"[tune {trial.trial_id}] {setting}: mean eval return {result['eval_return']:.1f} at step {step:,}")
-
-    trainable = tune.with_resources(tune_trial, {"cpu": a["cpus_per_trial"] * len(base["seeds"])})
-    study = (sweep_dir / "tune" / "tune").absolute()
-    if resume and tune.Tuner.can_restore(str(study)):
-        print(f"[tune] resuming the study in {study}", flush=True)
-        tuner = tune.Tuner.restore(str(study), trainable=trainable, resume_unfinished=True, resume_errored=True)
-    else:
-        make = {"loguniform": tune.loguniform, "uniform": tune.uniform, "choice": lambda *v: tune.choice(v)}
-        make["int"] = lambda low, high: tune.randint(low, high + 1)
-        space = {name: make[kind](*values) for name, (kind, values) in parse_space(a["space"]).items()}
-        grace = a["grace_steps"] or max(base["total"] // 4, 1)
-        config = {
-            "setting": space,
-            "base": base,
-            "sweep_dir": str(sweep_dir.absolute()),
-            "report_interval": a["report_interval"],
-        }
-        tuner = tune.Tuner(
-            trainable,
-            param_space=config,
-            tune_config=tune.TuneConfig(
-                metric="eval_return",
-                mode="max",
-                search_alg=OptunaSearch(seed=a["search_seed"]),
-                scheduler=ASHAScheduler(time_attr="global_step", max_t=base["total"], grace_period=grace, reduction_factor=2),
-                num_samples=a["num_samples"],
-            ),
-            run_config=tune.RunConfig(
-                name="tune",
-                storage_path=str(study.parent),
-                verbose=0,
-                failure_config=tune.FailureConfig(max_failures=a["max_failures"]),
-                callbacks=[Report()],
-            ),
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    a = spec["args"]
+    make = {
+        "uniform": dist.FloatDistribution,
+        "int": dist.IntDistribution,
+        "choice": lambda *v: dist.CategoricalDistribution(v),
+    }
+    make["loguniform"] = lambda low, high: dist.FloatDistribution(low, high, log=True)
+    space = {name: make[kind](*values) for name, (kind, values) in parse_space(a["space"]).items()}
+    at_once = max(1, int(ray.cluster_resources().get("CPU", 1)) // (a["cpus_per_trial"] * len(a["seeds"])))
+    settings = spec.setdefault("settings", [])
+    counts = {"total": a["num_samples"] * len(a["seeds"]), "done": 0, "failed": 0}
+    while True:
+        trials = {t["id"]: Trial(**t) for t in spec["trials"]}
+        unfinished = [i for s in settings for i in s["trials"] if read_result(sweep_dir, trials[i]) is None]
+        if unfinished:
+            run_trials(sweep_dir, [trials[i] for i in unfinished], a, counts)
+            if stopping["stopping"] or any(read_result(sweep_dir, trials[i]) is None for i in unfinished):
+                return INTERRUPTED
+        if len(settings) == a["num_samples"]:
+            return 0
+        study = optuna.create_study(
+            direction="maximize", sampler=optuna.samplers.TPESampler(seed=a["search_seed"] + len(settings))
         )
-    rows = []
-    for r in tuner.fit():
-        if r.metrics and "eval_return" in r.metrics:
-            setting = {k: fmt(v) for k, v in r.config["setting"].items()}
-            rows.append({"setting": setting, "eval_return": r.metrics["eval_return"], "global_step": r.metrics["global_step"]})
-    if stopping["stopping"]:
-        return INTERRUPTED
-    if not rows:
-        print("[tune] no setting reported an evaluation: see <out>/tune_trials/*/seed*/log.txt", file=sys.stderr)
-        return 1
-    best = max(rows, key=lambda r: (r["global_step"], r["eval_return"]))  # among those that ran longest (ASHA)
-    flags = flag_args(list(best["setting"].items()))
-    command = shlex.join(["python", Path(base["script"]).name, "--env-id", base["env_id"], *base["extra"], *flags])
-    grid = [f"--grid={k}={v}" for k, v in best["setting"].items()]
-    seeds = [str(max(base["seeds"]) + i) for i in (1, 2, 3)]
-    rerun = shlex.join(["python", "tools/sweep.py", "--out", f"{sweep_dir}-best", "--script", base["script"]])
-    rerun += " " + shlex.join(["--env-id", base["env_id"], "--seeds", *seeds, *grid, "--", *base["extra"]])
-    write_json(sweep_dir / "tune.json", {"settings": rows, "best": best, "best_command": command, "rerun_command": rerun})
-    print(summarize_tune(sweep_dir), flush=True)
-    return 0
-
-
-def summarize_tune(sweep_dir: Path) -> str:
-    study = read_json(sweep_dir / "tune.json")
-    if study is None:
-        return f"[tune] no study has ended in {sweep_dir} yet (Tune's own state: {sweep_dir / 'tune'})"
-    lines = ["| setting | mean eval return | at step |", "|---|---|---|"]
-    for r in sorted(study["settings"], key=lambda r: (-r["global_step"], -r["eval_return"])):
-        lines.append(
-            f"| {' '.join(f'{k}={v}' for k, v in r['setting'].items())} | {r['eval_return']:.1f} | {r['global_step']:,} |"
-        )
-    lines += ["", f"[tune] best command line:\n{study['best_command']}", f"[tune] on fresh seeds:\n{study['rerun_command']}"]
-    return "\n".join(lines)
+        for s in settings:
+            scores = [trial_entry(sweep_dir, trials[i]).get("eval_last") for i in s["trials"]]
+            state = optuna.trial.TrialState.FAIL if None in scores else optuna.trial.TrialState.COMPLETE
+            value = None if None in scores else float(np.mean(scores))
+            study.add_trial(optuna.trial.create_trial(params=s["params"], distributions=space, value=value, state=state))
+        for _ in range(min(at_once, a["num_samples"] - len(settings))):
+            params = study.ask(space).params
+            grid = {name: [fmt(value)] for name, value in params.items()}
+            new = expand_grid(a["script"], a["env_id"], a["seeds"], grid, a["extra"], a["cpus_per_trial"])
+            settings.append({"params": params, "trials": [t.id for t in new]})
+            spec["trials"] += [asdict(t) for t in new if t.id not in {t["id"] for t in spec["trials"]}]
+        write_json(sweep_dir / "sweep.json", spec)  # before the round starts
 
 
 # ---- the summary: per trial its score, per task (its seeds) the mean and a 95 % bootstrap interval ------------------
@@ -675,24 +551,28 @@ METRICS = {
 }
 
 
+def trial_entry(sweep_dir: Path, t: Trial) -> dict:
+    """A trial's state and the scores its run folder's TensorBoard files give."""
+    marker = read_result(sweep_dir, t) or {"state": "unfinished"}
+    e = {"id": t.id, "task": t.task, "seed": t.seed, "state": marker["state"], "log_tail": marker.get("log_tail", "")}
+    runs = [p for p in (sweep_dir / "trials" / t.id / "runs").glob("*") if p.is_dir()]
+    if len(runs) == 1 and e["state"] == "done":
+        steps, values = read_scalars(runs[0], RETURN_TAG)
+        e.update({"train_last100_mean": float(values[-100:].mean())} if len(values) else {})
+        steps, values = read_scalars(runs[0], EVAL_TAG)
+        e.update({"eval_last": float(values[-1]), "eval_step_last": int(steps[-1])} if len(values) else {})
+    return e
+
+
 def summarize(sweep_dir: Path, spec: dict, metric: str) -> dict:
-    """Write summary.json and summary.md of a grid sweep from its trials' folders; print the table."""
+    """Write summary.json and summary.md of a sweep from its trials' folders (a --tune's tasks are its settings, and
+    the best of them is named); print the table."""
     key, meaning = METRICS[metric]
-    trials, tasks = [], {}
-    for t in (Trial(**t) for t in spec["trials"]):
-        marker = read_result(sweep_dir, t) or {"state": "unfinished"}
-        e = {"id": t.id, "task": t.task, "seed": t.seed, "state": marker["state"], "log_tail": marker.get("log_tail", "")}
-        runs = [p for p in (sweep_dir / "trials" / t.id / "runs").glob("*") if p.is_dir()]
-        if len(runs) == 1:
-            steps, values = read_scalars(runs[0], RETURN_TAG)
-            e.update({"train_last100_mean": float(values[-100:].mean())} if len(values) else {})
-            steps, values = read_scalars(runs[0], EVAL_TAG)
-            e.update({"eval_last": float(values[-1]), "eval_step_last": int(steps[-1])} if len(values) else {})
-        trials.append(e)
-        tasks.setdefault(t.task, []).append(e)
+    trials = [trial_entry(sweep_dir, Trial(**t)) for t in spec["trials"]]
     rows = []
-    for task, entries in tasks.items():
-        values = np.array([e[key] for e in entries if e["state"] == "done" and key in e], dtype=np.float64)
+    for task in dict.fromkeys(e["task"] for e in trials):
+        entries = [e for e in trials if e["task"] == task]
+        values = np.array([e[key] for e in entries if key in e], dtype=np.float64)
         row = {"task": task, "seeds": len(entries), "n": int(values.size), "per_seed": values.tolist()}
         row["failed"] = [e["seed"] for e in entries if e["state"] == "failed"]
         row["unfinished"] = [e["seed"] for e in entries if e["state"] == "unfinished"]
@@ -702,7 +582,6 @@ def summarize(sweep_dir: Path, spec: dict, metric: str) -> dict:
             row["ci95"] = np.percentile(means, [2.5, 97.5]).tolist() if values.size >= 3 else [values.min(), values.max()]
         rows.append(row)
     summary = {"metric": metric, "metric_meaning": meaning, "tasks": rows, "trials": trials}
-    write_json(sweep_dir / "summary.json", summary)
     lines = [
         f"Score: {meaning}, per seed. Interval: 95 % percentile bootstrap of the mean (3 seeds or more), else min–max.",
         "",
@@ -718,6 +597,17 @@ def summarize(sweep_dir: Path, spec: dict, metric: str) -> dict:
         if t["state"] == "failed":
             tail = "\n".join(f"    {line}" for line in t["log_tail"].splitlines())
             lines.append(f"\nFAILED: trial {t['id']}; last lines of its log:\n\n{tail}")
+    scored = [r for r in rows if r["n"] and r["n"] == r["seeds"]]
+    if spec["args"]["tune"] and scored:
+        best, a = max(scored, key=lambda r: r["mean"]), spec["args"]
+        flags = next(t["flags"] for t in spec["trials"] if Trial(**t).task == best["task"])
+        command = shlex.join(["python", Path(a["script"][0]).name, "--env-id", a["env_id"][0], *a["extra"], *flag_args(flags)])
+        seeds = [str(max(a["seeds"]) + i) for i in (1, 2, 3)]
+        rerun = ["python", "tools/sweep.py", "--out", f"{sweep_dir}-best", "--script", a["script"][0], "--env-id"]
+        rerun += [a["env_id"][0], "--seeds", *seeds, *(f"--grid={n}={v}" for n, v in flags), "--", *a["extra"]]
+        summary["best"] = {"task": best["task"], "mean": best["mean"], "command": command, "rerun_command": shlex.join(rerun)}
+        lines += ["", f"[tune] best command line:\n{command}", f"[tune] on fresh seeds:\n{shlex.join(rerun)}"]
+    write_json(sweep_dir / "summary.json", summary)
     (sweep_dir / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
     return summary
@@ -732,7 +622,7 @@ def parse_args(argv: list) -> tuple:
         prog="tools/sweep.py", description=__doc__.splitlines()[0], epilog="After --: flags for every trial."
     )
     add = parser.add_argument
-    add("--out", required=True, type=Path, help="the sweep's folder (trials, summary, Tune's state)")
+    add("--out", required=True, type=Path, help="the sweep's folder (trials, summary)")
     add("--script", nargs="+", help="training scripts (a path, or a name beside tools/)")
     add("--env-id", nargs="+")
     add("--seeds", nargs="+", type=int, help="(default 1 2 3)")
@@ -744,11 +634,10 @@ def parse_args(argv: list) -> tuple:
     add("--resume", action="store_true", help="continue the sweep in --out (new seeds or grid values: added)")
     add("--summarize", action="store_true", help="only (re)write the summary of --out")
     add("--metric", choices=sorted(METRICS), help="per-seed score (default: eval if --eval-interval is given)")
-    add("--tune", action="store_true", help="search --space (one script, one env id): mean eval return over --seeds")
+    add("--tune", action="store_true", help="search --space (one script, one env id): mean last eval return over --seeds")
     add("--space", action="append", help="flag=loguniform:LOW:HIGH | uniform:LOW:HIGH | int:LOW:HIGH | choice:A,B")
     add("--num-samples", type=int, default=8, help="--tune: settings tried")
     add("--search-seed", type=int, default=0, help="--tune: Optuna's seed")
-    add("--grace-steps", type=int, help="--tune: ASHA stops no setting before this many steps (default: a quarter)")
     extra = argv[argv.index("--") + 1 :] if "--" in argv else None
     return parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv), extra
 
@@ -757,7 +646,7 @@ def sweep_args(ns, extra: Optional[list], old: Optional[dict]) -> dict:
     """The sweep's settings: those given, else sweep.json's (old), else the defaults; each checked."""
     if old is None and not (ns.script and ns.env_id):
         raise UserError("a new sweep needs --script and --env-id (or --resume / --summarize of an existing --out).")
-    given = {k: getattr(ns, k) for k in ("env_id", "seeds", "cpus_per_trial", "space", "grace_steps", "search_seed")}
+    given = {k: getattr(ns, k) for k in ("env_id", "seeds", "cpus_per_trial", "space", "search_seed")}
     given.update(grid=parse_grid(ns.grid) if ns.grid else None, extra=extra, tune=ns.tune or None)
     given.update(script=[find_script(s) for s in ns.script] if ns.script else None, num_samples=ns.num_samples)
     args = {"seeds": [1, 2, 3], "grid": {}, "extra": [], "cpus_per_trial": 1, "space": [], "tune": False, **(old or {})}
@@ -774,20 +663,17 @@ def sweep_args(ns, extra: Optional[list], old: Optional[dict]) -> dict:
     if args["cpus_per_trial"] < 1 or args["max_failures"] < 0 or args["report_interval"] <= 0 or min(args["seeds"]) < 0:
         raise UserError("--cpus-per-trial must be >= 1, --max-failures >= 0, --report-interval > 0, seeds >= 0.")
     check_flags([w[2:].split("=", 1)[0] for w in args["extra"] if w.startswith("--")] + list(args["grid"]))
-    per_trial = args["cpus_per_trial"] * (len(args["seeds"]) if args["tune"] else 1)
-    if ns.address is None and per_trial > usable_cores():
+    if ns.address is None and args["cpus_per_trial"] > usable_cores():
         raise UserError(
-            f"--cpus-per-trial {args['cpus_per_trial']}: a trial needs {per_trial} CPU(s) (a --tune setting: one per seed), "
-            f"more than this machine's {usable_cores()} cores: no trial could start. Lower it."
+            f"--cpus-per-trial {args['cpus_per_trial']}: more than this machine's {usable_cores()} cores: no trial could "
+            "start. Lower it."
         )
     if args["tune"]:
-        total = next((args["extra"][i + 1] for i, w in enumerate(args["extra"][:-1]) if w == "--total-timesteps"), "")
         if len(args["script"]) != 1 or len(args["env_id"]) != 1 or args["grid"] or not args["space"]:
             raise UserError("--tune searches one script on one env id over --space (no --grid): give one of each.")
-        if not evaluates or not total.isdigit() or args["num_samples"] < 1:
-            raise UserError("--tune needs --num-samples >= 1 and, after --, --total-timesteps N and --eval-interval N.")
+        if not evaluates or args["num_samples"] < 1:
+            raise UserError("--tune needs --num-samples >= 1 and, after --, --eval-interval N (its score: evaluations).")
         check_flags(list(parse_space(args["space"])))
-        args["total"] = int(total)
     elif args["space"]:
         raise UserError("--space needs --tune (a grid takes --grid flag=v1,v2).")
     return args
@@ -822,8 +708,8 @@ def plan(ns, extra: Optional[list], out: Path) -> tuple:
         return {"args": args, "trials": [] if args["tune"] else [asdict(t) for t in trials]}, trials
     spec = load_spec(out)
     args = sweep_args(ns, extra, spec["args"])
-    for t in [Trial(**t) for t in spec["trials"]] if not args["tune"] else grid_of(args)[:1]:
-        if checksum(t.script) != (spec["base"]["checksum"] if args["tune"] else t.checksum) and not read_result(out, t):
+    for t in [Trial(**t) for t in spec["trials"]]:
+        if checksum(t.script) != t.checksum and not read_result(out, t):
             raise UserError(
                 f"{t.script} changed since the sweep started: its unfinished trials would run another script than their "
                 "finished ones. Restore it, or start a new sweep in another --out."
@@ -840,9 +726,6 @@ def main(argv: Optional[list] = None) -> int:
     out = ns.out
     if ns.summarize:
         spec = load_spec(out)
-        if spec["args"]["tune"]:
-            print(summarize_tune(out))
-            return 0 if (out / "tune.json").is_file() else 1
         summary = summarize(out, spec, ns.metric or spec["args"]["metric"])
         return 0 if all(t["state"] == "done" for t in summary["trials"]) else 1
     if ns.address is not None:
@@ -851,24 +734,19 @@ def main(argv: Optional[list] = None) -> int:
     try:
         spec, probes = plan(ns, extra, out)
         check_values(probes)
-        args = spec["args"]
-        ray, temp = start_ray(ns.address, args["cpus_per_trial"] * (len(args["seeds"]) if args["tune"] else 1))
+        ray, temp = start_ray(ns.address, spec["args"]["cpus_per_trial"])
     except BaseException:
         release(lock, refused=True)
         raise
     try:
-        if args["tune"] and "base" not in spec:
-            spec["base"] = {k: args[k][0] for k in ("script", "env_id")} | {"seeds": args["seeds"], "extra": args["extra"]}
-            spec["base"].update(threads=args["cpus_per_trial"], total=args["total"], checksum=checksum(args["script"][0]))
         write_json(out / "sweep.json", spec)
         (out / STOP_FILE).unlink(missing_ok=True)
         stopping = install_stop_handler(out)
         where = f"the Ray cluster at {ns.address}" if ns.address else f"Ray on this machine ({usable_cores()} CPUs)"
-        print(f"[sweep] {len(spec['trials'])} trial(s) in {out}; {args['cpus_per_trial']} CPU(s) each; {where}", flush=True)
-        if args["tune"]:
-            return run_tune(out, spec, ns.resume, stopping)
-        rc = run_grid(out, spec, stopping)
-        summarize(out, spec, args["metric"])
+        cpus = spec["args"]["cpus_per_trial"]
+        print(f"[sweep] {len(spec['trials'])} trial(s) in {out}; {cpus} CPU(s) each; {where}", flush=True)
+        rc = (run_tune if spec["args"]["tune"] else run_grid)(out, spec, stopping)
+        summarize(out, spec, spec["args"]["metric"])
         return rc
     finally:
         ray.shutdown()
