@@ -1,15 +1,14 @@
-"""Sweeps: run a training script over env ids x seeds x flag values on Ray Tune, or tune its flags (Optuna).
+"""Sweeps: run a training script over env ids x seeds x flag values on Ray, or over settings drawn from a space.
 
     python tools/sweep.py --out S --script ppo_continuous.py --env-id Hopper-v4 --seeds 1 2 3 \\
         [--grid learning_rate=3e-4,1e-3] [--cpus-per-trial 1] [--address HOST:PORT] -- --total-timesteps 1000000
     python tools/sweep.py --out S --resume [--seeds 4 5] [--grid ...]   # finish the sweep in S, or add trials to it
     python tools/sweep.py --out S --summarize                           # rewrite S/summary.{json,md} from the trials
-    python tools/sweep.py --out T --tune --script ppo_continuous.py --env-id Pendulum-v1 --seeds 1 2 --num-samples 8 \\
-        --space learning_rate=loguniform:1e-4:1e-2 --space gamma=choice:0.95,0.99 -- --total-timesteps 100000 \\
-        --eval-interval 10000
+    python tools/sweep.py --out T --tune --script ppo_continuous.py --env-id Pendulum-v1 --num-samples 8 \\
+        --space learning_rate=loguniform:1e-4:1e-2 --space gamma=choice:0.95,0.99 -- --eval-interval 10000
 
-A trial runs the script, unmodified, in `<out>/trials/<id>/`; its id ends in a hash of its whole command (the script's
-checksum, every flag), and its result.json is reused only for that command. docs/sweeps.md is the user's guide.
+A trial runs the script, unmodified, in `<out>/trials/<id>/`; its id ends in a hash of its whole command. The
+user's guide: docs/sweeps.md.
 """
 
 import argparse
@@ -36,10 +35,10 @@ from typing import Optional
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
+HERE, CORES = Path(__file__).resolve().parent, len(os.sched_getaffinity(0))  # (Linux: flock, prctl)
 SET_BY_SWEEP = ("env-id", "seed", "runs-dir", "torch-threads", "resume", "progress", "no-progress")
 CHECKPOINT = re.compile(r"(step|interrupted|final)_(\d{10})\.pt")  # the scripts' checkpoint names (best.pt aside)
-PROGRESS = re.compile(r"^step\s+([\d,]+)/([\d,]+) \|\s+(\d+) SPS", re.M)  # the scripts' plain progress line
+PROGRESS = re.compile(r"^step\s+[\d,]+/[\d,]+ \|\s+\d+ SPS", re.M)  # the scripts' plain progress line
 INTERRUPTED, STOP_FILE, TAIL = 130, "STOP", 15  # a script's exit code after Ctrl-C; the driver's stop marker; log lines
 EVAL_TAG, RETURN_TAG = "eval/episodic_return", "charts/episodic_return"
 GROWS = ("script", "env_id", "seeds", "grid")  # what a --resume may add trials along; the rest must match sweep.json
@@ -101,27 +100,19 @@ def parse_grid(items: list) -> dict:
     return grid
 
 
-def checksum(script: str) -> str:
-    return hashlib.sha256(Path(script).read_bytes()).hexdigest()
-
-
 def expand_grid(scripts: list, env_ids: list, seeds: list, grid: dict, extra: list, threads: int) -> list:
     """Every script x env id x flag values x seed, in that order; a trial's id: readable, then a hash of its command."""
     trials = []
     points = list(itertools.product(*grid.values()))
     for script, env_id, point, seed in itertools.product(scripts, env_ids, points, seeds):
         flags = [[name, value] for name, value in zip(grid, point)]
-        digest = checksum(script)
+        digest = hashlib.sha256(Path(script).read_bytes()).hexdigest()
         key = json.dumps([digest, env_id, seed, flag_args(flags), extra, threads])
         label = "_".join([Path(script).stem, env_id, *(f"{n}={v}" for n, v in flags), f"seed{seed}"])
         label = re.sub(r"[^A-Za-z0-9=.+_-]+", "-", label)[:100]
         trial_id = f"{label}_{hashlib.sha256(key.encode()).hexdigest()[:10]}"
         trials.append(Trial(trial_id, script, env_id, seed, flags, list(extra), threads, digest))
     return trials
-
-
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 # ---- checking the input before anything is written -----------------------------------------------------------------
@@ -133,15 +124,6 @@ def find_script(name: str) -> str:
         if path.is_file() and path.suffix == ".py":
             return str(path.resolve())
     raise UserError(f"unknown script '{name}': no such .py file here, in {HERE} or in {HERE.parent}.")
-
-
-def check_flags(names: list) -> None:
-    for name in names:
-        if name in SET_BY_SWEEP:
-            raise UserError(
-                f"--{name} is set by the sweep for each trial (env ids: --env-id, seeds: --seeds, threads: "
-                "--cpus-per-trial, folders: --out, resuming: --resume); leave it out of the flags."
-            )
 
 
 def one_paragraph(text: str, limit: int = 400) -> str:
@@ -181,7 +163,7 @@ def check_values(trials: list) -> None:
             flags = [[n, vs[j % len(vs)]] for n, vs in values.items()]
             shown = shlex.join([Path(t.script).name, "--env-id", t.env_id, *t.extra, *flag_args(flags)])
             probes[shown] = Trial("probe", t.script, t.env_id, t.seed, flags, t.extra, 1, "").command(Path("probe"))
-    with ThreadPoolExecutor(max_workers=usable_cores()) as pool:
+    with ThreadPoolExecutor(max_workers=CORES) as pool:
         errors = dict(zip(probes, pool.map(probe, probes.values())))
     for shown, error in errors.items():
         if error is not None:
@@ -197,10 +179,7 @@ def check_address(address: str) -> None:
     try:
         grpc.channel_ready_future(channel).result(timeout=20)
     except (grpc.FutureTimeoutError, ValueError) as e:
-        raise UserError(
-            f"--address {address}: no Ray head answers there ({type(e).__name__} within 20 s). Start the cluster first "
-            "(`ray start --head --port=6379` prints the address), or leave --address out to run on this machine."
-        ) from None
+        raise UserError(f"--address {address}: no Ray head answers there ({type(e).__name__} within 20 s).") from None
     finally:
         channel.close()
 
@@ -223,9 +202,7 @@ def claim(out: Path) -> dict:
     except (BlockingIOError, FileNotFoundError):
         holder = os.read(fd, 100).decode(errors="replace").strip() or "unknown"
         os.close(fd)
-        raise UserError(
-            f"--out {out} is in use by another sweep (pid {holder}): wait for it to end, or choose another --out."
-        ) from None
+        raise UserError(f"--out {out} is in use by another sweep (pid {holder}): wait for it, or use another --out.") from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()} on {socket.gethostname()}\n".encode())
     return {"out": out, "fd": fd, "created": created}
@@ -245,10 +222,7 @@ def die_with_parent() -> None:
     """In the child before exec: SIGTERM when its parent (the Ray worker) dies, so the script saves and stops instead
     of running on unowned (Linux prctl); and every signal unblocked (Ray blocks SIGINT in its workers)."""
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: the driver's Ctrl-C still reaches the trials through the STOP file
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
 def stop_group(proc: subprocess.Popen, sig: int, wait: float = 300) -> None:
@@ -280,28 +254,10 @@ def start_script(trial_dir: Path, cmd: list, threads: int) -> subprocess.Popen:
         return subprocess.Popen(cmd, **kwargs, start_new_session=True, preexec_fn=die_with_parent)
 
 
-def progress_of(log_path: Path) -> dict:
-    """The last progress line of a script's log: {global_step, total, sps}, or {}."""
-    try:
-        with open(log_path, "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - 4000))
-            found = PROGRESS.findall(f.read().decode(errors="replace"))
-    except OSError:
-        return {}
-    if not found:
-        return {}
-    return {
-        "global_step": int(found[-1][0].replace(",", "")),
-        "total": int(found[-1][1].replace(",", "")),
-        "sps": float(found[-1][2]),
-    }
-
-
-def log_tail(path: Path) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-TAIL:])
-    except OSError:
-        return ""
+def progress_of(log_path: Path) -> str:
+    """The last progress line of a script's log (`step 1,024/4,096 | 310 SPS`), or ""."""
+    found = PROGRESS.findall(log_path.read_text(errors="replace")) if log_path.is_file() else []
+    return found[-1] if found else ""
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -317,18 +273,6 @@ def read_json(path: Path) -> Optional[dict]:
         return None
 
 
-def watch(proc: subprocess.Popen, sweep_dir: Path) -> None:
-    """Wait for the script; on the STOP file, or an exception here, SIGINT to it: it saves a checkpoint and exits."""
-    try:
-        while proc.poll() is None:
-            time.sleep(0.2)
-            if (sweep_dir / STOP_FILE).exists():
-                stop_group(proc, signal.SIGINT)
-    finally:
-        if proc.poll() is None:
-            stop_group(proc, signal.SIGINT)
-
-
 def run_trial(trial: dict, sweep_dir: str) -> dict:
     """A Ray task: run (or resume) the trial's script, write its result.json when it has finished; its result."""
     trial, sweep_dir = Trial(**trial), Path(sweep_dir)
@@ -338,13 +282,18 @@ def run_trial(trial: dict, sweep_dir: str) -> dict:
         return read_result(sweep_dir, trial) or {"state": "not started"}  # stopping; or a retry after it finished
     start = time.time()
     proc = start_script(trial_dir, trial.command(trial_dir), trial.threads)
-    watch(proc, sweep_dir)
+    try:
+        while proc.poll() is None and not (sweep_dir / STOP_FILE).exists():
+            time.sleep(0.2)
+    finally:  # the STOP file, or Ray cancelling the task: the script saves a checkpoint and exits
+        stop_group(proc, signal.SIGINT)
     rc = proc.returncode
     if rc == INTERRUPTED and (sweep_dir / STOP_FILE).exists():
         return {"state": "interrupted"}  # no result.json: a --resume continues it from its checkpoint
     result = {"state": "done" if rc == 0 else "failed", "returncode": rc, "seconds": round(time.time() - start, 1)}
     result.update({"command": shlex.join(proc.args), "key": trial.id, "host": socket.gethostname()})
-    result.update(progress_of(trial_dir / "log.txt"), log_tail="" if rc == 0 else log_tail(trial_dir / "log.txt"))
+    log = (trial_dir / "log.txt").read_text(errors="replace")
+    result.update(progress=progress_of(trial_dir / "log.txt"), log_tail="" if rc == 0 else "\n".join(log.splitlines()[-TAIL:]))
     write_json(trial_dir / "result.json", result)  # the marker: a finished trial is never run again
     return result
 
@@ -372,7 +321,7 @@ def start_ray(address: Optional[str], cpus_needed: int):
 
     kwargs = {"logging_level": "ERROR", "log_to_driver": False}
     if address is None:
-        kwargs.update(num_cpus=usable_cores(), include_dashboard=False, _temp_dir=temp, _node_ip_address="127.0.0.1")
+        kwargs.update(num_cpus=CORES, include_dashboard=False, _temp_dir=temp, _node_ip_address="127.0.0.1")
     try:
         ray.init(address=address or "local", **kwargs)
     except (ConnectionError, RuntimeError) as e:
@@ -382,22 +331,6 @@ def start_ray(address: Optional[str], cpus_needed: int):
         ray.shutdown()
         raise UserError(f"a trial needs {cpus_needed} CPUs but the largest Ray node has {largest:g}: lower --cpus-per-trial.")
     return ray, temp
-
-
-def install_stop_handler(sweep_dir: Path) -> dict:
-    """Ctrl-C / SIGTERM: write the STOP file; each trial then sends SIGINT to its script's process group (it saves a
-    checkpoint and exits), and the trials not started do not start."""
-    state = {"stopping": False}
-
-    def on_signal(signum, frame):
-        if not state["stopping"]:
-            print("[sweep] stopping: every running trial saves a checkpoint; `--resume` continues the sweep", flush=True)
-        state["stopping"] = True
-        (sweep_dir / STOP_FILE).touch()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
-    return state
 
 
 WORDS = {"done": "done", "failed": "FAILED (exit code {returncode})", "interrupted": "stopped, checkpoint saved"}
@@ -415,6 +348,7 @@ def run_trials(sweep_dir: Path, trials: list, args: dict, counts: dict) -> None:
     since, shown = time.time(), {}
     while waiting:
         finished, _ = ray.wait(list(waiting), timeout=args["report_interval"])
+        lines = {}
         for ref in finished:
             trial = waiting.pop(ref)
             try:
@@ -423,18 +357,18 @@ def run_trials(sweep_dir: Path, trials: list, args: dict, counts: dict) -> None:
                 result = {"state": "lost", "error": one_paragraph(str(e), 150)}
             counts["done"] += result["state"] == "done"
             counts["failed"] += result["state"] in ("failed", "lost")
-            if result["state"] in WORDS:
-                print(f"[trial {trial.id}] {WORDS[result['state']].format(**result)}")
+            lines[trial.id] = WORDS.get(result["state"], "").format(**result)
         for trial in waiting.values():
-            now = progress_of(sweep_dir / "trials" / trial.id / "log.txt")
-            if now and now != shown.get(trial.id):
-                shown[trial.id] = now
-                print(f"[trial {trial.id}] step {now['global_step']:,}/{now['total']:,}, {now['sps']:.0f} SPS")
-        logs = [sweep_dir / "trials" / t.id / "log.txt" for t in waiting.values()]
-        running = sum(p.is_file() and p.stat().st_mtime >= since for p in logs)
-        done, failed = counts["done"], counts["failed"]
-        pending = counts["total"] - done - failed - running
-        print(f"[sweep] {done}/{counts['total']} done, {running} running, {failed} failed, {pending} pending", flush=True)
+            lines[trial.id] = progress_of(sweep_dir / "trials" / trial.id / "log.txt")
+        lines = {k: v for k, v in lines.items() if v and v != shown.get(k)}
+        if lines:
+            shown.update(lines)
+            logs = [sweep_dir / "trials" / t.id / "log.txt" for t in waiting.values()]
+            running = sum(p.is_file() and p.stat().st_mtime >= since for p in logs)
+            done, failed = counts["done"], counts["failed"]
+            print("".join(f"[trial {k}] {v}\n" for k, v in lines.items()), end="")
+            pending = counts["total"] - done - failed - running
+            print(f"[sweep] {done}/{counts['total']} done, {running} running, {failed} failed, {pending} pending", flush=True)
 
 
 def run_grid(sweep_dir: Path, spec: dict, stopping: dict) -> int:
@@ -447,16 +381,12 @@ def run_grid(sweep_dir: Path, spec: dict, stopping: dict) -> int:
     counts = {"total": len(trials), "done": states.count("done"), "failed": states.count("failed")}
     run_trials(sweep_dir, todo, spec["args"], counts)
     results = [read_result(sweep_dir, t) for t in trials]
-    for t, r in zip(trials, results):
-        if r and r["state"] == "failed":
-            tail = "\n".join(f"    {line}" for line in r.get("log_tail", "").splitlines())
-            print(f"[trial {t.id}] FAILED (exit code {r['returncode']}); last lines of its log:\n{tail}", file=sys.stderr)
     if stopping["stopping"] or None in results:
         return INTERRUPTED
     return 1 if any(r["state"] == "failed" for r in results) else 0
 
 
-# ---- --tune: Optuna proposes settings in rounds; a setting's seeds are grid trials, its score their mean -----------
+# ---- --tune: settings drawn at random from a space, each a point of the grid; the best mean return is named -------
 
 
 def parse_space(items: list) -> dict:
@@ -474,65 +404,25 @@ def parse_space(items: list) -> dict:
             ok = False
         if not name.strip() or not values or not ok or kind not in ("loguniform", "uniform", "int", "choice"):
             raise UserError(
-                f"--space '{item}': write flag=loguniform:LOW:HIGH, uniform:LOW:HIGH, int:LOW:HIGH or choice:A,B,... "
-                "(LOW <= HIGH; loguniform above 0)."
+                f"--space '{item}': write flag=loguniform:LOW:HIGH (LOW > 0), uniform:LOW:HIGH, int:LOW:HIGH or choice:A,B"
             )
         space[flag_name(name)] = [kind, values]
     return space
 
 
-def fmt(value) -> str:
-    """A sampled value as the script gets it, and as the best command line shows it."""
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
+def sample_space(items: list, n: int, seed: int) -> list:
+    """n settings drawn at random from the space, each {flag: value as the script gets it}; the first n of n + k
+    draws are the n draws (a --resume with a larger --num-samples adds settings)."""
+    rng = np.random.default_rng(seed)
+    draw = {"uniform": lambda lo, hi: f"{rng.uniform(lo, hi):.6g}", "int": lambda lo, hi: str(rng.integers(lo, hi + 1))}
+    draw.update(
+        loguniform=lambda lo, hi: f"{np.exp(rng.uniform(np.log(lo), np.log(hi))):.6g}", choice=lambda *v: rng.choice(v)
+    )
+    space = parse_space(items)
+    return [{name: str(draw[kind](*values)) for name, (kind, values) in space.items()} for _ in range(n)]
 
 
-def run_tune(sweep_dir: Path, spec: dict, stopping: dict) -> int:
-    """Rounds of as many settings as the cluster runs at once, up to --num-samples: Optuna's TPE, told every finished
-    setting's score (the mean over its seeds of their last evaluation; a failed seed fails the setting), proposes the
-    next round. sweep.json holds the settings: a --resume runs the unfinished ones (from their checkpoints) first."""
-    import optuna
-    import ray
-    from optuna import distributions as dist
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    a = spec["args"]
-    make = {
-        "uniform": dist.FloatDistribution,
-        "int": dist.IntDistribution,
-        "choice": lambda *v: dist.CategoricalDistribution(v),
-    }
-    make["loguniform"] = lambda low, high: dist.FloatDistribution(low, high, log=True)
-    space = {name: make[kind](*values) for name, (kind, values) in parse_space(a["space"]).items()}
-    at_once = max(1, int(ray.cluster_resources().get("CPU", 1)) // (a["cpus_per_trial"] * len(a["seeds"])))
-    settings = spec.setdefault("settings", [])
-    counts = {"total": a["num_samples"] * len(a["seeds"]), "done": 0, "failed": 0}
-    while True:
-        trials = {t["id"]: Trial(**t) for t in spec["trials"]}
-        unfinished = [i for s in settings for i in s["trials"] if read_result(sweep_dir, trials[i]) is None]
-        if unfinished:
-            run_trials(sweep_dir, [trials[i] for i in unfinished], a, counts)
-            if stopping["stopping"] or any(read_result(sweep_dir, trials[i]) is None for i in unfinished):
-                return INTERRUPTED
-        if len(settings) == a["num_samples"]:
-            return 0
-        study = optuna.create_study(
-            direction="maximize", sampler=optuna.samplers.TPESampler(seed=a["search_seed"] + len(settings))
-        )
-        for s in settings:
-            scores = [trial_entry(sweep_dir, trials[i]).get("eval_last") for i in s["trials"]]
-            state = optuna.trial.TrialState.FAIL if None in scores else optuna.trial.TrialState.COMPLETE
-            value = None if None in scores else float(np.mean(scores))
-            study.add_trial(optuna.trial.create_trial(params=s["params"], distributions=space, value=value, state=state))
-        for _ in range(min(at_once, a["num_samples"] - len(settings))):
-            params = study.ask(space).params
-            grid = {name: [fmt(value)] for name, value in params.items()}
-            new = expand_grid(a["script"], a["env_id"], a["seeds"], grid, a["extra"], a["cpus_per_trial"])
-            settings.append({"params": params, "trials": [t.id for t in new]})
-            spec["trials"] += [asdict(t) for t in new if t.id not in {t["id"] for t in spec["trials"]}]
-        write_json(sweep_dir / "sweep.json", spec)  # before the round starts
-
-
-# ---- the summary: per trial its score, per task (its seeds) the mean and a 95 % bootstrap interval ------------------
+# ---- the summary: per trial its score, per task (its seeds) their mean, std and range ------------------------------
 
 
 def read_scalars(run_dir: Path, tag: str) -> tuple:
@@ -577,39 +467,32 @@ def summarize(sweep_dir: Path, spec: dict, metric: str) -> dict:
         row["failed"] = [e["seed"] for e in entries if e["state"] == "failed"]
         row["unfinished"] = [e["seed"] for e in entries if e["state"] == "unfinished"]
         if values.size:
-            row.update({"mean": float(values.mean()), "std": float(values.std())})
-            means = np.random.default_rng(0).choice(values, (10_000, values.size)).mean(axis=1)
-            row["ci95"] = np.percentile(means, [2.5, 97.5]).tolist() if values.size >= 3 else [values.min(), values.max()]
+            row.update({"mean": float(values.mean()), "std": float(values.std()), "range": [values.min(), values.max()]})
         rows.append(row)
     summary = {"metric": metric, "metric_meaning": meaning, "tasks": rows, "trials": trials}
     lines = [
-        f"Score: {meaning}, per seed. Interval: 95 % percentile bootstrap of the mean (3 seeds or more), else min–max.",
+        f"Score: {meaning}, per seed.",
         "",
-        "| task | seeds done / all | mean ± std | interval | failed seeds |",
+        "| task | seeds done / all | mean ± std | min, max | failed seeds |",
         "|---|---|---|---|---|",
     ]
     for r in rows:
-        mean = f"{r['mean']:.1f} ± {r['std']:.1f} | [{r['ci95'][0]:.1f}, {r['ci95'][1]:.1f}]" if r["n"] else "– | –"
+        mean = f"{r['mean']:.1f} ± {r['std']:.1f} | [{r['range'][0]:.1f}, {r['range'][1]:.1f}]" if r["n"] else "– | –"
         failed = ", ".join(map(str, r["failed"])) or "–"
         failed += f" (unfinished: {', '.join(map(str, r['unfinished']))})" if r["unfinished"] else ""
         lines.append(f"| {r['task']} | {r['n']} / {r['seeds']} | {mean} | {failed} |")
-    for t in trials:
-        if t["state"] == "failed":
-            tail = "\n".join(f"    {line}" for line in t["log_tail"].splitlines())
-            lines.append(f"\nFAILED: trial {t['id']}; last lines of its log:\n\n{tail}")
+    failures = [f"[trial {t['id']}] FAILED; last lines of its log:\n{t['log_tail']}" for t in trials if t["state"] == "failed"]
     scored = [r for r in rows if r["n"] and r["n"] == r["seeds"]]
     if spec["args"]["tune"] and scored:
         best, a = max(scored, key=lambda r: r["mean"]), spec["args"]
         flags = next(t["flags"] for t in spec["trials"] if Trial(**t).task == best["task"])
         command = shlex.join(["python", Path(a["script"][0]).name, "--env-id", a["env_id"][0], *a["extra"], *flag_args(flags)])
-        seeds = [str(max(a["seeds"]) + i) for i in (1, 2, 3)]
-        rerun = ["python", "tools/sweep.py", "--out", f"{sweep_dir}-best", "--script", a["script"][0], "--env-id"]
-        rerun += [a["env_id"][0], "--seeds", *seeds, *(f"--grid={n}={v}" for n, v in flags), "--", *a["extra"]]
-        summary["best"] = {"task": best["task"], "mean": best["mean"], "command": command, "rerun_command": shlex.join(rerun)}
-        lines += ["", f"[tune] best command line:\n{command}", f"[tune] on fresh seeds:\n{shlex.join(rerun)}"]
+        summary["best"] = {"task": best["task"], "mean": best["mean"], "command": command}
+        lines += ["", f"[tune] best command line:\n{command}"]
     write_json(sweep_dir / "summary.json", summary)
-    (sweep_dir / "summary.md").write_text("\n".join(lines) + "\n")
+    (sweep_dir / "summary.md").write_text("\n\n".join(["\n".join(lines), *failures]) + "\n")
     print("\n".join(lines), flush=True)
+    print("\n\n".join(failures), file=sys.stderr)
     return summary
 
 
@@ -636,8 +519,8 @@ def parse_args(argv: list) -> tuple:
     add("--metric", choices=sorted(METRICS), help="per-seed score (default: eval if --eval-interval is given)")
     add("--tune", action="store_true", help="search --space (one script, one env id): mean last eval return over --seeds")
     add("--space", action="append", help="flag=loguniform:LOW:HIGH | uniform:LOW:HIGH | int:LOW:HIGH | choice:A,B")
-    add("--num-samples", type=int, default=8, help="--tune: settings tried")
-    add("--search-seed", type=int, default=0, help="--tune: Optuna's seed")
+    add("--num-samples", type=int, help="--tune: settings tried (default 8)")
+    add("--search-seed", type=int, help="--tune: the random draws' seed (default 0)")
     extra = argv[argv.index("--") + 1 :] if "--" in argv else None
     return parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv), extra
 
@@ -649,10 +532,20 @@ def sweep_args(ns, extra: Optional[list], old: Optional[dict]) -> dict:
     given = {k: getattr(ns, k) for k in ("env_id", "seeds", "cpus_per_trial", "space", "search_seed")}
     given.update(grid=parse_grid(ns.grid) if ns.grid else None, extra=extra, tune=ns.tune or None)
     given.update(script=[find_script(s) for s in ns.script] if ns.script else None, num_samples=ns.num_samples)
-    args = {"seeds": [1, 2, 3], "grid": {}, "extra": [], "cpus_per_trial": 1, "space": [], "tune": False, **(old or {})}
+    args = {
+        "seeds": [1, 2, 3],
+        "grid": {},
+        "extra": [],
+        "cpus_per_trial": 1,
+        "space": [],
+        "tune": False,
+        "num_samples": 8,
+        "search_seed": 0,
+    }
+    args.update(old or {})
     if old is not None:  # a --resume: a grid sweep gets the trials of new scripts, env ids, seeds or grid values
         changed = [k for k, v in given.items() if v is not None and k in old and v != old[k]]
-        changed = [k for k in changed if k not in GROWS or old["tune"]]
+        changed = [k for k in changed if k not in (("num_samples", "seeds") if old["tune"] else GROWS)]
         if changed:
             differ = "; ".join(f"--{k.replace('_', '-')} {given[k]} (the sweep's: {old[k]})" for k in changed)
             raise UserError(f"--resume with {differ}: a sweep's trials share these; start another --out.")
@@ -662,28 +555,26 @@ def sweep_args(ns, extra: Optional[list], old: Optional[dict]) -> dict:
     args["metric"] = ns.metric or args.get("metric") or ("eval" if evaluates else "train")
     if args["cpus_per_trial"] < 1 or args["max_failures"] < 0 or args["report_interval"] <= 0 or min(args["seeds"]) < 0:
         raise UserError("--cpus-per-trial must be >= 1, --max-failures >= 0, --report-interval > 0, seeds >= 0.")
-    check_flags([w[2:].split("=", 1)[0] for w in args["extra"] if w.startswith("--")] + list(args["grid"]))
-    if ns.address is None and args["cpus_per_trial"] > usable_cores():
-        raise UserError(
-            f"--cpus-per-trial {args['cpus_per_trial']}: more than this machine's {usable_cores()} cores: no trial could "
-            "start. Lower it."
-        )
+    names = [w[2:].split("=", 1)[0] for w in args["extra"] if w.startswith("--")] + list(args["grid"])
+    for name in set(SET_BY_SWEEP) & set(names + list(parse_space(args["space"]))):
+        raise UserError(f"--{name} is set by the sweep for each trial (--env-id, --seeds, --cpus-per-trial, --out, --resume).")
+    if ns.address is None and args["cpus_per_trial"] > CORES:
+        raise UserError(f"--cpus-per-trial {args['cpus_per_trial']}: more than this machine's {CORES} cores.")
     if args["tune"]:
         if len(args["script"]) != 1 or len(args["env_id"]) != 1 or args["grid"] or not args["space"]:
             raise UserError("--tune searches one script on one env id over --space (no --grid): give one of each.")
         if not evaluates or args["num_samples"] < 1:
             raise UserError("--tune needs --num-samples >= 1 and, after --, --eval-interval N (its score: evaluations).")
-        check_flags(list(parse_space(args["space"])))
     elif args["space"]:
         raise UserError("--space needs --tune (a grid takes --grid flag=v1,v2).")
     return args
 
 
 def grid_of(args: dict) -> list:
-    if args["tune"]:  # what the value check probes: each range's ends, every choice
-        values = {name: [fmt(v) for v in vs] for name, (kind, vs) in parse_space(args["space"]).items()}
-        return expand_grid(args["script"], args["env_id"], args["seeds"][:1], values, args["extra"], 1)
-    return expand_grid(args["script"], args["env_id"], args["seeds"], args["grid"], args["extra"], args["cpus_per_trial"])
+    a = args
+    grid = [{n: [v] for n, v in s.items()} for s in sample_space(a["space"], a["num_samples"], a["search_seed"])]
+    points = grid if a["tune"] else [a["grid"]]
+    return [t for p in points for t in expand_grid(a["script"], a["env_id"], a["seeds"], p, a["extra"], a["cpus_per_trial"])]
 
 
 def load_spec(out: Path) -> dict:
@@ -691,10 +582,7 @@ def load_spec(out: Path) -> dict:
         raise UserError(f"--out {out} holds no sweep (no sweep.json): start one without --resume / --summarize.")
     spec = read_json(out / "sweep.json")
     if not isinstance(spec, dict) or not isinstance(spec.get("args"), dict) or not isinstance(spec.get("trials"), list):
-        raise UserError(
-            f"{out / 'sweep.json'} is not a sweep this tool wrote (unreadable, or from an older version of it): restore "
-            "it, or start the sweep again in another --out."
-        )
+        raise UserError(f"{out / 'sweep.json'} is not a sweep this tool wrote (unreadable, or of an older version of it).")
     return spec
 
 
@@ -705,17 +593,14 @@ def plan(ns, extra: Optional[list], out: Path) -> tuple:
             raise UserError(f"--out {out} is not empty: continue its sweep with --resume, or choose another --out.")
         args = sweep_args(ns, extra, None)
         trials = grid_of(args)
-        return {"args": args, "trials": [] if args["tune"] else [asdict(t) for t in trials]}, trials
+        return {"args": args, "trials": [asdict(t) for t in trials]}, trials
     spec = load_spec(out)
     args = sweep_args(ns, extra, spec["args"])
     for t in [Trial(**t) for t in spec["trials"]]:
-        if checksum(t.script) != t.checksum and not read_result(out, t):
-            raise UserError(
-                f"{t.script} changed since the sweep started: its unfinished trials would run another script than their "
-                "finished ones. Restore it, or start a new sweep in another --out."
-            )
+        if hashlib.sha256(Path(t.script).read_bytes()).hexdigest() != t.checksum and not read_result(out, t):
+            raise UserError(f"{t.script} changed since the sweep started: restore it, or start a sweep in another --out.")
     known = {t["id"] for t in spec["trials"]}
-    new = [] if args["tune"] else [t for t in grid_of(args) if t.id not in known]
+    new = [t for t in grid_of(args) if t.id not in known]
     if new:
         print(f"[sweep] {len(new)} new trial(s) added to the sweep", flush=True)
     return {**spec, "args": args, "trials": spec["trials"] + [asdict(t) for t in new]}, new
@@ -741,11 +626,19 @@ def main(argv: Optional[list] = None) -> int:
     try:
         write_json(out / "sweep.json", spec)
         (out / STOP_FILE).unlink(missing_ok=True)
-        stopping = install_stop_handler(out)
-        where = f"the Ray cluster at {ns.address}" if ns.address else f"Ray on this machine ({usable_cores()} CPUs)"
+        stopping = {"stopping": False}
+
+        def on_signal(signum, frame):  # Ctrl-C / SIGTERM: each trial's script saves a checkpoint, none starts anew
+            print("[sweep] stopping: every running trial saves a checkpoint; `--resume` continues the sweep", flush=True)
+            stopping["stopping"] = True
+            (out / STOP_FILE).touch()
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        where = f"the Ray cluster at {ns.address}" if ns.address else f"Ray on this machine ({CORES} CPUs)"
         cpus = spec["args"]["cpus_per_trial"]
         print(f"[sweep] {len(spec['trials'])} trial(s) in {out}; {cpus} CPU(s) each; {where}", flush=True)
-        rc = (run_tune if spec["args"]["tune"] else run_grid)(out, spec, stopping)
+        rc = run_grid(out, spec, stopping)
         summarize(out, spec, spec["args"]["metric"])
         return rc
     finally:
