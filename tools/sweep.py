@@ -312,16 +312,20 @@ def start_ray(address: Optional[str], cpus_needed: int):
     of this user's), or the cluster at --address; a trial bigger than its largest node is refused."""
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # `uv run` per worker start: only slower here
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)  # an empty entry: the working folder on sys.path
     temp = None
     if address is None:  # (read when ray is first imported: set before)
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # servers on 127.0.0.1 (the switch is named for others)
         os.environ["RAY_AUTH_MODE"] = "token"
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # this cluster's; its workers inherit it
-        temp = tempfile.mkdtemp(prefix=f"ray-{os.getuid()}-")  # mode 0700, short: socket paths <= 107 bytes
+        temp = tempfile.mkdtemp(prefix=f"ray-{os.getuid()}-")  # mode 0700 (Ray makes its own folder 0777), short:
+        # socket paths <= 107 bytes
     import ray
 
     kwargs = {"logging_level": "ERROR", "log_to_driver": False}
     if address is None:
-        kwargs.update(num_cpus=CORES, include_dashboard=False, _temp_dir=temp, _node_ip_address="127.0.0.1")
+        kwargs.update(num_cpus=CORES, include_dashboard=False, _temp_dir=f"{temp}/r", _node_ip_address="127.0.0.1")
     try:
         ray.init(address=address or "local", **kwargs)
     except (ConnectionError, RuntimeError) as e:
