@@ -157,6 +157,12 @@ NO_RAY_TESTS = {
     "test_unreachable_ray_address_fails_within_30_seconds",
     "test_grid_is_every_script_env_value_and_seed_with_threads_equal_to_cpus_per_trial",
     "test_bad_input_is_refused_in_one_paragraph_before_anything_runs",
+    "test_a_trials_id_is_a_hash_of_its_whole_command_and_a_result_is_reused_only_for_it",
+    "test_resume_with_new_seeds_or_grid_values_adds_their_trials_and_other_changes_are_refused",
+    "test_a_second_sweep_on_a_folder_in_use_is_refused_naming_the_holder",
+    "test_an_address_that_is_not_a_ray_head_is_refused_within_30_seconds",
+    "test_out_a_file_and_a_corrupt_sweep_json_get_one_paragraph",
+    "test_summarize_of_an_empty_grid_and_of_a_tuning_sweep_works",
 }
 
 
