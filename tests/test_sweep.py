@@ -1,9 +1,9 @@
-"""tools/sweep.py: the grid and its CPU / thread assignment, bad input refused before anything runs, a tiny sweep on
-Ray Tune whose summary holds the numbers each trial logged (a failing trial marked, the others unharmed), and a
-Ctrl-C mid-sweep whose --resume runs nothing twice. Slow tier: benchmarks/run.py through the tool, a two-node cluster
-that loses a node mid-trial, a tiny --tune study, and one stopped with Ctrl-C and resumed. Every sweep runs in a
-session of its own and is stopped by process group; its Ray head is the tool's own (a session of its own, on
-127.0.0.1), stopped by the tool."""
+"""tools/sweep.py: the grid and its CPU / thread assignment, bad input refused before anything runs, the sweep's own
+Ray (token authentication, 127.0.0.1, a private temp folder), a tiny sweep whose summary holds the numbers each trial
+logged (a failing trial marked, the others unharmed), and a Ctrl-C mid-sweep whose --resume runs nothing twice. Slow
+tier: benchmarks/run.py through the tool, a two-node cluster that loses a node mid-trial, a tiny --tune study, and one
+stopped with Ctrl-C and resumed. Every sweep runs in a session of its own and is stopped by process group; its Ray
+head is the tool's own (on 127.0.0.1), stopped by the tool."""
 
 import json
 import os
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import BASE_ENV, ROOT, assert_clean_error, output_after_ctrl_c, scalars, wait_until
-from tools.sweep import concurrency, expand_grid, flag_args, parse_grid
+from tools.sweep import expand_grid, flag_args, parse_args, parse_grid, plan
 
 SWEEP = str(ROOT / "tools" / "sweep.py")
 TINY = [
@@ -94,31 +94,58 @@ def run_dir_of(trial: Path) -> Path:
 def test_grid_is_every_script_env_value_and_seed_with_threads_equal_to_cpus_per_trial(tmp_path):
     grid = parse_grid(["learning_rate=3e-4,1e-3", "--norm-adv=true,false,true"])
     assert grid == {"learning-rate": ["3e-4", "1e-3"], "norm-adv": ["true", "false"]}  # names as flags, no repeats
-    trials = expand_grid(
-        ["ppo_continuous.py"],
-        ["Pendulum-v1", "Hopper-v4"],
-        [1, 2],
-        grid,
-        ["--total-timesteps", "9"],
-        cpus_per_trial=3,
-        bool_flags={"ppo_continuous.py": ["norm-adv"]},
-    )
+    script = str(ROOT / "ppo_continuous.py")
+    trials = expand_grid([script], ["Pendulum-v1", "Hopper-v4"], [1, 2], grid, ["--total-timesteps", "9"], 3)
     assert len(trials) == 2 * 2 * 2 * 2 and len({t.id for t in trials}) == 16
-    assert {(t.env_id, t.seed, tuple(map(tuple, t.flags))) for t in trials} == {
-        (env, seed, (("learning-rate", lr), ("norm-adv", adv)))
-        for env in ("Pendulum-v1", "Hopper-v4")
-        for seed in (1, 2)
-        for lr in ("3e-4", "1e-3")
-        for adv in ("true", "false")
-    }
     cmd = trials[3].command(tmp_path / "t")  # script, env, grid point, seed: the innermost loop is the seed
     assert cmd[cmd.index("--torch-threads") + 1] == "3" and cmd[cmd.index("--runs-dir") + 1] == str(tmp_path / "t" / "runs")
     assert cmd[cmd.index("--seed") + 1] == "2" and cmd[-3:] == ["--learning-rate", "3e-4", "--no-norm-adv"]
-    assert cmd[cmd.index("--total-timesteps") + 1] == "9"
     assert trials[0].task == trials[1].task != trials[2].task  # the seeds of a grid point are one task
-    # trials at once on a node = its cores / CPUs per trial: never more threads than cores
-    assert [concurrency(cores, cpt) for cores, cpt in [(2, 1), (2, 2), (16, 3), (2, 4)]] == [2, 1, 5, 0]
-    assert flag_args([["gamma", "0.9"], ["anneal-lr", "False"]], ["anneal-lr"]) == ["--gamma", "0.9", "--no-anneal-lr"]
+    assert flag_args([["gamma", "0.9"], ["anneal-lr", "False"]]) == ["--gamma", "0.9", "--no-anneal-lr"]
+
+
+def test_a_trials_id_is_a_hash_of_its_whole_command_and_a_result_is_reused_only_for_it(tmp_path):
+    """Issue 59: ids left out the flags after `--`, and any result.json in a trial folder was taken as done."""
+    script = tmp_path / "train.py"
+    script.write_text("print('v1')\n")
+    (a,) = expand_grid([str(script)], ["Pendulum-v1"], [1], {}, ["--total-timesteps", "1024"], 1)
+    (b,) = expand_grid([str(script)], ["Pendulum-v1"], [1], {}, ["--total-timesteps", "2048"], 1)
+    (c,) = expand_grid([str(script)], ["Pendulum-v1"], [1], {}, ["--total-timesteps", "1024"], 2)
+    script.write_text("print('v2')\n")
+    (d,) = expand_grid([str(script)], ["Pendulum-v1"], [1], {}, ["--total-timesteps", "1024"], 1)
+    assert len({a.id, b.id, c.id, d.id}) == 4  # a flag after --, the threads, the script's text: another trial
+    from tools.sweep import read_result
+
+    (tmp_path / "trials" / a.id).mkdir(parents=True)
+    (tmp_path / "trials" / a.id / "result.json").write_text(json.dumps({"state": "done", "key": b.id}))
+    assert read_result(tmp_path, a) is None  # a result written for another command is not this trial's
+
+
+def write_sweep(out: Path, seeds: list, extra: list) -> dict:
+    """A sweep.json as the tool writes it, its trials finished (no Ray: what --resume plans is checked before Ray)."""
+    ns, _ = parse_args(
+        ["--out", str(out), "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--seeds", *map(str, seeds)]
+    )
+    out.mkdir(parents=True)
+    spec, _ = plan(ns, extra, out)
+    for t in spec["trials"]:
+        (out / "trials" / t["id"]).mkdir(parents=True)
+        (out / "trials" / t["id"] / "result.json").write_text(json.dumps({"state": "done", "key": t["id"], "returncode": 0}))
+    (out / "sweep.json").write_text(json.dumps(spec))
+    return spec
+
+
+def test_resume_with_new_seeds_or_grid_values_adds_their_trials_and_other_changes_are_refused(tmp_path):
+    """Issue 59: `--resume --grid ... --seeds 5 6 -- --total-timesteps 4096` ran nothing: the new trials were dropped."""
+    out = tmp_path / "sweep"
+    old = write_sweep(out, [1], ["--total-timesteps", "1024"])
+    argv = ["--out", str(out), "--resume", "--seeds", "5", "6", "--grid", "learning_rate=1e-3,3e-4"]
+    spec, new = plan(*parse_args([*argv, "--", "--total-timesteps", "1024"]), out)
+    assert len(new) == 4 and {t.seed for t in new} == {5, 6}  # probed, then run
+    assert spec["trials"][:1] == old["trials"] and len(spec["trials"]) == 5  # the finished trial kept
+    proc = run_sweep(*argv, "--", "--total-timesteps", "4096", timeout=120)
+    assert_clean_error(proc, "--resume with --extra", "4096", "1024", "another --out")
+    assert json.loads((out / "sweep.json").read_text()) == old and not (out / "sweep.lock").exists()
 
 
 # ---- bad input: one paragraph, exit 2, nothing run or written ---------------------------------------------------
@@ -131,13 +158,14 @@ def free_port() -> int:
 
 
 BAD = {
-    "unknown script": (["--script", "dqn.py"], [], ["unknown script 'dqn.py'", "ppo_continuous.py"]),
-    "unknown grid flag": (["--grid", "learning_rat=1e-3"], [], ["has no flag --learning-rat"]),
-    "unknown flag after --": ([], ["--num-stepz", "64"], ["has no flag --num-stepz"]),
+    "unknown script": (["--script", "dqn.py"], [], ["unknown script 'dqn.py'", "no such .py file"]),
+    "unknown grid flag": (["--grid", "learning_rat=1e-3"], [], ["refused by the script", "--learning-rat"]),
+    "unknown flag after --": ([], ["--num-stepz", "64"], ["refused by the script", "--num-stepz"]),
+    "a script that exits without training": ([], ["--help"], ["exited (code 0) without starting a training run"]),
     "a flag the sweep sets": ([], ["--seed", "3"], ["--seed is set by the sweep"]),
     "bad value": (["--grid", "gamma=0.99,2"], [], ["--gamma 2", "refused by the script", "--gamma must be in [0, 1]"]),
     "too many CPUs": (["--cpus-per-trial", "4096"], [], ["--cpus-per-trial 4096", "cores"]),
-    "unreachable address": (["--address", "127.0.0.1:PORT"], [], ["--address 127.0.0.1:", "cannot connect"]),
+    "unreachable address": (["--address", "127.0.0.1:PORT"], [], ["--address 127.0.0.1:", "no Ray head answers"]),
 }
 
 
@@ -152,6 +180,110 @@ def test_bad_input_is_refused_in_one_paragraph_before_anything_runs(case, tmp_pa
     assert_clean_error(proc, *needles)
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr  # one paragraph
     assert not out.exists(), "refused before anything was written"
+
+
+def test_a_second_sweep_on_a_folder_in_use_is_refused_naming_the_holder(tmp_path):
+    """Issue 59: two sweeps on one --out both ran, into one trial folder. The first holds the lock here (the race forced)."""
+    import fcntl
+
+    out = tmp_path / "sweep"
+    out.mkdir()
+    with open(out / "sweep.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        lock.write("4242 on somehost\n")
+        lock.flush()
+        proc = run_sweep("--out", out, "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--", *TINY, timeout=60)
+        assert_clean_error(proc, f"--out {out} is in use by another sweep (pid 4242 on somehost)")
+        assert sorted(p.name for p in out.iterdir()) == ["sweep.lock"]  # nothing written, the holder's lock kept
+
+
+def test_an_address_that_is_not_a_ray_head_is_refused_within_30_seconds(tmp_path):
+    """Issue 59: an HTTP server as --address hung in ray.init for 300 s and more, after writing sweep.json."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        port = int(re.search(r"port (\d+)", server.stdout.readline()).group(1))
+        out = tmp_path / "sweep"
+        args = ["--out", out, "--address", f"127.0.0.1:{port}", "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1"]
+        proc = run_sweep(*args, "--", *TINY, timeout=60)  # the tool's own handshake gives up after 20 s, not ray.init
+        assert_clean_error(proc, f"--address 127.0.0.1:{port}: no Ray head answers there")
+        assert not out.exists()
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_out_a_file_and_a_corrupt_sweep_json_get_one_paragraph(tmp_path):
+    """Issue 59: FileExistsError and JSONDecodeError tracebacks."""
+    (tmp_path / "file").write_text("mine\n")
+    proc = run_sweep("--out", tmp_path / "file", "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", timeout=60)
+    assert_clean_error(proc, "is a file, not a folder")
+    assert (tmp_path / "file").read_text() == "mine\n"
+    (tmp_path / "sweep").mkdir()
+    (tmp_path / "sweep" / "sweep.json").write_text('{"trials": [')
+    for flag in ("--resume", "--summarize"):
+        proc = run_sweep("--out", tmp_path / "sweep", flag, timeout=60)
+        assert_clean_error(proc, "sweep.json is not a sweep this tool wrote")
+    assert (tmp_path / "sweep" / "sweep.json").read_text() == '{"trials": ['
+
+
+def test_summarize_of_an_empty_grid_and_of_a_tuning_sweep_works(tmp_path):
+    """Issue 59: ZeroDivisionError in `plot` for an empty grid (`--grid "learning_rate= ,"` was accepted) and a study."""
+    proc = run_sweep(
+        "--out", tmp_path / "s", "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--grid", "learning_rate= ,"
+    )
+    assert_clean_error(proc, "--grid 'learning_rate= ,'")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "sweep.json").write_text(json.dumps({"args": {"tune": False, "metric": "eval"}, "trials": []}))
+    proc = run_sweep("--out", tmp_path / "empty", "--summarize", timeout=60)
+    assert proc.returncode == 0 and "| task |" in proc.stdout, proc.stdout + proc.stderr
+    assert json.loads((tmp_path / "empty" / "summary.json").read_text())["tasks"] == []
+    (tmp_path / "tune").mkdir()
+    (tmp_path / "tune" / "sweep.json").write_text(json.dumps({"args": {"tune": True, "metric": "eval"}, "trials": []}))
+    proc = run_sweep("--out", tmp_path / "tune", "--summarize", timeout=60)
+    assert proc.returncode == 0 and "| task |" in proc.stdout, proc.stdout + proc.stderr  # no setting finished: no best
+
+
+SPY = """import json, os, sys
+from pathlib import Path
+runs = Path(sys.argv[len(sys.argv) - sys.argv[::-1].index("--runs-dir")]) / "spy"  # (the probe's is the last)
+runs.mkdir(parents=True)
+raylet = Path(f"/proc/{os.environ.get('RAY_RAYLET_PID', 'self')}/cmdline").read_bytes().decode().split(chr(0))
+temp = next((a.split("=", 1)[1] for a in raylet if a.startswith("--temp_dir=")), "")
+listening = [line.split()[1] for name in ("/proc/net/tcp", "/proc/net/tcp6") for line in open(name).readlines()[1:]]
+seen = {"env": dict(os.environ), "raylet": raylet, "temp": temp, "listening": listening}
+seen["modes"] = [os.stat(p).st_mode & 0o777 for p in (temp, os.path.dirname(temp))] if temp else None
+(runs / "args.json").write_text(json.dumps(seen))
+"""
+
+
+@pytest.mark.ray
+def test_the_sweeps_own_ray_has_token_auth_a_private_temp_folder_and_listens_on_127_0_0_1(tmp_path):
+    """Issue 59: the sweep turned Ray's token authentication off (RAY_AUTH_MODE=disabled) and put an empty entry on
+    PYTHONPATH. A stand-in script (it makes its run folder, so the probe passes) records what a trial sees: its env,
+    its Ray node's command line and the listening sockets, while the sweep's Ray runs. The user's env asks for the
+    opposite (auth disabled, an empty PYTHONPATH entry)."""
+    (tmp_path / "spy.py").write_text(SPY)
+    out = tmp_path / "sweep"
+    env = sweep_env(RAY_AUTH_MODE="disabled", PYTHONPATH=f"{ROOT}{os.pathsep}")
+    proc = run_sweep("--out", out, "--script", tmp_path / "spy.py", "--env-id", "X", "--seeds", "1", env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (found,) = out.glob("trials/*/runs/spy/args.json")
+    seen = json.loads(found.read_text())
+    assert seen["env"]["RAY_AUTH_MODE"] == "token" and len(seen["env"].get("RAY_AUTH_TOKEN", "")) >= 32
+    assert seen["env"]["RAY_AUTH_TOKEN"] not in json.dumps(dict(os.environ))  # a token of this cluster's own
+    assert "" not in seen["env"].get("PYTHONPATH", "").split(os.pathsep) or not seen["env"].get("PYTHONPATH")
+    # Ray makes its temp folder 0777: it is inside one of this user's own, 0700, removed at the end
+    private = Path(seen["temp"]).parent
+    assert private.name.startswith(f"ray-{os.getuid()}-") and seen["modes"][1] == 0o700, seen["modes"]
+    assert not private.exists(), "the sweep removes its Ray temp folder"
+    assert "--node_ip_address=127.0.0.1" in seen["raylet"]
+    (gcs,) = {a.split("=", 1)[1] for a in seen["raylet"] if a.startswith("--gcs-address=")} or {""}
+    host, port = gcs.rsplit(":", 1)
+    assert host == "127.0.0.1"
+    bound = {a.rsplit(":", 1)[0] for a in seen["listening"] if int(a.rsplit(":", 1)[1], 16) == int(port)}
+    assert bound and bound <= {"0100007F", "0000000000000000FFFF00000100007F"}, bound  # 127.0.0.1 only
 
 
 # ---- a tiny sweep end to end --------------------------------------------------------------------------------------
@@ -177,8 +309,6 @@ def test_a_tiny_sweep_summarizes_each_trials_own_scalars_and_marks_a_failing_tri
         "num_steps=64,96",
         "--grid",
         "num_minibatches=2,3",
-        "--score-range",
-        "Pendulum-v1=-1600:0",
         "--report-interval",
         "1",
         "--",
@@ -207,7 +337,7 @@ def test_a_tiny_sweep_summarizes_each_trials_own_scalars_and_marks_a_failing_tri
             assert "train_last100_mean" not in entry
         assert json.loads((run_dir / "args.json").read_text())["compute"]["torch_threads"] == 1  # --cpus-per-trial 1
         assert f"[trial {trial_id}] done" in proc.stdout
-    # per task: the mean of its seeds' final evaluations (the score, as --eval-interval is given), normalized
+    # per task: the mean of its seeds' final evaluations (the score, as --eval-interval is given)
     table = (out / "summary.md").read_text()
     for row in summary["tasks"]:
         seeds = [e for e in trials.values() if e["task"] == row["task"] and e["state"] == "done"]
@@ -216,10 +346,7 @@ def test_a_tiny_sweep_summarizes_each_trials_own_scalars_and_marks_a_failing_tri
             continue
         assert row["per_seed"] == [e["eval_last"] for e in seeds] and row["n"] == 2
         assert row["mean"] == pytest.approx(np.mean(row["per_seed"]))
-        assert row["normalized_per_seed"] == pytest.approx([(v + 1600) / 1600 for v in row["per_seed"]], abs=1e-4)
         assert f"| {row['task']} | 2 / 2 | {row['mean']:.1f} ± {row['std']:.1f} |" in table
-    assert summary["aggregate"]["runs"] == 6 and "IQM of the normalized score over 3 task(s), 6 runs" in table
-    assert (out / "summary.png").stat().st_size > 10_000
     assert re.search(r"^\[sweep\] 6/8 done, 0 running, 2 failed, 0 pending", proc.stdout, re.M), proc.stdout
     # --summarize rewrites the same numbers from what is on disk
     again = run_sweep("--out", out, "--summarize", timeout=120)
@@ -316,9 +443,9 @@ def test_ctrl_c_saves_the_running_trial_and_resume_runs_nothing_twice(tmp_path):
         "256",
     )
     trials = out / "trials"
-    out1, err1 = ctrl_c_once_saved(proc, trials, "001_*/runs/*/checkpoints/step_*.pt")
+    out1, err1 = ctrl_c_once_saved(proc, trials, "*total-timesteps=6016*/runs/*/checkpoints/step_*.pt")
     assert proc.returncode == 130, out1 + err1
-    first, second, third = sorted(trials.iterdir())
+    first, second, third = (next(trials.glob(f"*total-timesteps={n}_*")) for n in (256, 6016, 384))
     assert json.loads((first / "result.json").read_text())["state"] == "done"
     assert not (second / "result.json").exists()
     interrupted = list(second.glob("runs/*/checkpoints/interrupted_*.pt"))
@@ -345,7 +472,7 @@ def test_ctrl_c_saves_the_running_trial_and_resume_runs_nothing_twice(tmp_path):
 def test_a_node_lost_mid_trial_its_trial_finishes_on_the_other_node_from_its_checkpoint(tmp_path):
     """Two nodes of 2 CPUs (tests/test_sac_continuous_ray_cluster.py's Cluster: its own sessions and temp dirs,
     stopped by process group), two trials of 2 CPUs: one per node. The second node is SIGKILLed once both trials have
-    a checkpoint; Tune restarts its trial on the head, which resumes it from its newest checkpoint in the same folder."""
+    a checkpoint; Ray runs its trial again on the head, which resumes it from its newest checkpoint in the same folder."""
     from tests.test_sac_continuous_ray_cluster import FAST_FAILURE, Cluster
 
     c = Cluster(tmp_path)
@@ -408,7 +535,6 @@ def test_a_node_lost_mid_trial_its_trial_finishes_on_the_other_node_from_its_che
                 pass
         c.kill()
     assert proc.returncode == 0, stdout + stderr + c.logs()
-    assert "lost its worker (a node gone?): Tune restarts it" in stdout, stdout
     resumed = []
     for trial in sorted((out / "trials").iterdir()):
         assert json.loads((trial / "result.json").read_text())["state"] == "done"
@@ -421,7 +547,9 @@ def test_a_node_lost_mid_trial_its_trial_finishes_on_the_other_node_from_its_che
 
 @pytest.mark.slow
 @pytest.mark.ray
-def test_a_tiny_tune_study_prints_the_best_command_and_reruns_it_on_fresh_seeds(tmp_path):
+def test_a_tiny_tune_study_scores_each_setting_by_its_seeds_and_prints_the_best_command(tmp_path):
+    """3 settings drawn from the space, 2 seeds each: 6 grid trials; a setting's score is the mean of its seeds' last
+    evaluations, read back here from their files; the best is printed as a command line."""
     out = tmp_path / "tune"
     proc = run_sweep(
         "--out",
@@ -440,47 +568,31 @@ def test_a_tiny_tune_study_prints_the_best_command_and_reruns_it_on_fresh_seeds(
         "gamma=choice:0.95,0.99",
         "--num-samples",
         "3",
-        "--final-seeds",
-        "3",
-        "4",
         "--report-interval",
         "1",
         "--",
-        "--total-timesteps",
-        "512",
-        "--num-steps",
-        "64",
-        "--num-minibatches",
-        "2",
-        "--eval-interval",
-        "128",
-        "--eval-episodes",
-        "1",
+        *TINY,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    study = json.loads((out / "tune.json").read_text())
-    assert len(study["settings"]) == 3
-    best = study["best"]
-    # the objective: the mean over the 2 seeds of their evaluation at the step reported, read back from their files
-    trial = next(
-        d
-        for d in (out / "tune_trials").iterdir()
-        if json.loads((d / "setting.json").read_text())["flags"] == [[k, v] for k, v in best["setting"].items()]
-    )
-    evals = [scalars(run_dir_of(trial / f"seed{s}"), "eval/episodic_return")[best["global_step"]] for s in (1, 2)]
-    assert best["eval_return"] == pytest.approx(np.mean(evals))
-    command = study["best_command"]
-    assert f"[tune] best command line:\n{command}\n" in proc.stdout
-    assert f"--learning-rate {best['setting']['learning-rate']} --gamma {best['setting']['gamma']}" in command
-    final = json.loads((out / "final" / "summary.json").read_text())
-    assert [t["seed"] for t in final["trials"]] == [3, 4] and all(t["state"] == "done" for t in final["trials"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["tasks"]) == 3 and all(r["n"] == 2 for r in summary["tasks"])
+    best = summary["best"]
+    assert best["mean"] == max(r["mean"] for r in summary["tasks"])
+    ids = [t["id"] for t in summary["trials"] if t["task"] == best["task"]]
+    evals = [scalars(run_dir_of(out / "trials" / i), "eval/episodic_return") for i in ids]
+    assert best["mean"] == pytest.approx(np.mean([e[max(e)] for e in evals]))
+    assert f"[tune] best command line:\n{best['command']}\n" in proc.stdout
+    (flags,) = {
+        tuple(map(tuple, t["flags"])) for t in json.loads((out / "sweep.json").read_text())["trials"] if t["id"] in ids
+    }
+    assert f"--learning-rate {flags[0][1]} --gamma {flags[1][1]}" in best["command"]
 
 
 @pytest.mark.slow
 @pytest.mark.ray
 def test_a_tune_study_stopped_with_ctrl_c_resumes_its_settings_from_their_checkpoints(tmp_path):
-    """Ctrl-C once a setting's seed has a checkpoint: the driver exits 130; --resume restores the study (Tune's own
-    state), the stopped setting's script resumes from its interrupted checkpoint, and the study ends with a best."""
+    """Ctrl-C once a setting's seed has a checkpoint: the driver exits 130; --resume runs the same settings (drawn
+    again from --search-seed), the stopped one from its interrupted checkpoint, and names the best."""
     out = tmp_path / "tune"
     proc = start_sweep(
         "--out",
@@ -512,14 +624,14 @@ def test_a_tune_study_stopped_with_ctrl_c_resumes_its_settings_from_their_checkp
         "--checkpoint-interval",
         "256",
     )
-    out1, err1 = ctrl_c_once_saved(proc, out, "tune_trials/*/seed1/runs/*/checkpoints/step_*.pt")
+    out1, err1 = ctrl_c_once_saved(proc, out, "trials/*/runs/*/checkpoints/step_*.pt")
     assert proc.returncode == 130, out1 + err1
-    interrupted = list(out.glob("tune_trials/*/seed1/runs/*/checkpoints/interrupted_*.pt"))
+    interrupted = list(out.glob("trials/*/runs/*/checkpoints/interrupted_*.pt"))
     assert interrupted, list(out.rglob("*.pt"))
     proc = run_sweep("--out", out, "--resume", "--report-interval", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "[tune] resuming the study" in proc.stdout and "[tune] best command line:" in proc.stdout
+    assert "[tune] best command line:" in proc.stdout
     log = (interrupted[0].parents[3] / "log.txt").read_text()
     assert f"(resumed from {interrupted[0]})" in log, log
-    study = json.loads((out / "tune.json").read_text())
-    assert len(study["settings"]) == 2 and study["best"]["global_step"] == 4096, study  # (ASHA may stop the other)
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["tasks"]) == 2 and all(t["state"] == "done" for t in summary["trials"]), summary

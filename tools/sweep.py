@@ -1,31 +1,25 @@
-"""Sweeps: run any of the five scripts over a grid of env ids x seeds x flag values on Ray Tune, then summarize.
+"""Sweeps: run a training script over env ids x seeds x flag values on Ray, or over settings drawn from a space.
 
-    python tools/sweep.py --out sweeps/ppo --script ppo_continuous.py --env-id Hopper-v4 Walker2d-v4 --seeds 1 2 3 \\
+    python tools/sweep.py --out S --script ppo_continuous.py --env-id Hopper-v4 --seeds 1 2 3 \\
         [--grid learning_rate=3e-4,1e-3] [--cpus-per-trial 1] [--address HOST:PORT] -- --total-timesteps 1000000
-    python tools/sweep.py --out sweeps/ppo --resume          # after a Ctrl-C or a killed driver: finish the rest
-    python tools/sweep.py --out sweeps/ppo --summarize       # rewrite summary.{json,md,png} from what is on disk
-    python tools/sweep.py --out sweeps/tune --tune --script ppo_continuous.py --env-id Pendulum-v1 --seeds 1 2 \\
-        --space learning_rate=loguniform:1e-4:1e-2 --space gamma=choice:0.95,0.99 --num-samples 8 --final-seeds 3 \\
-        -- --total-timesteps 100000 --eval-interval 10000 --eval-episodes 5
+    python tools/sweep.py --out S --resume [--seeds 4 5] [--grid ...]   # finish the sweep in S, or add trials to it
+    python tools/sweep.py --out S --summarize                           # rewrite S/summary.{json,md} from the trials
+    python tools/sweep.py --out T --tune --script ppo_continuous.py --env-id Pendulum-v1 --num-samples 8 \\
+        --space learning_rate=loguniform:1e-4:1e-2 --space gamma=choice:0.95,0.99 -- --eval-interval 10000
 
-Each trial runs the script itself, unmodified, as a subprocess in its own process group, in `<out>/trials/<id>/`
-(`log.txt`, `runs/<run folder>`, and `result.json` once it has finished), with `--torch-threads` = --cpus-per-trial
-and a Ray reservation of as many CPUs, so trials never oversubscribe the cores. Arguments after `--` go to every
-trial; `--grid flag=v1,v2` multiplies the grid. Everything is checked before any trial starts (the script's own
-`--help` for the flags, and the script itself, stopped once it has made its run folder, for the values): bad input
-is refused in one paragraph, exit code 2. Ctrl-C (or SIGTERM) forwards SIGINT to every trial, which saves a
-checkpoint and stops; `--resume` keeps finished trials and resumes the others from their newest checkpoint. A trial
-whose Ray worker is lost (a node gone) is restarted by Tune (--max-failures) from its newest checkpoint. Exit code
-0: every trial finished; 1: some failed; 130: stopped. docs/sweeps.md is the user's guide.
+A trial runs the script, unmodified, in `<out>/trials/<id>/`; its id ends in a hash of its whole command. The
+user's guide: docs/sweeps.md.
 """
 
 import argparse
 import ctypes
+import fcntl
+import hashlib
 import itertools
 import json
-import math
 import os
 import re
+import secrets
 import shlex
 import shutil
 import signal
@@ -35,342 +29,235 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.aggregate import bootstrap_mean_interval, iqm_interval, normalized  # noqa: E402
-from benchmarks.run import EVAL_TAG, RETURN_TAG, log_tail, read_scalars, summarize_seed  # noqa: E402
-
-SCRIPTS = ("ppo_continuous.py", "ppo_atari.py", "a2c_atari.py", "sac_continuous.py", "sac_continuous_ray.py")
+HERE, CORES = Path(__file__).resolve().parent, len(os.sched_getaffinity(0))  # (Linux: flock, prctl)
 SET_BY_SWEEP = ("env-id", "seed", "runs-dir", "torch-threads", "resume", "progress", "no-progress")
 CHECKPOINT = re.compile(r"(step|interrupted|final)_(\d{10})\.pt")  # the scripts' checkpoint names (best.pt aside)
-PROGRESS = re.compile(r"^step\s+([\d,]+)/([\d,]+) \|\s+(\d+) SPS", re.M)  # the scripts' plain progress line
-INTERRUPTED = 130  # a script's exit code after a Ctrl-C / SIGTERM (checkpoint saved)
-STOP_FILE = "STOP"  # written by the driver on Ctrl-C: every trial, wherever it runs, stops and saves
-TAIL = 15  # log lines shown for a failed trial
+PROGRESS = re.compile(r"^step\s+[\d,]+/[\d,]+ \|\s+\d+ SPS", re.M)  # the scripts' plain progress line
+INTERRUPTED, STOP_FILE, TAIL = 130, "STOP", 15  # a script's exit code after Ctrl-C; the driver's stop marker; log lines
+EVAL_TAG, RETURN_TAG = "eval/episodic_return", "charts/episodic_return"
+GROWS = ("script", "env_id", "seeds", "grid")  # what a --resume may add trials along; the rest must match sweep.json
 
 
 class UserError(Exception):
-    """Bad input: one paragraph on stderr, exit code 2, before any trial starts."""
+    """Bad input: one paragraph on stderr, exit code 2, nothing written."""
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# The grid
-# --------------------------------------------------------------------------------------------------------------------
+# ---- the grid ------------------------------------------------------------------------------------------------------
 
 
 @dataclass
 class Trial:
     id: str
-    script: str
+    script: str  # absolute path
     env_id: str
     seed: int
-    flags: list  # [flag, value] pairs of the grid point, value "true"/"false" for a switch
-    extra: list  # the arguments after `--`, the same for every trial
+    flags: list  # [flag, value] pairs of the grid point
+    extra: list  # the arguments after `--`
     threads: int
-    bool_flags: list = field(default_factory=list)
+    checksum: str  # the script's sha256 when the trial was made
 
-    def command(self, trial_dir: Path, python: str = sys.executable) -> list:
-        return [
-            python,
-            str(ROOT / self.script),
-            "--env-id",
-            self.env_id,
-            "--seed",
-            str(self.seed),
-            "--runs-dir",
-            str(trial_dir / "runs"),
-            "--torch-threads",
-            str(self.threads),
-            "--progress",
-            *self.extra,
-            *flag_args(self.flags, self.bool_flags),
-        ]
+    def command(self, trial_dir: Path) -> list:
+        per_trial = ["--runs-dir", str(trial_dir / "runs"), "--torch-threads", str(self.threads), "--progress"]
+        per_trial += [*self.extra, *flag_args(self.flags)]
+        return [sys.executable, self.script, "--env-id", self.env_id, "--seed", str(self.seed), *per_trial]
 
     @property
     def task(self) -> str:
         """What the seeds of a task share: script, env id and flag values."""
-        flags = " ".join(f"{name}={value}" for name, value in self.flags)
-        return f"{Path(self.script).stem} {self.env_id}" + (f" {flags}" if flags else "")
+        return " ".join([Path(self.script).stem, self.env_id, *(f"{name}={value}" for name, value in self.flags)])
 
 
-def flag_args(flags: list, bool_flags: list) -> list:
+def flag_args(flags: list) -> list:
     """[["learning-rate", "1e-3"], ["norm-adv", "false"]] -> ["--learning-rate", "1e-3", "--no-norm-adv"]."""
     out = []
     for name, value in flags:
-        if name in bool_flags:
-            if str(value).lower() not in ("true", "false"):
-                raise UserError(f"--{name} is a switch: give it true or false, not '{value}'.")
+        if str(value).lower() in ("true", "false"):
             out.append(f"--{name}" if str(value).lower() == "true" else f"--no-{name}")
         else:
             out += [f"--{name}", str(value)]
     return out
 
 
-def parse_grid(items: list) -> dict:
-    """["learning_rate=3e-4,1e-3"] -> {"learning-rate": ["3e-4", "1e-3"]} (a flag's name with - or _, with or without --)."""
-    grid = {}
-    for item in items:
-        name, sep, values = item.partition("=")
-        if not sep or not values or not name:
-            raise UserError(f"--grid '{item}': write flag=value1,value2 (e.g. learning_rate=3e-4,1e-3).")
-        grid[flag_name(name)] = list(dict.fromkeys(v.strip() for v in values.split(",") if v.strip()))
-    return grid
-
-
 def flag_name(name: str) -> str:
     return name.strip().lstrip("-").replace("_", "-")
 
 
-def expand_grid(
-    scripts: list, env_ids: list, seeds: list, grid: dict, extra: list, cpus_per_trial: int, bool_flags: Optional[dict] = None
-) -> list:
-    """Every script x env id x flag values x seed, in that order, each a Trial with a stable, readable id."""
+def parse_grid(items: list) -> dict:
+    """["learning_rate=3e-4,1e-3"] -> {"learning-rate": ["3e-4", "1e-3"]} (a flag's name with - or _, with or without --)."""
+    grid = {}
+    for item in items:
+        name, _, values = item.partition("=")
+        values = list(dict.fromkeys(v.strip() for v in values.split(",") if v.strip()))
+        if not name.strip() or not values:
+            raise UserError(f"--grid '{item}': write flag=value1,value2 (e.g. learning_rate=3e-4,1e-3).")
+        grid[flag_name(name)] = values
+    return grid
+
+
+def expand_grid(scripts: list, env_ids: list, seeds: list, grid: dict, extra: list, threads: int) -> list:
+    """Every script x env id x flag values x seed, in that order; a trial's id: readable, then a hash of its command."""
     trials = []
-    points = list(itertools.product(*grid.values())) if grid else [()]
+    points = list(itertools.product(*grid.values()))
     for script, env_id, point, seed in itertools.product(scripts, env_ids, points, seeds):
         flags = [[name, value] for name, value in zip(grid, point)]
-        label = "_".join(f"{name}={value}" for name, value in flags)
-        raw = "_".join(x for x in (Path(script).stem, env_id, label, f"seed{seed}") if x)
-        trial_id = f"{len(trials):03d}_" + re.sub(r"[^A-Za-z0-9=.+_-]+", "-", raw)
-        trials.append(
-            Trial(trial_id, script, env_id, seed, flags, list(extra), cpus_per_trial, list((bool_flags or {}).get(script, [])))
-        )
+        digest = hashlib.sha256(Path(script).read_bytes()).hexdigest()
+        key = json.dumps([digest, env_id, seed, flag_args(flags), extra, threads])
+        label = "_".join([Path(script).stem, env_id, *(f"{n}={v}" for n, v in flags), f"seed{seed}"])
+        label = re.sub(r"[^A-Za-z0-9=.+_-]+", "-", label)[:100]
+        trial_id = f"{label}_{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+        trials.append(Trial(trial_id, script, env_id, seed, flags, list(extra), threads, digest))
     return trials
 
 
-def concurrency(cores: int, cpus_per_trial: int) -> int:
-    """Trials at once on a node: its cores / CPUs per trial (each trial's torch threads = its CPUs)."""
-    return max(cores // cpus_per_trial, 0)
+# ---- checking the input before anything is written -----------------------------------------------------------------
 
 
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Checking the input before anything runs
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def script_flags(script: str) -> tuple:
-    """(every flag of the script, its switches) from its own `--help` (nothing of the script is imported)."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / script), "--help"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "200"},
-        cwd=ROOT,
-    )
-    if proc.returncode != 0:
-        raise UserError(f"{script} --help failed (exit {proc.returncode}): {one_paragraph(proc.stderr)}")
-    flags = set(re.findall(r"(?<![\w-])--([a-z0-9][a-z0-9-]*)", proc.stdout))
-    switches = {name for name in flags if f"no-{name}" in flags}
-    return flags, switches
+def find_script(name: str) -> str:
+    """A script given as a path (from here), or by name beside this tool or one folder up (this project's layout)."""
+    for path in (Path(name), HERE / name, HERE.parent / name):
+        if path.is_file() and path.suffix == ".py":
+            return str(path.resolve())
+    raise UserError(f"unknown script '{name}': no such .py file here, in {HERE} or in {HERE.parent}.")
 
 
 def one_paragraph(text: str, limit: int = 400) -> str:
     """A script's error output (tyro's boxes too) as one line."""
-    text = re.sub(r"[│╭╮╰╯─]+", " ", text)
-    text = " ".join(text.split())
+    text = " ".join(re.sub(r"[│╭╮╰╯─]+", " ", text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def check_script(script: str) -> str:
-    name = Path(script).name
-    if name not in SCRIPTS or (os.sep in script and Path(script).resolve() != ROOT / name):
-        raise UserError(f"unknown script '{script}': the sweep runs one of {', '.join(SCRIPTS)} (this project's).")
-    return name
-
-
-def check_flags(script: str, names: list, known: set) -> None:
-    for name in names:
-        base = name[3:] if name.startswith("no-") and name[3:] in known else name
-        if base in SET_BY_SWEEP or name in SET_BY_SWEEP:
-            raise UserError(
-                f"--{name} is set by the sweep for each trial (env ids: --env-id, seeds: --seeds, threads: "
-                "--cpus-per-trial, folders: --out, resuming: --resume); leave it out of the flags."
-            )
-        if name not in known:
-            raise UserError(f"{script} has no flag --{name} (see `python {script} --help`).")
-
-
 def probe(cmd: list, timeout: float = 120) -> Optional[str]:
-    """Run a trial's command until the script has made its run folder (its flags, values and env checked: it is about
-    to train), then stop it. None if it got there; else its error, one paragraph."""
-    runs = Path(tempfile.mkdtemp(prefix="sweep-check-"))
-    cmd = [*cmd, "--runs-dir", str(runs)]  # a later flag wins (tyro)
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "WANDB_MODE": "disabled"},
-    )
-    deadline, started = time.time() + timeout, False
-    try:
-        while proc.poll() is None and time.time() < deadline:
-            if any(p.is_dir() for p in runs.iterdir()):
-                started = True
-                break
-            time.sleep(0.1)
-    finally:
-        if proc.poll() is None:
-            stop_group(proc, signal.SIGKILL, wait=30)
-        err = proc.stderr.read()
-        proc.stderr.close()
-        shutil.rmtree(runs, ignore_errors=True)
-    if started or proc.returncode == 0:
+    """Run a trial's command until the script has made its run folder (args.json: its flags, values and env checked,
+    about to train), then kill it. None if it got there; else why not, one paragraph."""
+    runs = Path(tempfile.mkdtemp(prefix="sweep-probe-"))
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    proc = subprocess.Popen([*cmd, "--runs-dir", str(runs)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    deadline = time.time() + timeout
+    while proc.poll() is None and time.time() < deadline and not any(runs.glob("*/args.json")):
+        time.sleep(0.1)
+    ok = any(runs.glob("*/args.json"))
+    proc.kill()
+    output = proc.communicate()[0].decode(errors="replace")
+    shutil.rmtree(runs, ignore_errors=True)
+    if ok:
         return None
-    if proc.returncode is None:
-        return f"it did not start within {timeout:.0f} s"
-    return one_paragraph(err) or f"exit code {proc.returncode}"
+    if proc.returncode == 0:
+        return f"it exited (code 0) without starting a training run: {one_paragraph(output, 200) or 'no output'}"
+    return f"it did not start within {timeout:.0f} s" if time.time() >= deadline else one_paragraph(output)
 
 
-def check_values(probes: list) -> None:
-    """Each (description, command) probed, a core each at most; the first refusal is the error."""
-    with ThreadPoolExecutor(max_workers=max(1, usable_cores())) as pool:
-        errors = list(pool.map(lambda p: probe(p[1]), probes))
-    for (what, _), error in zip(probes, errors):
-        if error is not None:
-            raise UserError(f"{what} is refused by the script: {error.removeprefix('error: ')}")
-
-
-def value_probes(trials: list) -> list:
-    """Per script and env id: enough commands that every grid value is tried once (run j takes each flag's j-th
-    value), not every combination. Seeds are not probed (any seed >= 0 goes)."""
-    probes, seen = [], set()
-    by_task = {}
+def check_values(trials: list) -> None:
+    """Per script and env id, probe j takes each grid flag's j-th value: every value is tried once, not every
+    combination (a combination the script refuses fails its trial at start, with the script's own message)."""
+    probes = {}
     for t in trials:
-        by_task.setdefault((t.script, t.env_id), []).append(t)
-    for (script, env_id), group in by_task.items():
-        values = {}
-        for t in group:
-            for name, value in t.flags:
-                values.setdefault(name, [])
-                if value not in values[name]:
-                    values[name].append(value)
+        names = list(dict.fromkeys(n for x in trials for n, _ in x.flags if (x.script, x.env_id) == (t.script, t.env_id)))
+        values = {n: list(dict.fromkeys(v for x in trials for m, v in x.flags if m == n)) for n in names}
         for j in range(max([len(v) for v in values.values()] or [1])):
-            flags = [[name, vs[j % len(vs)]] for name, vs in values.items()]
-            key = (script, env_id, json.dumps(flags))
-            if key not in seen:
-                seen.add(key)
-                probe_trial = Trial("probe", script, env_id, group[0].seed, flags, group[0].extra, 1, group[0].bool_flags)
-                shown = " ".join([f"--env-id {env_id}", *flag_args(flags, group[0].bool_flags), *group[0].extra])
-                probes.append((f"`{script} {shown}`", probe_trial.command(Path("/nonexistent"))))
-    return probes
+            flags = [[n, vs[j % len(vs)]] for n, vs in values.items()]
+            shown = shlex.join([Path(t.script).name, "--env-id", t.env_id, *t.extra, *flag_args(flags)])
+            probes[shown] = Trial("probe", t.script, t.env_id, t.seed, flags, t.extra, 1, "").command(Path("probe"))
+    with ThreadPoolExecutor(max_workers=CORES) as pool:
+        errors = dict(zip(probes, pool.map(probe, probes.values())))
+    for shown, error in errors.items():
+        if error is not None:
+            raise UserError(f"`{shown}` is refused by the script: {error.removeprefix('error: ')}")
 
 
 def check_address(address: str) -> None:
-    """Ray keeps retrying an unreachable address for minutes: a plain TCP connection first."""
+    """Ray retries an address that is not a Ray head for minutes: a gRPC handshake with it first, 20 s at most."""
+    import grpc
+
     host, _, port = address.removeprefix("ray://").rpartition(":")
+    channel = grpc.insecure_channel(f"{host or '127.0.0.1'}:{port}")
     try:
-        socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
-    except (OSError, ValueError) as e:
-        raise UserError(
-            f"--address {address}: cannot connect to {host or '127.0.0.1'}:{port} ({e}). Start the cluster "
-            "first (`ray start --head --port=6379` prints the address), or leave --address out to run on "
-            "this machine."
-        ) from None
+        grpc.channel_ready_future(channel).result(timeout=20)
+    except (grpc.FutureTimeoutError, ValueError) as e:
+        raise UserError(f"--address {address}: no Ray head answers there ({type(e).__name__} within 20 s).") from None
+    finally:
+        channel.close()
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# A trial: the script in a subprocess (runs on a Ray worker)
-# --------------------------------------------------------------------------------------------------------------------
+# ---- the sweep's folder: one sweep at a time -----------------------------------------------------------------------
+
+
+def claim(out: Path) -> dict:
+    """Lock --out for this process's life (flock: released when it dies, however), before any probe. A second sweep
+    on it is refused, naming the holder; what the claim made is removed by `release` if the sweep is refused."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file, not a folder: give a folder (it is made if missing).")
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out / "sweep.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if os.fstat(fd).st_ino != os.stat(out / "sweep.lock").st_ino:  # the holder removed it as we opened it
+            raise BlockingIOError
+    except (BlockingIOError, FileNotFoundError):
+        holder = os.read(fd, 100).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise UserError(f"--out {out} is in use by another sweep (pid {holder}): wait for it, or use another --out.") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()} on {socket.gethostname()}\n".encode())
+    return {"out": out, "fd": fd, "created": created}
+
+
+def release(lock: dict, refused: bool) -> None:
+    os.unlink(lock["out"] / "sweep.lock")
+    os.close(lock["fd"])
+    if refused and lock["created"]:
+        shutil.rmtree(lock["out"], ignore_errors=True)
+
+
+# ---- a trial: the script in a subprocess, on a Ray worker ----------------------------------------------------------
 
 
 def die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when its parent (the Ray worker) dies, so a lost worker's or a killed
-    driver's script still saves its checkpoint and stops, instead of running on unowned (Linux prctl). And unblock
-    every signal: a Ray worker's threads block SIGINT, and a child inherits the mask (the script would never see it)."""
+    """In the child before exec: SIGTERM when its parent (the Ray worker) dies, so the script saves and stops instead
+    of running on unowned (Linux prctl); and every signal unblocked (Ray blocks SIGINT in its workers)."""
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: the driver's Ctrl-C still reaches the trials through the STOP file
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
-def stop_group(proc: subprocess.Popen, sig: int, wait: float) -> Optional[int]:
-    """Send `sig` to the process group of `proc`, wait for it; SIGKILL what is left after `wait` seconds."""
+def stop_group(proc: subprocess.Popen, sig: int, wait: float = 300) -> None:
+    """Send `sig` to the process group of `proc` (the script saves a checkpoint); SIGKILL what is left after `wait` s."""
     try:
         os.killpg(proc.pid, sig)
-        return proc.wait(timeout=wait)
+        proc.wait(timeout=wait)
     except ProcessLookupError:
-        return proc.wait()
+        pass
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        return proc.wait()
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
-def newest_checkpoint(runs: Path) -> Optional[Path]:
-    found = [
-        (int(m.group(2)), p.stat().st_mtime, p) for p in runs.glob("*/checkpoints/*.pt") if (m := CHECKPOINT.fullmatch(p.name))
-    ]
-    return max(found)[2] if found else None
-
-
-def start_script(cmd: list, log_path: Path, threads: int) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **{k: str(threads) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}}
-    with open(log_path, "a") as log:
-        log.write(f"$ {shlex.join(cmd)}\n")
-        log.flush()
-        return subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
-
-
-def resume_or_fresh(trial_dir: Path, cmd: list) -> list:
-    """The command, with `--resume <newest checkpoint>` when the trial ran before; a folder of a start that saved
-    nothing is moved aside (so the trial has one run folder), never deleted."""
+def start_script(trial_dir: Path, cmd: list, threads: int) -> subprocess.Popen:
+    """The command, with `--resume <newest checkpoint>` when it ran before (a start that saved nothing is moved aside)."""
     runs = trial_dir / "runs"
-    ckpt = newest_checkpoint(runs) if runs.is_dir() else None
-    if ckpt is not None:
-        return [*cmd, "--resume", str(ckpt)]
-    for old in runs.iterdir() if runs.is_dir() else ():
+    found = [(int(m[2]), p) for p in runs.glob("*/checkpoints/*.pt") if (m := CHECKPOINT.fullmatch(p.name))]
+    if found:
+        cmd = [*cmd, "--resume", str(max(found)[1])]
+    for old in [] if found or not runs.is_dir() else list(runs.iterdir()):
         (trial_dir / "abandoned").mkdir(exist_ok=True)
         old.rename(trial_dir / "abandoned" / old.name)
-    return cmd
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    with open(trial_dir / "log.txt", "a") as log:
+        log.write(f"$ {shlex.join(cmd)}\n")
+        log.flush()
+        kwargs = {"stdout": log, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL, "env": env}
+        return subprocess.Popen(cmd, **kwargs, start_new_session=True, preexec_fn=die_with_parent)
 
 
-def progress_of(log_path: Path) -> dict:
-    """The last progress line of a script's log: {global_step, total, sps}, or {}."""
-    try:
-        with open(log_path, "rb") as f:
-            f.seek(max(0, f.seek(0, 2) - 4000))
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return {}
-    found = PROGRESS.findall(text)
-    if not found:
-        return {}
-    step, total, sps = found[-1]
-    return {"global_step": int(step.replace(",", "")), "total": int(total.replace(",", "")), "sps": float(sps)}
-
-
-def note(log_path: Path, text: str) -> None:
-    with open(log_path, "a") as log:
-        log.write(f"[sweep {time.strftime('%H:%M:%S')}] {text}\n")
+def progress_of(log_path: Path) -> str:
+    """The last progress line of a script's log (`step 1,024/4,096 | 310 SPS`), or ""."""
+    found = PROGRESS.findall(log_path.read_text(errors="replace")) if log_path.is_file() else []
+    return found[-1] if found else ""
 
 
 def write_json(path: Path, data: dict) -> None:
@@ -379,544 +266,177 @@ def write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def run_trial(config: dict) -> None:
-    """Tune's function for one grid trial: run (or resume) the script, report its progress, write result.json."""
-    from ray import tune
-
-    trial, sweep_dir = Trial(**config["trial"]), Path(config["sweep_dir"])
-    trial_dir = sweep_dir / "trials" / trial.id
-    trial_dir.mkdir(parents=True, exist_ok=True)
-    if (sweep_dir / STOP_FILE).exists() or (trial_dir / "result.json").exists():
-        return  # stopping: not started; or finished already (a Tune retry after the marker was written)
-    cmd = resume_or_fresh(trial_dir, trial.command(trial_dir))
-    log_path, start = trial_dir / "log.txt", time.time()
-    proc = start_script(cmd, log_path, trial.threads)
-    (trial_dir / "pid").write_text(f"{socket.gethostname()} {proc.pid}\n")
-    last, interval, next_report = {}, config["report_interval"], time.time()
+def read_json(path: Path) -> Optional[dict]:
     try:
-        while proc.poll() is None:
-            time.sleep(0.2)
-            if (sweep_dir / STOP_FILE).exists():
-                note(log_path, "the sweep is stopping: SIGINT to the script (it saves a checkpoint)")
-                stop_group(proc, signal.SIGINT, wait=300)  # the script saves interrupted_<step>.pt and exits 130
-            elif time.time() >= next_report:
-                next_report = time.time() + interval
-                if (now := progress_of(log_path)) and now != last:
-                    last = now
-                    tune.report({**now, "state": "running"})
-    finally:
-        if proc.poll() is None:  # Tune stopped us (or an error here): the script still saves, on SIGINT
-            note(log_path, "Tune stopped the trial: SIGINT to the script (it saves a checkpoint)")
-            stop_group(proc, signal.SIGINT, wait=300)
-    rc = proc.returncode
-    state = "done" if rc == 0 else "interrupted" if rc == INTERRUPTED and (sweep_dir / STOP_FILE).exists() else "failed"
-    result = {
-        "state": state,
-        "returncode": rc,
-        "seconds": round(time.time() - start, 1),
-        "command": shlex.join(cmd),
-        "host": socket.gethostname(),
-        **progress_of(log_path),
-    }
-    if state == "failed":
-        result["log_tail"] = log_tail(log_path, TAIL)
-    if state != "interrupted":  # the marker: a finished trial is never run again
-        write_json(trial_dir / "result.json", result)
-    tune.report({**progress_of(log_path), "state": state, "returncode": rc})
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# The driver: Ray, Tune, progress lines, Ctrl-C
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def session_processes(sid: int) -> list:
-    """The pids of a session (what `ray start` started keeps it, though Ray moves workers to groups of their own)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid:  # after the name: state, ppid, pgrp, session
-            pids.append(int(stat.parent.name))
-    return pids
-
-
-class LocalRay:
-    """A Ray head of this sweep's own: `ray start --head --block` in a session of its own (so a Ctrl-C at the
-    terminal reaches the driver, not Ray's servers), on 127.0.0.1, SIGTERMed if the driver dies; stopped at the end
-    with everything in its session, and nothing else."""
-
-    def __init__(self, cpus: int, log_path: Path):
-        self.port, self.temp = free_port(), tempfile.mkdtemp(prefix="ray", dir="/tmp")  # short: socket paths <= 107 bytes
-        cmd = [
-            str(Path(sys.executable).with_name("ray")),
-            "start",
-            "--head",
-            "--port",
-            str(self.port),
-            "--num-cpus",
-            str(cpus),
-            "--include-dashboard",
-            "false",
-            "--node-ip-address",
-            "127.0.0.1",
-            "--block",
-            "--temp-dir",
-            self.temp,
-            "--disable-usage-stats",
-        ]
-        with open(log_path, "a") as log:
-            self.proc = subprocess.Popen(
-                cmd,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
-            )
-        self.address = f"127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            stop_group(self.proc, signal.SIGTERM, wait=60)  # `ray start --block` drains, then stops what it started
-        for pid in session_processes(self.proc.pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        shutil.rmtree(self.temp, ignore_errors=True)
-
-
-def ray_env(local: bool) -> None:
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # `uv run` per worker start: only slower here
-    os.environ.setdefault("TUNE_DISABLE_SIGINT_HANDLER", "1")  # ours: SIGINT reaches every trial's script
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    if local:
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # servers on 127.0.0.1 (read at import)
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # nothing off this machine reaches them
-
-
-def connect_ray(address: str, cpus_needed: int, local: bool):
-    """Join the cluster (this sweep's own head, or --address); refuse a trial bigger than its largest node."""
-    import ray
-
-    # the workers import this module's imports (benchmarks.run): the project's folder, the same path on every node
-    runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}}
-    deadline = time.time() + 120
-    while True:
-        try:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False, runtime_env=runtime_env)
-            break
-        except ConnectionError as e:
-            if not local or time.time() > deadline:
-                raise UserError(f"--address {address}: could not join a Ray cluster ({e}).") from None
-            time.sleep(1)  # our own head is still starting
-    largest = max((n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]), default=0)
-    if cpus_needed > largest:
-        ray.shutdown()
-        raise UserError(
-            f"a trial needs {cpus_needed} CPUs but the largest node of {address} has {largest:g}: lower --cpus-per-trial."
-        )
-    return ray
-
-
-def hms(seconds: float) -> str:
-    if seconds is None or not math.isfinite(seconds):
-        return "?"
-    s = int(seconds)
-    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
-
-
-class Progress:
-    """One line per trial event, and one for the sweep after it: done / running / failed / pending, ETA."""
-
-    def __init__(self, total: int, done: int, failed: int):
-        self.total, self.done, self.failed = total, done, failed
-        self.running: dict = {}  # trial id -> its last progress report (Tune calls back on the driver's main thread)
-
-    def callback(self):
-        from ray import tune
-
-        progress = self
-
-        class Callback(tune.Callback):
-            def on_trial_start(self, iteration, trials, trial, **info):
-                progress.event(trial.config["trial"]["id"], {"state": "started"})
-
-            def on_trial_result(self, iteration, trials, trial, result, **info):
-                progress.event(trial.config["trial"]["id"], result)
-
-            def on_trial_recover(self, iteration, trials, trial, **info):  # a failure Tune retries (--max-failures)
-                progress.event(trial.config["trial"]["id"], {"state": "lost"})
-
-            def on_trial_error(self, iteration, trials, trial, **info):  # retries spent
-                progress.event(trial.config["trial"]["id"], {"state": "error"})
-
-        return Callback()
-
-    def event(self, trial_id: str, result: dict) -> None:
-        state = result.get("state")
-        if state in ("done", "failed", "interrupted", "error", "lost"):
-            self.running.pop(trial_id, None)
-            self.done += state == "done"
-            self.failed += state in ("failed", "error")
-            line = {
-                "done": "done",
-                "failed": f"FAILED (exit code {result.get('returncode')})",
-                "interrupted": "stopped, checkpoint saved",
-                "lost": "lost its worker (a node gone?): Tune restarts it, from its newest checkpoint",
-                "error": "FAILED: its worker was lost more often than --max-failures allows (`--resume` tries again)",
-            }[state]
-        else:
-            self.running[trial_id] = result
-            if "global_step" in result:
-                step, total, sps = result["global_step"], result["total"], result["sps"]
-                eta = (total - step) / sps if sps > 0 else math.inf
-                line = f"step {step:,}/{total:,} ({100 * step / max(total, 1):.0f} %), {sps:.0f} SPS, ETA {hms(eta)}"
-            else:
-                line = "started"
-        print(f"[trial {trial_id}] {line}", flush=True)
-        print(f"[sweep] {self.summary_line()}", flush=True)
-
-    def summary_line(self) -> str:
-        running = len(self.running)
-        pending = max(self.total - self.done - self.failed - running, 0)
-        known = [r for r in self.running.values() if "global_step" in r]
-        rate = sum(r["sps"] for r in known)
-        eta = "?"
-        if known and rate > 0:
-            per_trial = np.mean([r["total"] for r in known])
-            left = sum(r["total"] - r["global_step"] for r in known) + (pending + running - len(known)) * per_trial
-            eta = hms(left / rate)
-        return f"{self.done}/{self.total} done, {running} running, {self.failed} failed, {pending} pending; ETA {eta}"
-
-
-def install_stop_handler(sweep_dir: Path) -> dict:
-    """Ctrl-C / SIGTERM: write the STOP file; each trial then sends SIGINT to its script's process group and waits
-    for its checkpoint. A second Ctrl-C during that is only acknowledged (the saves are under way)."""
-    state = {"stopping": False}
-
-    def on_signal(signum, frame):
-        if not state["stopping"]:
-            print("[sweep] stopping: every running trial saves a checkpoint; `--resume` continues the sweep", flush=True)
-        state["stopping"] = True
-        (sweep_dir / STOP_FILE).touch()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, on_signal)
-    return state
-
-
-def run_grid(sweep_dir: Path, spec: dict, stopping: dict) -> int:
-    """Run the trials of spec that have no result.json on Tune; 0 all done, 1 some failed, 130 stopped."""
-    import logging
-
-    from ray import tune
-
-    logging.getLogger("ray.tune").setLevel(logging.WARNING)  # our progress lines instead of Tune's
-    trials = [Trial(**t) for t in spec["trials"]]
-    markers = {t.id: read_result(sweep_dir, t.id) for t in trials}
-    todo = [asdict(t) for t in trials if markers[t.id] is None]
-    kept = len(trials) - len(todo)
-    if kept:
-        print(f"[sweep] {kept} finished trial(s) kept; {len(todo)} to run (resumed from their newest checkpoint)")
-    progress = Progress(
-        len(trials),
-        sum(1 for m in markers.values() if m and m["state"] == "done"),
-        sum(1 for m in markers.values() if m and m["state"] == "failed"),
-    )
-    if todo:
-        trainable = tune.with_resources(run_trial, {"cpu": spec["cpus_per_trial"]})
-        tuner = tune.Tuner(
-            trainable,
-            param_space={
-                "trial": tune.grid_search(todo),
-                "sweep_dir": str(sweep_dir.absolute()),
-                "report_interval": spec["report_interval"],
-            },
-            tune_config=tune.TuneConfig(
-                trial_name_creator=lambda t: t.config["trial"]["id"], trial_dirname_creator=lambda t: t.config["trial"]["id"]
-            ),
-            run_config=tune.RunConfig(
-                name="tune",
-                storage_path=str((sweep_dir / "tune").absolute()),
-                verbose=0,
-                failure_config=tune.FailureConfig(max_failures=spec["max_failures"]),
-                callbacks=[progress.callback()],
-            ),
-        )
-        tuner.fit()
-    results = {t.id: read_result(sweep_dir, t.id) for t in trials}
-    for t in trials:
-        if results[t.id] and results[t.id]["state"] == "failed":
-            tail = "\n".join(f"    {line}" for line in results[t.id].get("log_tail", "").splitlines())
-            print(
-                f"[trial {t.id}] FAILED (exit code {results[t.id]['returncode']}); last lines of its log:\n{tail}",
-                file=sys.stderr,
-            )
-    if stopping["stopping"] or any(r is None for r in results.values()):
-        return INTERRUPTED
-    return 1 if any(r["state"] == "failed" for r in results.values()) else 0
-
-
-def read_result(sweep_dir: Path, trial_id: str) -> Optional[dict]:
-    try:
-        return json.loads((sweep_dir / "trials" / trial_id / "result.json").read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# --tune: a search over a space of flag values; objective the mean over seeds of the periodic evaluation return
-# --------------------------------------------------------------------------------------------------------------------
+def run_trial(trial: dict, sweep_dir: str) -> dict:
+    """A Ray task: run (or resume) the trial's script, write its result.json when it has finished; its result."""
+    trial, sweep_dir = Trial(**trial), Path(sweep_dir)
+    trial_dir = sweep_dir / "trials" / trial.id
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    if (sweep_dir / STOP_FILE).exists() or read_result(sweep_dir, trial):
+        return read_result(sweep_dir, trial) or {"state": "not started"}  # stopping; or a retry after it finished
+    start = time.time()
+    proc = start_script(trial_dir, trial.command(trial_dir), trial.threads)
+    try:
+        while proc.poll() is None and not (sweep_dir / STOP_FILE).exists():
+            time.sleep(0.2)
+    finally:  # the STOP file, or Ray cancelling the task: the script saves a checkpoint and exits
+        stop_group(proc, signal.SIGINT)
+    rc = proc.returncode
+    if rc == INTERRUPTED and (sweep_dir / STOP_FILE).exists():
+        return {"state": "interrupted"}  # no result.json: a --resume continues it from its checkpoint
+    result = {"state": "done" if rc == 0 else "failed", "returncode": rc, "seconds": round(time.time() - start, 1)}
+    result.update({"command": shlex.join(proc.args), "key": trial.id, "host": socket.gethostname()})
+    log = (trial_dir / "log.txt").read_text(errors="replace")
+    result.update(progress=progress_of(trial_dir / "log.txt"), log_tail="" if rc == 0 else "\n".join(log.splitlines()[-TAIL:]))
+    write_json(trial_dir / "result.json", result)  # the marker: a finished trial is never run again
+    return result
+
+
+def read_result(sweep_dir: Path, trial: Trial) -> Optional[dict]:
+    """A trial's result.json, if it was written for this very trial (its command's hash is in the id)."""
+    result = read_json(sweep_dir / "trials" / trial.id / "result.json")
+    return result if result and result.get("key") == trial.id else None
+
+
+# ---- the driver: Ray, progress lines, Ctrl-C -----------------------------------------------------------------------
+
+
+def start_ray(address: Optional[str], cpus_needed: int):
+    """Ray's own local cluster (token authentication on with a token of its own, servers on 127.0.0.1, a temp folder
+    of this user's), or the cluster at --address; a trial bigger than its largest node is refused."""
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # `uv run` per worker start: only slower here
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)  # an empty entry: the working folder on sys.path
+    temp = None
+    if address is None:  # (read when ray is first imported: set before)
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # servers on 127.0.0.1 (the switch is named for others)
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # this cluster's; its workers inherit it
+        temp = tempfile.mkdtemp(prefix=f"ray-{os.getuid()}-")  # mode 0700 (Ray makes its own folder 0777), short:
+        # socket paths <= 107 bytes
+    import ray
+
+    kwargs = {"logging_level": "ERROR", "log_to_driver": False}
+    if address is None:
+        kwargs.update(num_cpus=CORES, include_dashboard=False, _temp_dir=f"{temp}/r", _node_ip_address="127.0.0.1")
+    try:
+        ray.init(address=address or "local", **kwargs)
+    except (ConnectionError, RuntimeError) as e:
+        raise UserError(f"--address {address}: could not join its Ray cluster ({one_paragraph(str(e), 200)}).") from None
+    largest = max((n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]), default=0)
+    if cpus_needed > largest:
+        ray.shutdown()
+        raise UserError(f"a trial needs {cpus_needed} CPUs but the largest Ray node has {largest:g}: lower --cpus-per-trial.")
+    return ray, temp
+
+
+WORDS = {"done": "done", "failed": "FAILED (exit code {returncode})", "interrupted": "stopped, checkpoint saved"}
+WORDS["lost"] = "FAILED: its worker was lost more often than --max-failures allows ({error}; `--resume` tries again)"
+
+
+def run_trials(sweep_dir: Path, trials: list, args: dict, counts: dict) -> None:
+    """Run the trials as Ray tasks of --cpus-per-trial CPUs. A task whose worker is lost (e.g. with its node) runs
+    again, up to --max-failures times: its script resumes from its newest checkpoint. A line per trial event and
+    progress, then the sweep's counts (counts: total, done, failed; updated)."""
+    import ray
+
+    task = ray.remote(num_cpus=args["cpus_per_trial"], max_retries=args["max_failures"])(run_trial)
+    waiting = {task.remote(asdict(t), str(sweep_dir.absolute())): t for t in {t.id: t for t in trials}.values()}
+    since, shown = time.time(), {}
+    while waiting:
+        finished, _ = ray.wait(list(waiting), timeout=args["report_interval"])
+        lines = {}
+        for ref in finished:
+            trial = waiting.pop(ref)
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayError as e:
+                result = {"state": "lost", "error": one_paragraph(str(e), 150)}
+            counts["done"] += result["state"] == "done"
+            counts["failed"] += result["state"] in ("failed", "lost")
+            lines[trial.id] = WORDS.get(result["state"], "").format(**result)
+        for trial in waiting.values():
+            lines[trial.id] = progress_of(sweep_dir / "trials" / trial.id / "log.txt")
+        lines = {k: v for k, v in lines.items() if v and v != shown.get(k)}
+        if lines:
+            shown.update(lines)
+            logs = [sweep_dir / "trials" / t.id / "log.txt" for t in waiting.values()]
+            running = sum(p.is_file() and p.stat().st_mtime >= since for p in logs)
+            done, failed = counts["done"], counts["failed"]
+            print("".join(f"[trial {k}] {v}\n" for k, v in lines.items()), end="")
+            pending = counts["total"] - done - failed - running
+            print(f"[sweep] {done}/{counts['total']} done, {running} running, {failed} failed, {pending} pending", flush=True)
+
+
+def run_grid(sweep_dir: Path, spec: dict, stopping: dict) -> int:
+    """Run the trials of spec that have no result.json; 0 all done, 1 some failed, 130 stopped."""
+    trials = [Trial(**t) for t in spec["trials"]]
+    todo = [t for t in trials if read_result(sweep_dir, t) is None]
+    if len(todo) < len(trials):
+        print(f"[sweep] {len(trials) - len(todo)} finished trial(s) kept; {len(todo)} to run (resumed from checkpoints)")
+    states = [r["state"] for t in trials if (r := read_result(sweep_dir, t))]
+    counts = {"total": len(trials), "done": states.count("done"), "failed": states.count("failed")}
+    run_trials(sweep_dir, todo, spec["args"], counts)
+    results = [read_result(sweep_dir, t) for t in trials]
+    if stopping["stopping"] or None in results:
+        return INTERRUPTED
+    return 1 if any(r["state"] == "failed" for r in results) else 0
+
+
+# ---- --tune: settings drawn at random from a space, each a point of the grid; the best mean return is named -------
 
 
 def parse_space(items: list) -> dict:
-    """["learning_rate=loguniform:1e-4:1e-2", "gamma=choice:0.95,0.99"] -> {flag: [kind, args]}."""
+    """["learning_rate=loguniform:1e-4:1e-2", "gamma=choice:0.95,0.99"] -> {flag: [kind, values]}."""
     space = {}
     for item in items:
         name, _, rest = item.partition("=")
         kind, _, args = rest.partition(":")
+        values = [v.strip() for v in args.split(",") if v.strip()] if kind == "choice" else args.split(":")
         try:
-            if kind in ("loguniform", "uniform"):
-                low, high = (float(x) for x in args.split(":"))
-                ok = low < high and (kind == "uniform" or low > 0)
-            elif kind == "int":
-                low, high = (int(x) for x in args.split(":"))
-                ok = low <= high
-            elif kind == "choice":
-                low = high = None
-                ok = bool([v for v in args.split(",") if v.strip()])
-            else:
-                ok = False
+            if kind != "choice":
+                values = [(int if kind == "int" else float)(x) for x in values]
+            ok = kind == "choice" or (len(values) == 2 and values[0] <= values[1] and (kind != "loguniform" or values[0] > 0))
         except ValueError:
             ok = False
-        if not name or not ok:
+        if not name.strip() or not values or not ok or kind not in ("loguniform", "uniform", "int", "choice"):
             raise UserError(
-                f"--space '{item}': write flag=loguniform:LOW:HIGH, uniform:LOW:HIGH, int:LOW:HIGH or "
-                "choice:A,B,... (LOW < HIGH; loguniform above 0)."
+                f"--space '{item}': write flag=loguniform:LOW:HIGH (LOW > 0), uniform:LOW:HIGH, int:LOW:HIGH or choice:A,B"
             )
-        space[flag_name(name)] = [kind, [v.strip() for v in args.split(",") if v.strip()] if kind == "choice" else [low, high]]
+        space[flag_name(name)] = [kind, values]
     return space
 
 
-def space_values(space: dict) -> dict:
-    """What the value check probes: each range's ends, every choice."""
-    return {
-        name: [str(v) for v in args] if kind == "choice" else [fmt(args[0]), fmt(args[1])]
-        for name, (kind, args) in space.items()
-    }
-
-
-def fmt(value) -> str:
-    """A sampled value as the script gets it, and as the best command line shows it."""
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
-
-
-def tune_space(space: dict) -> dict:
-    from ray import tune
-
-    make = {
-        "loguniform": lambda a: tune.loguniform(*a),
-        "uniform": lambda a: tune.uniform(*a),
-        "int": lambda a: tune.randint(a[0], a[1] + 1),
-        "choice": lambda a: tune.choice(a),
-    }
-    return {name: make[kind](args) for name, (kind, args) in space.items()}
-
-
-def tune_trial(config: dict) -> None:
-    """Tune's function for one setting: its k seeds as k subprocesses; the mean of their evaluation returns at each
-    step that all have evaluated is reported (ASHA may stop the setting there: the scripts then save and stop)."""
-    from ray import tune
-
-    sweep_dir, base = Path(config["sweep_dir"]), config["base"]
-    trial_dir = sweep_dir / "tune_trials" / tune.get_context().get_trial_name()
-    if (sweep_dir / STOP_FILE).exists():  # stopping: not started (an error, so that --resume runs it)
-        raise StopRequested("the sweep is stopping")
-    flags = [[name, fmt(value)] for name, value in config["setting"].items()]
-    seeds, procs = [], []
-    for seed in base["seeds"]:
-        t = Trial(
-            f"seed{seed}", base["script"], base["env_id"], seed, flags, base["extra"], base["threads"], base["bool_flags"]
-        )
-        seed_dir = trial_dir / f"seed{seed}"
-        seed_dir.mkdir(parents=True, exist_ok=True)
-        seeds.append(seed_dir)
-        procs.append(start_script(resume_or_fresh(seed_dir, t.command(seed_dir)), seed_dir / "log.txt", t.threads))
-    write_json(trial_dir / "setting.json", {"flags": flags, "seeds": base["seeds"]})
-    reported = set()
-
-    def report_new() -> None:
-        curves = []
-        for seed_dir in seeds:
-            runs = [p for p in (seed_dir / "runs").glob("*") if p.is_dir()]
-            curves.append(dict(zip(*(x.tolist() for x in read_scalars(runs[0], EVAL_TAG)))) if runs else {})
-        for step in sorted(set.intersection(*(set(c) for c in curves)) - reported):
-            reported.add(step)
-            tune.report({"eval_return": float(np.mean([c[step] for c in curves])), "global_step": int(step)})
-
-    try:
-        next_report = time.time() + config["report_interval"]
-        while any(p.poll() is None for p in procs):
-            time.sleep(0.2)
-            if (sweep_dir / STOP_FILE).exists():
-                for p in procs:
-                    stop_group(p, signal.SIGINT, wait=300)
-            elif time.time() >= next_report:
-                next_report = time.time() + config["report_interval"]
-                report_new()
-        report_new()
-    finally:
-        for p in procs:  # ASHA stopped this setting (or an error here): each script saves, on SIGINT
-            if p.poll() is None:
-                stop_group(p, signal.SIGINT, wait=300)
-    failed = [str(d) for d, p in zip(seeds, procs) if p.returncode not in (0, INTERRUPTED)]
-    if failed:
-        raise RuntimeError(f"seeds failed: {failed}; last lines: {log_tail(Path(failed[0]) / 'log.txt', TAIL)}")
-    if (sweep_dir / STOP_FILE).exists() and any(p.returncode == INTERRUPTED for p in procs):
-        raise StopRequested("stopped by the sweep: each seed saved a checkpoint; --resume continues from it")
-
-
-class StopRequested(Exception):
-    """A setting stopped by Ctrl-C: Tune records it as errored, and a --resume of the study runs it again (its scripts
-    resuming from their checkpoints); a setting that ended normally would count as finished."""
-
-
-def run_tune(sweep_dir: Path, spec: dict, ns, stopping: dict) -> int:
-    """The search, then the best setting on fresh seeds (a grid sweep in <out>/final). With --resume: the study as Tune
-    saved it (the searcher's state, finished settings kept), its unfinished and stopped settings run again."""
-    import logging
-
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
-
-    logging.getLogger("ray.tune").setLevel(logging.ERROR)
-    base, t = spec["base"], spec["tune"]
-    searcher = None
-    if t["search"] == "optuna":
-        from ray.tune.search.optuna import OptunaSearch
-
-        searcher = OptunaSearch(seed=t["search_seed"])
-    scheduler = ASHAScheduler(time_attr="global_step", max_t=t["total"], grace_period=t["grace_steps"], reduction_factor=2)
-
-    class Report(tune.Callback):
-        def on_trial_result(self, iteration, trials, trial, result, **info):
-            setting = " ".join(f"{k}={fmt(v)}" for k, v in trial.config["setting"].items())
-            done = sum(x.status == "TERMINATED" for x in trials)
-            print(
-                f"[tune {trial.trial_id}] {setting}: mean eval return {result['eval_return']:.1f} at step "
-                f"{result['global_step']:,} ({len(base['seeds'])} seeds); settings finished {done}/{t['num_samples']}",
-                flush=True,
-            )
-
-    trainable = tune.with_resources(tune_trial, {"cpu": spec["cpus_per_trial"] * len(base["seeds"])})
-    study = (sweep_dir / "tune" / "tune").absolute()
-    if ns.resume and tune.Tuner.can_restore(str(study)):
-        print(f"[tune] resuming the study in {study}", flush=True)
-        tuner = tune.Tuner.restore(str(study), trainable=trainable, resume_unfinished=True, resume_errored=True)
-    else:
-        tuner = tune.Tuner(
-            trainable,
-            param_space={
-                "setting": tune_space(t["space"]),
-                "base": base,
-                "sweep_dir": str(sweep_dir.absolute()),
-                "report_interval": spec["report_interval"],
-            },
-            tune_config=tune.TuneConfig(
-                metric="eval_return", mode="max", search_alg=searcher, scheduler=scheduler, num_samples=t["num_samples"]
-            ),
-            run_config=tune.RunConfig(
-                name="tune",
-                storage_path=str((sweep_dir / "tune").absolute()),
-                verbose=0,
-                failure_config=tune.FailureConfig(max_failures=spec["max_failures"]),
-                callbacks=[Report()],
-            ),
-        )
-    results = tuner.fit()
-    rows = []
-    for r in results:
-        if r.metrics and "eval_return" in r.metrics:
-            rows.append(
-                {
-                    "setting": {k: fmt(v) for k, v in r.config["setting"].items()},
-                    "eval_return": r.metrics["eval_return"],
-                    "global_step": r.metrics["global_step"],
-                }
-            )
-    if stopping["stopping"]:
-        return INTERRUPTED
-    if not rows:
-        print("[tune] no setting reported an evaluation: see <out>/tune_trials/*/seed*/log.txt", file=sys.stderr)
-        return 1
-    best = max(rows, key=lambda r: (r["global_step"], r["eval_return"]))  # among those that ran longest (ASHA)
-    flags = [[k, v] for k, v in best["setting"].items()]
-    command = shlex.join(
-        ["python", base["script"], "--env-id", base["env_id"], *base["extra"], *flag_args(flags, base["bool_flags"])]
+def sample_space(items: list, n: int, seed: int) -> list:
+    """n settings drawn at random from the space, each {flag: value as the script gets it}; the first n of n + k
+    draws are the n draws (a --resume with a larger --num-samples adds settings)."""
+    rng = np.random.default_rng(seed)
+    draw = {"uniform": lambda lo, hi: f"{rng.uniform(lo, hi):.6g}", "int": lambda lo, hi: str(rng.integers(lo, hi + 1))}
+    draw.update(
+        loguniform=lambda lo, hi: f"{np.exp(rng.uniform(np.log(lo), np.log(hi))):.6g}", choice=lambda *v: rng.choice(v)
     )
-    write_json(sweep_dir / "tune.json", {"settings": rows, "best": best, "best_command": command})
-    print(
-        f"[tune] best setting: {' '.join(f'{k}={v}' for k, v in flags)}: mean eval return {best['eval_return']:.1f} "
-        f"over seeds {base['seeds']} at step {best['global_step']:,}"
-    )
-    print(f"[tune] best command line:\n{command}", flush=True)
-    if not t["final_seeds"]:
-        return 0
-    final_dir = sweep_dir / "final"
-    final_dir.mkdir(exist_ok=True)
-    trials = expand_grid(
-        [base["script"]],
-        [base["env_id"]],
-        t["final_seeds"],
-        {k: [v] for k, v in flags},
-        base["extra"],
-        spec["cpus_per_trial"],
-        {base["script"]: base["bool_flags"]},
-    )
-    final = {
-        **{k: spec[k] for k in ("cpus_per_trial", "max_failures", "report_interval", "metric", "score_ranges")},
-        "trials": [asdict(x) for x in trials],
-        "command": spec["command"] + "  (the best setting on fresh seeds)",
-    }
-    write_json(final_dir / "sweep.json", final)
-    print(f"[tune] the best setting on fresh seeds {t['final_seeds']}, in {final_dir}", flush=True)
-    rc = run_grid(final_dir, final, stopping)
-    summarize(final_dir, final, final["metric"], final["score_ranges"])
-    print((final_dir / "summary.md").read_text(), end="")
-    return rc
+    space = parse_space(items)
+    return [{name: str(draw[kind](*values)) for name, (kind, values) in space.items()} for _ in range(n)]
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# Summary: per-trial scalars, per-task mean and interval, IQM of the normalized score, curves
-# --------------------------------------------------------------------------------------------------------------------
+# ---- the summary: per trial its score, per task (its seeds) their mean, std and range ------------------------------
 
 
-def trial_scalars(trial_dir: Path) -> dict:
-    """What one trial logged: the last-100 training return, the last evaluation, and both curves."""
-    runs = sorted(p for p in (trial_dir / "runs").glob("*") if p.is_dir()) if (trial_dir / "runs").is_dir() else []
-    if len(runs) != 1:
-        return {"run_dir": None}
-    out = {"run_dir": str(runs[0])}
-    steps, values = read_scalars(runs[0], RETURN_TAG)
-    if len(values):
-        out.update({"train_" + k: v for k, v in summarize_seed(steps, values).items()})
-        out["train_curve"] = [steps.tolist(), values.round(3).tolist()]
-    steps, values = read_scalars(runs[0], EVAL_TAG)
-    if len(values):
-        out.update({"eval_last": float(values[-1]), "eval_step_last": int(steps[-1])})
-        out["eval_curve"] = [steps.tolist(), values.round(3).tolist()]
-    return out
+def read_scalars(run_dir: Path, tag: str) -> tuple:
+    """(steps, values) of a TensorBoard scalar in a run folder, sorted by step (as TensorBoard shows a resumed run)."""
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    acc = ea.EventAccumulator(str(run_dir), size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    pairs = sorted((e.step, e.value) for e in (acc.Scalars(tag) if tag in acc.Tags()[ea.SCALARS] else []))
+    return np.array([s for s, _ in pairs], dtype=np.int64), np.array([v for _, v in pairs], dtype=np.float64)
 
 
 METRICS = {
@@ -925,359 +445,210 @@ METRICS = {
 }
 
 
-def summarize(sweep_dir: Path, spec: dict, metric: str, score_ranges: dict) -> dict:
-    """Write summary.json, summary.md and summary.png of a sweep; return the summary."""
+def trial_entry(sweep_dir: Path, t: Trial) -> dict:
+    """A trial's state and the scores its run folder's TensorBoard files give."""
+    marker = read_result(sweep_dir, t) or {"state": "unfinished"}
+    e = {"id": t.id, "task": t.task, "seed": t.seed, "state": marker["state"], "log_tail": marker.get("log_tail", "")}
+    runs = [p for p in (sweep_dir / "trials" / t.id / "runs").glob("*") if p.is_dir()]
+    if len(runs) == 1 and e["state"] == "done":
+        steps, values = read_scalars(runs[0], RETURN_TAG)
+        e.update({"train_last100_mean": float(values[-100:].mean())} if len(values) else {})
+        steps, values = read_scalars(runs[0], EVAL_TAG)
+        e.update({"eval_last": float(values[-1]), "eval_step_last": int(steps[-1])} if len(values) else {})
+    return e
+
+
+def summarize(sweep_dir: Path, spec: dict, metric: str) -> dict:
+    """Write summary.json and summary.md of a sweep from its trials' folders (a --tune's tasks are its settings, and
+    the best of them is named); print the table."""
     key, meaning = METRICS[metric]
-    per_trial, tasks = [], {}
-    for t in (Trial(**t) for t in spec["trials"]):
-        marker = read_result(sweep_dir, t.id)
-        entry = {
-            "id": t.id,
-            "task": t.task,
-            "env_id": t.env_id,
-            "seed": t.seed,
-            "state": marker["state"] if marker else "unfinished",
-            **trial_scalars(sweep_dir / "trials" / t.id),
-        }
-        if marker and marker["state"] == "failed":
-            entry["log_tail"] = marker.get("log_tail", "")
-        per_trial.append(entry)
-        tasks.setdefault(t.task, []).append(entry)
+    trials = [trial_entry(sweep_dir, Trial(**t)) for t in spec["trials"]]
     rows = []
-    for task, entries in tasks.items():
-        values = np.array([e[key] for e in entries if e["state"] == "done" and key in e], dtype=np.float64)
-        row = {
-            "task": task,
-            "env_id": entries[0]["env_id"],
-            "seeds": len(entries),
-            "n": int(values.size),
-            "failed": [e["seed"] for e in entries if e["state"] == "failed"],
-            "unfinished": [e["seed"] for e in entries if e["state"] == "unfinished"],
-            "per_seed": values.tolist(),
-        }
+    for task in dict.fromkeys(e["task"] for e in trials):
+        entries = [e for e in trials if e["task"] == task]
+        values = np.array([e[key] for e in entries if key in e], dtype=np.float64)
+        row = {"task": task, "seeds": len(entries), "n": int(values.size), "per_seed": values.tolist()}
+        row["failed"] = [e["seed"] for e in entries if e["state"] == "failed"]
+        row["unfinished"] = [e["seed"] for e in entries if e["state"] == "unfinished"]
         if values.size:
-            row.update({"mean": float(values.mean()), "std": float(values.std())})
-            if values.size >= 3:
-                row["ci95"] = bootstrap_mean_interval(values)
-            else:
-                row["min_max"] = [float(values.min()), float(values.max())]
-            if row["env_id"] in score_ranges:
-                low, high = score_ranges[row["env_id"]]
-                row["normalized_per_seed"] = normalized(values, low, high).round(4).tolist()
+            row.update({"mean": float(values.mean()), "std": float(values.std()), "range": [values.min(), values.max()]})
         rows.append(row)
-    scored = [r for r in rows if "normalized_per_seed" in r]
-    aggregate = None
-    if scored and len({r["n"] for r in scored}) == 1:
-        iqm, low, high = iqm_interval(np.array([r["normalized_per_seed"] for r in scored]).T)
-        aggregate = {
-            "iqm": iqm,
-            "ci95": [low, high],
-            "tasks": [r["task"] for r in scored],
-            "runs": sum(r["n"] for r in scored),
-            "metric": f"IQM over (seed, task) of ({metric} score - low) / (high - low), --score-range per env",
-        }
-    elif scored:
-        aggregate = {"error": "tasks have different numbers of finished seeds: no stratified bootstrap"}
-    summary = {
-        "metric": metric,
-        "metric_meaning": meaning,
-        "tasks": rows,
-        "aggregate": aggregate,
-        "trials": [{k: v for k, v in e.items() if not k.endswith("_curve")} for e in per_trial],
-    }
+    summary = {"metric": metric, "metric_meaning": meaning, "tasks": rows, "trials": trials}
+    lines = [
+        f"Score: {meaning}, per seed.",
+        "",
+        "| task | seeds done / all | mean ± std | min, max | failed seeds |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        mean = f"{r['mean']:.1f} ± {r['std']:.1f} | [{r['range'][0]:.1f}, {r['range'][1]:.1f}]" if r["n"] else "– | –"
+        failed = ", ".join(map(str, r["failed"])) or "–"
+        failed += f" (unfinished: {', '.join(map(str, r['unfinished']))})" if r["unfinished"] else ""
+        lines.append(f"| {r['task']} | {r['n']} / {r['seeds']} | {mean} | {failed} |")
+    failures = [f"[trial {t['id']}] FAILED; last lines of its log:\n{t['log_tail']}" for t in trials if t["state"] == "failed"]
+    scored = [r for r in rows if r["n"] and r["n"] == r["seeds"]]
+    if spec["args"]["tune"] and scored:
+        best, a = max(scored, key=lambda r: r["mean"]), spec["args"]
+        flags = next(t["flags"] for t in spec["trials"] if Trial(**t).task == best["task"])
+        command = shlex.join(["python", Path(a["script"][0]).name, "--env-id", a["env_id"][0], *a["extra"], *flag_args(flags)])
+        summary["best"] = {"task": best["task"], "mean": best["mean"], "command": command}
+        lines += ["", f"[tune] best command line:\n{command}"]
     write_json(sweep_dir / "summary.json", summary)
-    (sweep_dir / "summary.md").write_text(markdown(summary) + "\n")
-    plot(tasks, sweep_dir / "summary.png")
+    (sweep_dir / "summary.md").write_text("\n\n".join(["\n".join(lines), *failures]) + "\n")
+    print("\n".join(lines), flush=True)
+    print("\n\n".join(failures), file=sys.stderr)
     return summary
 
 
-def markdown(summary: dict) -> str:
-    lines = [
-        f"Score: {summary['metric_meaning']}, per seed.",
-        "",
-        "| task | seeds done / all | mean ± std | 95 % CI (bootstrap) or min–max | normalized (mean) | failed seeds |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in summary["tasks"]:
-        mean = f"{r['mean']:.1f} ± {r['std']:.1f}" if "mean" in r else "–"
-        spread = (
-            f"[{r['ci95'][0]:.1f}, {r['ci95'][1]:.1f}]"
-            if "ci95" in r
-            else f"{r['min_max'][0]:.1f}–{r['min_max'][1]:.1f} (n={r['n']})"
-            if "min_max" in r
-            else "–"
-        )
-        norm = f"{np.mean(r['normalized_per_seed']):.2f}" if "normalized_per_seed" in r else "–"
-        failed = ", ".join(map(str, r["failed"])) or "–"
-        if r["unfinished"]:
-            failed += f" (unfinished: {', '.join(map(str, r['unfinished']))})"
-        lines.append(f"| {r['task']} | {r['n']} / {r['seeds']} | {mean} | {spread} | {norm} | {failed} |")
-    agg = summary["aggregate"]
-    if agg and "iqm" in agg:
-        lines.append(
-            f"\nIQM of the normalized score over {len(agg['tasks'])} task(s), {agg['runs']} runs: "
-            f"**{agg['iqm']:.2f}** [{agg['ci95'][0]:.2f}, {agg['ci95'][1]:.2f}] (95 % stratified bootstrap, rliable)."
-        )
-    elif agg:
-        lines.append(f"\nIQM: {agg['error']}.")
-    failed = [t for t in summary["trials"] if t["state"] == "failed"]
-    for t in failed:
-        tail = "\n".join(f"    {line}" for line in t.get("log_tail", "").splitlines())
-        lines.append(f"\nFAILED: trial {t['id']}; last lines of its log:\n\n{tail}")
-    return "\n".join(lines)
-
-
-def plot(tasks: dict, path: Path) -> None:
-    """One panel per task: each seed's training curve (thin) and evaluations (dots)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    cols = min(3, len(tasks))
-    nrows = -(-len(tasks) // cols)
-    figure = Figure(figsize=(4.5 * cols, 3.4 * nrows), layout="constrained")
-    for k, (task, entries) in enumerate(tasks.items()):
-        ax = figure.add_subplot(nrows, cols, k + 1)
-        for j, e in enumerate(entries):
-            if "train_curve" in e:
-                ax.plot(*e["train_curve"], color=f"C{j % 10}", alpha=0.4, linewidth=0.8)
-            if "eval_curve" in e:
-                ax.plot(*e["eval_curve"], "o-", color=f"C{j % 10}", markersize=3, label=f"seed {e['seed']} (eval)")
-        ax.set_title(task, fontsize=9)
-        ax.set_xlabel("env steps")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    figure.supylabel("episodic return (thin: training, dots: evaluation)")
-    FigureCanvasAgg(figure).print_png(str(path))
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------------------------------------
+# ---- command line --------------------------------------------------------------------------------------------------
 
 
 def parse_args(argv: list) -> tuple:
-    argv = list(argv)
-    extra = []
-    if "--" in argv:
-        extra, argv = argv[argv.index("--") + 1 :], argv[: argv.index("--")]
+    """(options, the arguments after `--` or None); what a --resume leaves out is None (sweep.json's value)."""
     parser = argparse.ArgumentParser(
-        prog="tools/sweep.py",
-        description=__doc__.splitlines()[0],
-        epilog="Arguments after a literal -- go to every trial's script.",
+        prog="tools/sweep.py", description=__doc__.splitlines()[0], epilog="After --: flags for every trial."
     )
-    parser.add_argument("--out", required=True, type=Path, help="the sweep's folder (trials, summary, Tune's state)")
-    parser.add_argument("--script", nargs="+", default=[], help=f"one or more of {', '.join(SCRIPTS)}")
-    parser.add_argument("--env-id", nargs="+", default=[])
-    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
-    parser.add_argument("--grid", action="append", default=[], help="flag=v1,v2: one trial per value (repeatable)")
-    parser.add_argument("--cpus-per-trial", type=int, default=1, help="CPUs reserved and --torch-threads per trial")
-    parser.add_argument("--address", default=None, help="a Ray cluster's HOST:PORT (default: Ray on this machine)")
-    parser.add_argument("--max-failures", type=int, default=3, help="restarts of a trial whose worker is lost")
-    parser.add_argument("--report-interval", type=float, default=10.0, help="seconds between a trial's progress lines")
-    parser.add_argument("--resume", action="store_true", help="continue the sweep in --out")
-    parser.add_argument("--summarize", action="store_true", help="only (re)write the summary of --out")
-    parser.add_argument(
-        "--metric",
-        choices=sorted(METRICS),
-        default=None,
-        help="per-seed score: eval (last evaluation; the default with --eval-interval) or train",
-    )
-    parser.add_argument(
-        "--score-range",
-        action="append",
-        default=[],
-        help="ENV=LOW:HIGH: normalized score (x - LOW) / (HIGH - LOW), e.g. random and published returns",
-    )
-    tuning = parser.add_argument_group("--tune: search a space instead of a grid (one script, one env id)")
-    tuning.add_argument("--tune", action="store_true", help="search --space; objective: mean eval return over --seeds")
-    tuning.add_argument(
-        "--space",
-        action="append",
-        default=[],
-        help="flag=loguniform:LOW:HIGH | uniform:LOW:HIGH | int:LOW:HIGH | choice:A,B (repeatable)",
-    )
-    tuning.add_argument("--num-samples", type=int, default=8, help="settings tried")
-    tuning.add_argument("--search", choices=["optuna", "random"], default="optuna")
-    tuning.add_argument("--search-seed", type=int, default=0)
-    tuning.add_argument(
-        "--grace-steps",
-        type=int,
-        default=None,
-        help="ASHA stops no setting before this many env steps (default: a quarter of the budget)",
-    )
-    tuning.add_argument(
-        "--final-seeds",
-        nargs="*",
-        type=int,
-        default=None,
-        help="re-run the best setting on these seeds (default: 3 seeds after --seeds; none: no re-run)",
-    )
-    ns = parser.parse_args(argv)
-    return ns, extra
+    add = parser.add_argument
+    add("--out", required=True, type=Path, help="the sweep's folder (trials, summary)")
+    add("--script", nargs="+", help="training scripts (a path, or a name beside tools/)")
+    add("--env-id", nargs="+")
+    add("--seeds", nargs="+", type=int, help="(default 1 2 3)")
+    add("--grid", action="append", help="flag=v1,v2: one trial per value (repeatable)")
+    add("--cpus-per-trial", type=int, help="CPUs reserved and --torch-threads per trial (default 1)")
+    add("--address", help="a Ray cluster's HOST:PORT (default: a Ray of its own on this machine)")
+    add("--max-failures", type=int, default=3, help="restarts of a trial whose worker is lost")
+    add("--report-interval", type=float, default=10.0, help="seconds between a trial's progress lines")
+    add("--resume", action="store_true", help="continue the sweep in --out (new seeds or grid values: added)")
+    add("--summarize", action="store_true", help="only (re)write the summary of --out")
+    add("--metric", choices=sorted(METRICS), help="per-seed score (default: eval if --eval-interval is given)")
+    add("--tune", action="store_true", help="search --space (one script, one env id): mean last eval return over --seeds")
+    add("--space", action="append", help="flag=loguniform:LOW:HIGH | uniform:LOW:HIGH | int:LOW:HIGH | choice:A,B")
+    add("--num-samples", type=int, help="--tune: settings tried (default 8)")
+    add("--search-seed", type=int, help="--tune: the random draws' seed (default 0)")
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else None
+    return parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv), extra
 
 
-def parse_ranges(items: list) -> dict:
-    ranges = {}
-    for item in items:
-        env, _, rng = item.partition("=")
-        try:
-            low, high = (float(x) for x in rng.split(":"))
-        except ValueError:
-            raise UserError(f"--score-range '{item}': write ENV=LOW:HIGH, e.g. Hopper-v4=18:2400.") from None
-        if low == high:
-            raise UserError(f"--score-range '{item}': LOW and HIGH must differ.")
-        ranges[env] = (low, high)
-    return ranges
-
-
-def new_spec(ns, extra: list) -> dict:
-    """The sweep's trials, every input checked (flags, values, CPUs, address) before anything runs."""
-    if not ns.script or not ns.env_id:
+def sweep_args(ns, extra: Optional[list], old: Optional[dict]) -> dict:
+    """The sweep's settings: those given, else sweep.json's (old), else the defaults; each checked."""
+    if old is None and not (ns.script and ns.env_id):
         raise UserError("a new sweep needs --script and --env-id (or --resume / --summarize of an existing --out).")
-    scripts = [check_script(s) for s in ns.script]
-    if ns.cpus_per_trial < 1 or ns.max_failures < 0 or ns.report_interval <= 0 or any(s < 0 for s in ns.seeds):
+    given = {k: getattr(ns, k) for k in ("env_id", "seeds", "cpus_per_trial", "space", "search_seed")}
+    given.update(grid=parse_grid(ns.grid) if ns.grid else None, extra=extra, tune=ns.tune or None)
+    given.update(script=[find_script(s) for s in ns.script] if ns.script else None, num_samples=ns.num_samples)
+    args = {
+        "seeds": [1, 2, 3],
+        "grid": {},
+        "extra": [],
+        "cpus_per_trial": 1,
+        "space": [],
+        "tune": False,
+        "num_samples": 8,
+        "search_seed": 0,
+    }
+    args.update(old or {})
+    if old is not None:  # a --resume: a grid sweep gets the trials of new scripts, env ids, seeds or grid values
+        changed = [k for k, v in given.items() if v is not None and k in old and v != old[k]]
+        changed = [k for k in changed if k not in (("num_samples", "seeds") if old["tune"] else GROWS)]
+        if changed:
+            differ = "; ".join(f"--{k.replace('_', '-')} {given[k]} (the sweep's: {old[k]})" for k in changed)
+            raise UserError(f"--resume with {differ}: a sweep's trials share these; start another --out.")
+    args.update({k: v for k, v in given.items() if v is not None})
+    args.update(max_failures=ns.max_failures, report_interval=ns.report_interval)
+    evaluates = any(w.startswith("--eval-interval") for w in args["extra"])
+    args["metric"] = ns.metric or args.get("metric") or ("eval" if evaluates else "train")
+    if args["cpus_per_trial"] < 1 or args["max_failures"] < 0 or args["report_interval"] <= 0 or min(args["seeds"]) < 0:
         raise UserError("--cpus-per-trial must be >= 1, --max-failures >= 0, --report-interval > 0, seeds >= 0.")
-    if ns.address is None and ns.cpus_per_trial > usable_cores():
-        raise UserError(
-            f"--cpus-per-trial {ns.cpus_per_trial} is more than this machine's {usable_cores()} cores: "
-            "no trial could start. Lower it."
-        )
-    if ns.address is not None:
-        check_address(ns.address)
-    grid = parse_grid(ns.grid)
-    if ns.tune:
-        return tune_spec(ns, extra, scripts)
-    if ns.space:
+    names = [w[2:].split("=", 1)[0] for w in args["extra"] if w.startswith("--")] + list(args["grid"])
+    for name in set(SET_BY_SWEEP) & set(names + list(parse_space(args["space"]))):
+        raise UserError(f"--{name} is set by the sweep for each trial (--env-id, --seeds, --cpus-per-trial, --out, --resume).")
+    if ns.address is None and args["cpus_per_trial"] > CORES:
+        raise UserError(f"--cpus-per-trial {args['cpus_per_trial']}: more than this machine's {CORES} cores.")
+    if args["tune"]:
+        if len(args["script"]) != 1 or len(args["env_id"]) != 1 or args["grid"] or not args["space"]:
+            raise UserError("--tune searches one script on one env id over --space (no --grid): give one of each.")
+        if not evaluates or args["num_samples"] < 1:
+            raise UserError("--tune needs --num-samples >= 1 and, after --, --eval-interval N (its score: evaluations).")
+    elif args["space"]:
         raise UserError("--space needs --tune (a grid takes --grid flag=v1,v2).")
-    with ThreadPoolExecutor(max_workers=len(scripts)) as pool:
-        helps = dict(zip(scripts, pool.map(script_flags, scripts)))
-    given = [w[2:].split("=", 1)[0] for w in extra if w.startswith("--")]
-    for script in scripts:
-        check_flags(script, [*given, *grid], helps[script][0])
-    bool_flags = {s: sorted(helps[s][1]) for s in scripts}
-    trials = expand_grid(scripts, ns.env_id, ns.seeds, grid, extra, ns.cpus_per_trial, bool_flags)
-    check_values(value_probes(trials))
-    metric = ns.metric or ("eval" if any(w.startswith("--eval-interval") for w in extra) else "train")
-    return {
-        "trials": [asdict(t) for t in trials],
-        "cpus_per_trial": ns.cpus_per_trial,
-        "max_failures": ns.max_failures,
-        "report_interval": ns.report_interval,
-        "metric": metric,
-        "score_ranges": parse_ranges(ns.score_range),
-        "command": shlex.join([sys.executable, *sys.argv]),
-    }
+    return args
 
 
-def tune_spec(ns, extra: list, scripts: list) -> dict:
-    if len(scripts) != 1 or len(ns.env_id) != 1 or ns.grid or not ns.space:
-        raise UserError("--tune searches one script on one env id over --space (no --grid): give one of each.")
-    if not any(w.startswith("--eval-interval") for w in extra):
-        raise UserError("--tune's objective is the evaluation return: give the script --eval-interval N (after --).")
-    total = next((extra[i + 1] for i, w in enumerate(extra[:-1]) if w == "--total-timesteps"), None)
-    if total is None or not total.isdigit():
-        raise UserError("--tune needs the budget: give the script --total-timesteps N (after --).")
-    k = len(ns.seeds)
-    if ns.address is None and ns.cpus_per_trial * k > usable_cores():
-        raise UserError(
-            f"a --tune trial runs its {k} seeds at once, {ns.cpus_per_trial} CPU(s) each: {ns.cpus_per_trial * k} "
-            f"is more than this machine's {usable_cores()} cores. Lower --cpus-per-trial or --seeds."
-        )
-    if ns.num_samples < 1:
-        raise UserError("--num-samples must be >= 1.")
-    space = parse_space(ns.space)
-    flags, switches = script_flags(scripts[0])
-    given = [w[2:].split("=", 1)[0] for w in extra if w.startswith("--")]
-    check_flags(scripts[0], [*given, *space], flags)
-    probes = expand_grid(scripts, ns.env_id, ns.seeds[:1], space_values(space), extra, 1, {scripts[0]: sorted(switches)})
-    check_values(value_probes(probes))
-    final = ns.final_seeds if ns.final_seeds is not None else [max(ns.seeds) + i for i in (1, 2, 3)]
-    base = {
-        "script": scripts[0],
-        "env_id": ns.env_id[0],
-        "seeds": ns.seeds,
-        "extra": extra,
-        "threads": ns.cpus_per_trial,
-        "bool_flags": sorted(switches),
-    }
-    tune = {
-        "space": space,
-        "num_samples": ns.num_samples,
-        "search": ns.search,
-        "search_seed": ns.search_seed,
-        "total": int(total),
-        "grace_steps": ns.grace_steps or max(int(total) // 4, 1),
-        "final_seeds": final,
-    }
-    return {
-        "base": base,
-        "tune": tune,
-        "trials": [],
-        "cpus_per_trial": ns.cpus_per_trial,
-        "max_failures": ns.max_failures,
-        "report_interval": ns.report_interval,
-        "metric": "eval",
-        "score_ranges": parse_ranges(ns.score_range),
-        "command": shlex.join([sys.executable, *sys.argv]),
-    }
+def grid_of(args: dict) -> list:
+    a = args
+    grid = [{n: [v] for n, v in s.items()} for s in sample_space(a["space"], a["num_samples"], a["search_seed"])]
+    points = grid if a["tune"] else [a["grid"]]
+    return [t for p in points for t in expand_grid(a["script"], a["env_id"], a["seeds"], p, a["extra"], a["cpus_per_trial"])]
+
+
+def load_spec(out: Path) -> dict:
+    if not (out / "sweep.json").is_file():
+        raise UserError(f"--out {out} holds no sweep (no sweep.json): start one without --resume / --summarize.")
+    spec = read_json(out / "sweep.json")
+    if not isinstance(spec, dict) or not isinstance(spec.get("args"), dict) or not isinstance(spec.get("trials"), list):
+        raise UserError(f"{out / 'sweep.json'} is not a sweep this tool wrote (unreadable, or of an older version of it).")
+    return spec
+
+
+def plan(ns, extra: Optional[list], out: Path) -> tuple:
+    """(the spec to write, the trials to probe) of a new sweep or a --resume; every check but the probes passed."""
+    if not ns.resume:
+        if any(p.name != "sweep.lock" for p in out.iterdir()):
+            raise UserError(f"--out {out} is not empty: continue its sweep with --resume, or choose another --out.")
+        args = sweep_args(ns, extra, None)
+        trials = grid_of(args)
+        return {"args": args, "trials": [asdict(t) for t in trials]}, trials
+    spec = load_spec(out)
+    args = sweep_args(ns, extra, spec["args"])
+    for t in [Trial(**t) for t in spec["trials"]]:
+        if hashlib.sha256(Path(t.script).read_bytes()).hexdigest() != t.checksum and not read_result(out, t):
+            raise UserError(f"{t.script} changed since the sweep started: restore it, or start a sweep in another --out.")
+    known = {t["id"] for t in spec["trials"]}
+    new = [t for t in grid_of(args) if t.id not in known]
+    if new:
+        print(f"[sweep] {len(new)} new trial(s) added to the sweep", flush=True)
+    return {**spec, "args": args, "trials": spec["trials"] + [asdict(t) for t in new]}, new
 
 
 def main(argv: Optional[list] = None) -> int:
-    ns, extra = parse_args(sys.argv[1:] if argv is None else argv)
-    sweep_dir = ns.out
-    spec_path = sweep_dir / "sweep.json"
-    if ns.resume or ns.summarize:
-        if not spec_path.is_file():
-            raise UserError(f"--out {sweep_dir} holds no sweep (no sweep.json): start one without --resume.")
-        spec = json.loads(spec_path.read_text())
-        if ns.summarize:
-            summary = summarize(sweep_dir, spec, ns.metric or spec["metric"], spec["score_ranges"])
-            print((sweep_dir / "summary.md").read_text(), end="")
-            return 0 if all(t["state"] == "done" for t in summary["trials"]) else 1
-        if ns.address is not None:
-            check_address(ns.address)
-    else:
-        if spec_path.exists():
-            raise UserError(f"--out {sweep_dir} already holds a sweep: continue it with --resume, or choose another --out.")
-        spec = new_spec(ns, extra)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        write_json(spec_path, spec)
-    (sweep_dir / STOP_FILE).unlink(missing_ok=True)
-    n, cpt = len(spec["trials"]), spec["cpus_per_trial"]
-    if "tune" in spec:
-        k = len(spec["base"]["seeds"])
-        print(
-            f"[tune] {spec['tune']['num_samples']} settings x {k} seeds in {sweep_dir}; {cpt} CPU(s) and --torch-threads "
-            f"{cpt} per seed" + ("" if ns.address else f", {concurrency(usable_cores(), cpt * k)} setting(s) at once")
-        )
-    else:
-        print(
-            f"[sweep] {n} trials in {sweep_dir}; {cpt} CPU(s) and --torch-threads {cpt} each"
-            + ("" if ns.address else f", {concurrency(usable_cores(), cpt)} at once on this machine"),
-            flush=True,
-        )
-    stopping = install_stop_handler(sweep_dir)
-    ray_env(local=ns.address is None)
-    head = LocalRay(usable_cores(), sweep_dir / "ray-head.log") if ns.address is None else None
+    ns, extra = parse_args(list(sys.argv[1:] if argv is None else argv))
+    out = ns.out
+    if ns.summarize:
+        spec = load_spec(out)
+        summary = summarize(out, spec, ns.metric or spec["args"]["metric"])
+        return 0 if all(t["state"] == "done" for t in summary["trials"]) else 1
+    if ns.address is not None:
+        check_address(ns.address)
+    lock = claim(out)  # before any probe: one sweep per folder
     try:
-        needed = cpt * len(spec["base"]["seeds"]) if "tune" in spec else cpt
-        ray = connect_ray(ns.address or head.address, needed, local=head is not None)
-        try:
-            if "tune" in spec:
-                return run_tune(sweep_dir, spec, ns, stopping)
-            rc = run_grid(sweep_dir, spec, stopping)
-        finally:
-            ray.shutdown()
+        spec, probes = plan(ns, extra, out)
+        check_values(probes)
+        ray, temp = start_ray(ns.address, spec["args"]["cpus_per_trial"])
+    except BaseException:
+        release(lock, refused=True)
+        raise
+    try:
+        write_json(out / "sweep.json", spec)
+        (out / STOP_FILE).unlink(missing_ok=True)
+        stopping = {"stopping": False}
+
+        def on_signal(signum, frame):  # Ctrl-C / SIGTERM: each trial's script saves a checkpoint, none starts anew
+            print("[sweep] stopping: every running trial saves a checkpoint; `--resume` continues the sweep", flush=True)
+            stopping["stopping"] = True
+            (out / STOP_FILE).touch()
+
+        signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGTERM, on_signal)
+        where = f"the Ray cluster at {ns.address}" if ns.address else f"Ray on this machine ({CORES} CPUs)"
+        cpus = spec["args"]["cpus_per_trial"]
+        print(f"[sweep] {len(spec['trials'])} trial(s) in {out}; {cpus} CPU(s) each; {where}", flush=True)
+        rc = run_grid(out, spec, stopping)
+        summarize(out, spec, spec["args"]["metric"])
+        return rc
     finally:
-        if head is not None:
-            head.stop()
-    summarize(sweep_dir, spec, spec["metric"], spec["score_ranges"])
-    print((sweep_dir / "summary.md").read_text(), end="")
-    print(
-        f"[sweep] wrote {sweep_dir / 'summary.json'}, summary.md and summary.png"
-        + ("; stopped: continue with --resume" if rc == INTERRUPTED else "")
-    )
-    return rc
+        ray.shutdown()
+        shutil.rmtree(temp or "/nonexistent", ignore_errors=True)
+        release(lock, refused=False)
 
 
 if __name__ == "__main__":
