@@ -484,6 +484,7 @@ def test_ctrl_c_saves_shuts_ray_down_and_resumes_with_the_learner_paused(tmp_pat
     assert max(scalars(only_run_dir(tmp_path), "losses/qf1_loss")) <= step  # no update logged after the resume
 
 
+@pytest.mark.ray
 def test_every_worker_collects_episodes_of_its_own(saved_run):
     """The two workers are seeded apart (their envs and their random actions): no transition of the saved buffer
     occurs twice. Seeded alike, their first batches would be the same steps, stored twice."""
