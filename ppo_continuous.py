@@ -983,6 +983,10 @@ def check_flags(args, rules: dict) -> None:
                 raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
     if args.exp_name in ("", ".", "..") or Path(args.exp_name).name != args.exp_name:
         raise UserError(f"--exp-name '{args.exp_name}' must be a plain name, not a path: it names the run's folder.")
+    if len(args.exp_name.encode()) > 200:  # a folder name holds 255 bytes, with the env id, seed and time beside it
+        raise UserError(
+            f"--exp-name is {len(args.exp_name.encode())} bytes long: it names the run's folder; give at most 200."
+        )
 
 
 def tensors_in(obj):

@@ -25,6 +25,7 @@ Docs: docs/sac_continuous_ray.md; the algorithm: https://arxiv.org/abs/1812.0590
 """
 
 import argparse
+import atexit
 import copy
 import dataclasses
 import fcntl
@@ -34,11 +35,13 @@ import math
 import os
 import random
 import re
+import secrets
 import shlex
 import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -1046,9 +1049,13 @@ def connect_ray(address: Optional[str], num_workers: int):
     if address is None:  # (each read when ray is first imported, so set before that)
         # no second virtual environment for the workers under `uv run` (tens of seconds per start; a cluster needs it)
         os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-        # it serves this process alone: servers on 127.0.0.1 only (the switch is named for Windows and macOS), no token
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        # it serves this process alone: servers on 127.0.0.1 only (the switch is named for Windows and macOS), and
+        # Ray's token authentication on, with a token of this cluster's (its workers inherit it): no other local user
+        # can submit code to it
+        os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        os.environ["RAY_AUTH_MODE"], os.environ["RAY_AUTH_TOKEN"] = "token", secrets.token_hex(32)
+        paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)  # an empty entry: the working folder on sys.path
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     try:
         import ray
     except ImportError:
@@ -1059,11 +1066,14 @@ def connect_ray(address: Optional[str], num_workers: int):
     if address is None:
         # a CPU per worker (+1 for the learner) at least: 2 cores still start 4 workers. "local": a Ray of its own (with
         # no address, ray.init() joins a `ray start` cluster already up on this machine, not what --ray-address None says)
+        temp = tempfile.mkdtemp(prefix=f"ray-{os.getuid()}-")  # this user's, mode 0700 (Ray makes its own 0777); short:
+        atexit.register(shutil.rmtree, temp, ignore_errors=True)  # socket paths must stay under 108 bytes
         ray.init(
             address="local",
             num_cpus=max(os.cpu_count() or 1, num_workers + 1),
             include_dashboard=False,
             logging_level=logging.WARNING,
+            _temp_dir=f"{temp}/r",
         )
         return ray
     if address != "auto":
@@ -1730,6 +1740,10 @@ def check_flags(args, rules: dict) -> None:
                 raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
     if args.exp_name in ("", ".", "..") or Path(args.exp_name).name != args.exp_name:
         raise UserError(f"--exp-name '{args.exp_name}' must be a plain name, not a path: it names the run's folder.")
+    if len(args.exp_name.encode()) > 200:  # a folder name holds 255 bytes, with the env id, seed and time beside it
+        raise UserError(
+            f"--exp-name is {len(args.exp_name.encode())} bytes long: it names the run's folder; give at most 200."
+        )
 
 
 def tensors_in(obj):

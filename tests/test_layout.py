@@ -16,18 +16,18 @@ BUDGETS = {
     "ppo_atari.py": (435, 150),
     "a2c_atari.py": (400, 150),
     "sac_continuous.py": (506, 150),
-    "sac_continuous_ray.py": (1027, 185),
+    "sac_continuous_ray.py": (1035, 185),
 }
 # The "Honest lines" ceilings (whole file, above the banner), formatted; the issue's targets are 760/400, 790/410,
 # 770/380, 830/460 and 1,350/900, and 250 for the generic plumbing block every script carries.
 ISSUE_BUDGETS = {
-    "ppo_continuous.py": (1185, 430),
-    "ppo_atari.py": (1215, 435),
-    "a2c_atari.py": (1176, 400),
-    "sac_continuous.py": (1288, 510),
-    "sac_continuous_ray.py": (1893, 1027),
+    "ppo_continuous.py": (1060, 430),
+    "ppo_atari.py": (1080, 435),
+    "a2c_atari.py": (1045, 400),
+    "sac_continuous.py": (1165, 510),
+    "sac_continuous_ray.py": (1775, 1035),
 }
-PLUMBING_BUDGET = 558
+PLUMBING_BUDGET = 440
 ATARI_DIFF_BUDGET = 250  # lines that differ between ppo_atari.py and a2c_atari.py (diff's < and > lines)
 BANNER = re.compile(r"^# === Plumbing")
 # the sections, in reading order, as the first line of each (a regex on the line)

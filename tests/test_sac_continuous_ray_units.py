@@ -6,6 +6,7 @@ import os
 import sys
 import time
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -311,3 +312,26 @@ def test_worker_warm_up_actions_are_uniform_over_the_bounds():
     assert stats["version"] == -1 and actions.shape == (40, 1)
     assert actions.min() >= 0.5 and actions.max() <= 3.0, f"warm-up actions outside the bounds [0.5, 3]: {actions.ravel()}"
     assert actions.max() - actions.min() > 1.5, f"warm-up actions not spread over the bounds [0.5, 3]: {actions.ravel()}"
+
+
+def test_the_embedded_ray_has_its_own_token_a_private_temp_folder_and_listens_on_127_0_0_1(monkeypatch):
+    """Without --ray-address the script starts a Ray of its own: token authentication on with a token of this cluster's
+    (no other local user can submit code that runs as you), servers on 127.0.0.1, a temp folder of this user's (mode
+    0700, not a shared /tmp/ray), and no empty PYTHONPATH entry (it would put the working folder on the workers'
+    sys.path). A fake ray module records what ray.init would get."""
+    seen = {}
+    fake = types.SimpleNamespace(init=lambda **kw: seen.update(kw, env=dict(os.environ)))
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # what this script set before: a user's setting is not kept either
+    monkeypatch.setenv("PYTHONPATH", f"{os.sep}opt{os.pathsep}")
+    assert sr.connect_ray(None, 2) is fake
+    env = seen["env"]
+    assert env["RAY_AUTH_MODE"] == "token" and len(env["RAY_AUTH_TOKEN"]) >= 32
+    assert env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"  # the switch that keeps Ray's servers on 127.0.0.1
+    assert "" not in env["PYTHONPATH"].split(os.pathsep)
+    private = Path(seen["_temp_dir"]).parent
+    assert private.is_dir() and private.stat().st_mode & 0o777 == 0o700 and private.name.startswith(f"ray-{os.getuid()}-")
+    token = env["RAY_AUTH_TOKEN"]
+    assert sr.connect_ray(None, 2) is fake and seen["env"]["RAY_AUTH_TOKEN"] != token  # a token per cluster
