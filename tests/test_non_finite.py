@@ -234,6 +234,7 @@ def run_main(path: Path, flags: list, env_class, monkeypatch) -> None:
     module.main()
 
 
+@pytest.mark.slow  # two Ray runs in the serial Ray group: the default tier stays under 10 minutes
 @pytest.mark.ray
 def test_ray_learner_stops_on_a_nan_loss_shuts_ray_down_and_resumes(tmp_path):
     """sac_continuous_ray.py: the learner's log window (every 50 env steps here) finds the NaN losses; the driver

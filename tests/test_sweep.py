@@ -258,6 +258,7 @@ seen["modes"] = [os.stat(p).st_mode & 0o777 for p in (temp, os.path.dirname(temp
 """
 
 
+@pytest.mark.slow  # a Ray of its own and a trial (about a minute of the serial Ray group): the default tier stays under 10 min
 @pytest.mark.ray
 def test_the_sweeps_own_ray_has_token_auth_a_private_temp_folder_and_listens_on_127_0_0_1(tmp_path):
     """Issue 59: the sweep turned Ray's token authentication off (RAY_AUTH_MODE=disabled) and put an empty entry on
@@ -289,6 +290,7 @@ def test_the_sweeps_own_ray_has_token_auth_a_private_temp_folder_and_listens_on_
 # ---- a tiny sweep end to end --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 8 Ray trials, about 2 minutes of the serial Ray group: the default tier stays under 10 minutes
 @pytest.mark.ray
 def test_a_tiny_sweep_summarizes_each_trials_own_scalars_and_marks_a_failing_trial(tmp_path):
     """2 seeds x num_minibatches 2,3 x num_steps 64,96: (64, 3) passes the value check (each value is probed, not
