@@ -969,7 +969,8 @@ class Run:
 
     def non_finite(self, quantity: str) -> None:
         """Stop on the first NaN / Inf, saving nothing: one paragraph (what, when, likely causes, how to resume), exit 3."""
-        newest = max(self.ckpt_dir.glob("*_??????????.pt"), key=lambda p: p.stat().st_mtime, default=None)
+        ours = [p for p in self.ckpt_dir.glob("*.pt") if CHECKPOINT.fullmatch(p.name)]  # as save and resume_folder read them
+        newest = max(ours, key=lambda p: p.stat().st_mtime, default=None)
         rates = ", ".join(f"--{f.replace('_', '-')} {getattr(self.args, f)}" for f in LEARNING_RATES if hasattr(self.args, f))
         resume = "No checkpoint was written before it."
         if newest:
