@@ -199,6 +199,7 @@ def run_examples_in_order(tmp_path: Path, select) -> tuple:
     return project, run_dir, dict(ran)
 
 
+@pytest.mark.slow  # Ray start-up and two short trainings: about 50 s of the serial Ray group
 @pytest.mark.ray
 def test_the_readme_ray_examples_run(tmp_path):
     """The README's sac_continuous_ray.py examples (they start Ray: one test at a time, tests/conftest.py); none of

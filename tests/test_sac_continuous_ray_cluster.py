@@ -29,7 +29,9 @@ import torch
 from tests.conftest import BASE_ENV, ROOT, only_run_dir, require_ray_marker, scalars, wait_for_updates
 
 pytest.importorskip("ray")
-pytestmark = pytest.mark.ray  # tests/conftest.py: one Ray test at a time
+# tests/conftest.py: one Ray test at a time. Slow tier: two `ray start` nodes and two runs take about 100 s of the
+# serial Ray group, which sets the default tier's pace on 2 cores.
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 psutil = pytest.importorskip("psutil")  # Ray vendors it: ray/thirdparty_files is on sys.path once ray is imported
 
 RAY = str(Path(sys.executable).with_name("ray"))

@@ -183,6 +183,7 @@ def test_two_workers_reach_the_update_hold_the_utd_ratio_and_log_every_tag(saved
     assert learner["log_alpha"].item() < 0 and not torch.equal(learner["qf"]["0.0.weight"], learner["qf_target"]["0.0.weight"])
 
 
+@pytest.mark.slow  # HalfCheetah on two sharded workers: about 30 s of the serial Ray group
 @pytest.mark.ray
 def test_halfcheetah_with_sharded_buffer_and_two_envs_per_worker(tmp_path):
     """MuJoCo (float64 obs, 6-d actions), 2 shards, 2 envs per worker, utd 0.5, the default batch of 256."""

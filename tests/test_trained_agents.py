@@ -382,7 +382,9 @@ def test_export_never_overwrites_and_a_failed_export_leaves_nothing(tmp_path, mo
     assert sorted(p.name for p in tmp_path.iterdir()) == ["project", "runs"]  # no folder, no temporary leftovers
 
 
-@pytest.mark.parametrize("script", ["sac_continuous", pytest.param("sac_continuous_ray", marks=pytest.mark.ray)])
+@pytest.mark.parametrize(
+    "script", ["sac_continuous", pytest.param("sac_continuous_ray", marks=[pytest.mark.ray, pytest.mark.slow])]
+)
 def test_sac_keep_best_export_and_replay(tmp_path, script):
     needs_video_encoder()
     needs_mujoco_rendering()
