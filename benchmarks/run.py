@@ -321,7 +321,7 @@ def sweep_dir(config: Config) -> Path:
 
 
 def run_as_sweep(config: Config) -> list[SeedRun]:
-    """The seeds as one sweep in `<out>_runs/sweep/` (Ray Tune on this machine; `--parallel` seeds at once, each with
+    """The seeds as one sweep in `<out>_runs/sweep/` (Ray tasks on this machine; `--parallel` seeds at once, each with
     cores / parallel torch threads, or --torch-threads N if given: the sweep's CPUs per trial). Run again, it resumes
     that sweep: finished seeds kept, interrupted ones resumed from their checkpoints (`tools/sweep.py --resume`)."""
     extra, cpus = list(config.extra_args), None
