@@ -789,8 +789,10 @@ class Run:
         self.lock = open(self.dir / "args.json")  # one writer per run folder: this lock is held until the run ends
         try:
             fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UserError(f"run folder '{self.dir}' is being written by another process: resume once it ends.") from None
+        except BlockingIOError:  # the holder's pid, from /proc/locks: "1: FLOCK ADVISORY WRITE <pid> <dev>:<inode> 0 EOF"
+            locks = Path("/proc/locks").read_text() if sys.platform == "linux" else ""
+            pid = re.findall(rf"FLOCK +\w+ +\w+ +(\d+) \S+:{os.fstat(self.lock.fileno()).st_ino} ", locks) or ["unknown"]
+            raise UserError(f"run folder '{self.dir}' is being written by process {pid[0]}: resume once it ends.") from None
         if args.track:  # wandb mirrors the TensorBoard scalars: initialized before the writer
             import wandb
 
@@ -1087,9 +1089,7 @@ def check_flags(args, rules: dict) -> None:
     if args.exp_name in ("", ".", "..") or Path(args.exp_name).name != args.exp_name:
         raise UserError(f"--exp-name '{args.exp_name}' must be a plain name, not a path: it names the run's folder.")
     if len(args.exp_name.encode()) > 200:  # a folder name holds 255 bytes, with the env id, seed and time beside it
-        raise UserError(
-            f"--exp-name is {len(args.exp_name.encode())} bytes long: it names the run's folder; give at most 200."
-        )
+        raise UserError(f"--exp-name is {len(args.exp_name.encode())} bytes long: it names the run's folder; at most 200.")
 
 
 def tensors_in(obj):

@@ -62,7 +62,7 @@ def test_check_flags_names_the_flag_and_the_rule():
         message = str(info.value)
         assert f"--{flag.replace('_', '-')} must be {rule}, not {bad}" in message and "\n" not in message
     ppo.Args(target_kl=None)  # an unset optional passes
-    with pytest.raises(ppo.UserError, match="--exp-name is 300 bytes long: it names the run's folder; give at most 200"):
+    with pytest.raises(ppo.UserError, match="--exp-name is 300 bytes long: it names the run's folder; at most 200"):
         ppo.Args(exp_name="x" * 300)  # before: 'File name too long' from the folder's mkdir
 
 

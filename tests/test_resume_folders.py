@@ -301,8 +301,8 @@ def test_eval_episodes_needs_no_check_against_memory_the_evaluation_does_not_gro
 
 def test_a_run_folder_has_one_writer_a_second_resume_is_refused(finished_run, tmp_path):
     """A run holds an exclusive lock (flock) on its args.json until it ends: a second --resume of the same run folder
-    while one runs is refused at once in one paragraph naming the folder, and changes nothing in it. The race is
-    forced: this test holds the lock, as the first resume would."""
+    while one runs is refused at once in one paragraph naming the folder and the holder's pid, and changes nothing in
+    it. The race is forced: this test holds the lock, as the first resume would."""
     import fcntl
 
     run = tmp_path / "runs" / finished_run.name
@@ -312,7 +312,7 @@ def test_a_run_folder_has_one_writer_a_second_resume_is_refused(finished_run, tm
     with open(run / "args.json") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         proc = run_script(SCRIPT, "--resume", newest, "--total-timesteps", "320", "--runs-dir", tmp_path / "runs")
-    assert_clean_error(proc, f"run folder '{run.resolve()}' is being written by another process")
+    assert_clean_error(proc, f"run folder '{run.resolve()}' is being written by process {os.getpid()}:")
     assert contents(run) == before
     # the lock goes with the run that held it: the same resume now continues in the folder
     proc = run_script(SCRIPT, "--resume", newest, "--total-timesteps", "320", "--runs-dir", tmp_path / "runs")
