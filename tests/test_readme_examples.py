@@ -29,6 +29,7 @@ LEFT_OUT = {
     "python3 -m pip install -q uv && python3 -m uv run --all-extras pytest": "the test suite, which this test is part of",
     "uv run --all-extras pytest": "the test suite, which this test is part of",
     "uv run --all-extras pytest -m slow": "the slow tier of the test suite (learning runs), which .ci/run runs",
+    "uv run --all-extras python -m tests.mutants --jobs 2": "the mutant run (about 20 min), .ci/run's last step",
     "uv run ppo_continuous.py --env-id HalfCheetah-v4": "the quick start's first command again, for a machine with uv "
     "on its PATH (run above as `python3 -m uv run ...`)",
     "uv export --frozen --no-dev --no-hashes --no-emit-project --extra atari | grep -vE '^(nvidia-|triton|cuda-)' > "
