@@ -80,8 +80,8 @@ SAC_150K_NOW = [
     "sac_continuous_HalfCheetah-v4_150k_two_critics_seeds56.json",  # seeds 3-4, 5-6, 7-8
     "sac_continuous_HalfCheetah-v4_150k_two_critics_seeds78.json",
 ]
-PPO_HC = "ppo_continuous_HalfCheetah-v4_1M_torch_rollout.json"  # the rollout samples Agent.distribution (seeds 1-3)
-PPO_HC_RUNS = [PPO_HC, "ppo_continuous_HalfCheetah-v4_1M_torch_rollout_seeds45.json"]
+PPO_HC = "ppo_continuous_HalfCheetah-v4_1M_sampling_logprobs.json"  # the rollout keeps its sampling-time log-probs
+PPO_HC_RUNS = [PPO_HC]
 SAC_1M = "sac_continuous_HalfCheetah-v4_1M_xeon_f32.json"
 
 
