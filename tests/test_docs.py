@@ -124,13 +124,14 @@ def test_readme_results_table_is_the_one_the_jsons_give():
 
 
 def test_readme_commands_are_the_ci_command_and_a_ppo_run():
-    """CI runs the README's test command verbatim (the default tier), then the README's slow tier."""
+    """CI runs the README's test command verbatim (the default tier), then the README's slow tier and mutant run."""
     ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.startswith("python3 ")]
     text = README.read_text()
     quick_start = text.split("## Quick start", 1)[1].split("##", 1)[0]
     commands = re.findall(r"^python3 -m pip install .*$", quick_start, re.M)
-    assert ci == [commands[1], "python3 -m uv run --all-extras pytest -m slow"], "CI must run the README's test tiers"
-    assert "`uv run --all-extras pytest -m slow`" in text.split("## Tests", 1)[1]
+    later = ["uv run --all-extras pytest -m slow", "uv run --all-extras python -m tests.mutants --jobs 2"]
+    assert ci == [commands[1], *(f"python3 -m {command}" for command in later)], "CI must run the README's test tiers"
+    assert all(f"`{command}`" in text.split("## Tests", 1)[1] for command in later)
     assert re.search(r"uv run ppo_continuous\.py --env-id HalfCheetah-v4$", commands[0])
 
 
