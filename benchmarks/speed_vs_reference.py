@@ -114,7 +114,11 @@ def commands(script: str, python: str, cleanrl: Path, reference_dir: Path) -> tu
     if reference == "sb3_a2c":
         ref = f"{ref_python} {q(str(ROOT / 'benchmarks' / 'sb3_a2c.py'))} {{steps}} --env-id {env_id}"
     else:
-        ref = f"{ref_python} {q(str(cleanrl / 'cleanrl' / reference))} --env-id {env_id} --total-timesteps {{steps}} --no-cuda"
+        # CleanRL's scripts import cleanrl_utils from the clone's top level: on the path, wherever the command runs
+        script_path = q(str(cleanrl / "cleanrl" / reference))
+        ref = (
+            f"PYTHONPATH={q(str(cleanrl))} {ref_python} {script_path} --env-id {env_id} --total-timesteps {{steps}} --no-cuda"
+        )
     return ours, ref
 
 

@@ -617,5 +617,20 @@ def test_speed_harness_names_the_pinned_references():
     assert set(speed.BUDGETS) == {"ppo_continuous.py", "sac_continuous.py", "ppo_atari.py", "a2c_atari.py"}
     ours, reference = speed.commands("sac_continuous.py", "py", Path("/c"), Path("/r"))
     assert "sac_continuous.py --env-id HalfCheetah-v4 --total-timesteps {steps}" in ours
-    assert reference.startswith("/r/venv/bin/python /c/cleanrl/sac_continuous_action.py --env-id HalfCheetah-v4")
+    assert reference.startswith("PYTHONPATH=/c /r/venv/bin/python /c/cleanrl/sac_continuous_action.py --env-id HalfCheetah")
     assert "benchmarks/sb3_a2c.py {steps}" in speed.commands("a2c_atari.py", "py", Path("/c"), Path("/r"))[1]
+
+
+def test_the_reference_command_finds_cleanrl_utils_from_any_folder(tmp_path):
+    """CleanRL's scripts import cleanrl_utils from the clone's top level; the harness runs them in a temporary folder
+    (a first run of the harness failed there: ModuleNotFoundError). A stand-in clone and reference venv."""
+    speed = load_speed_harness()
+    clone, venv_bin, elsewhere = tmp_path / "cleanrl", tmp_path / "ref" / "venv" / "bin", tmp_path / "elsewhere"
+    for folder in (clone / "cleanrl", clone / "cleanrl_utils", venv_bin, elsewhere):
+        folder.mkdir(parents=True)
+    (clone / "cleanrl_utils" / "__init__.py").write_text("")
+    (clone / "cleanrl" / "ppo_continuous_action.py").write_text("import cleanrl_utils\n")
+    (venv_bin / "python").symlink_to(sys.executable)
+    _, reference = speed.commands("ppo_continuous.py", "py", clone, tmp_path / "ref")
+    proc = subprocess.run(reference.format(steps=8), shell=True, cwd=elsewhere, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
