@@ -125,39 +125,11 @@ def wait_for_updates(run_dir_parent: Path, n: int = 2, timeout: float = 120, pro
 
 
 def last10_return(runs_dir: Path) -> float:
-    """Mean return of the last 10 training episodes of the only run in runs_dir (the learning tests' measure)."""
+    """Mean return of the last 10 training episodes of the only run in runs_dir: the learning tests' measure, taken
+    at the end of the run's whole fixed budget (where the run ends up, not its best stretch on the way)."""
     steps, values = read_scalars(only_run_dir(runs_dir), "charts/episodic_return")
     assert len(values) >= 10, f"only {len(values)} episodes finished"
     return float(np.mean(values[-10:]))
-
-
-def best_window_mean(values: np.ndarray, window: int = 10) -> float:
-    """The best mean of `window` consecutive values (-inf when there are fewer)."""
-    if len(values) < window:
-        return -np.inf
-    return float(np.convolve(values, np.ones(window) / window, mode="valid").max())
-
-
-def best_last10(runs_dir: Path) -> float:
-    """The best mean of 10 consecutive training episodes of the only run in runs_dir: a learning run's threshold is
-    met once this reaches it (the run may then stop, reached_return); a broken copy must stay below it all along."""
-    steps, values = read_scalars(only_run_dir(runs_dir), "charts/episodic_return")
-    assert len(values) >= 10, f"only {len(values)} episodes finished"
-    return best_window_mean(values)
-
-
-def reached_return(runs_dir: Path, threshold: float):
-    """stop_when for a learning run (run_script, run_copy, run_ray): True once 10 consecutive training episodes of
-    the run in runs_dir averaged `threshold` or more; the run then gets a Ctrl-C and ends at its iteration's end."""
-
-    def reached() -> bool:
-        dirs = [d for d in runs_dir.iterdir() if d.is_dir()] if runs_dir.is_dir() else []
-        if len(dirs) != 1:
-            return False
-        _, values = read_scalars(dirs[0], "charts/episodic_return")
-        return best_window_mean(values) >= threshold
-
-    return reached
 
 
 def episode_lines(stdout: str, episodes: int) -> list:

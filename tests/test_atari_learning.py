@@ -121,7 +121,7 @@ def train_on_pixel_target(script_path: Path, runs_dir: Path, monkeypatch, seed: 
 @pytest.mark.parametrize("script", RECIPES)
 def test_learns_the_delayed_pixel_task(script, seed, tmp_path, monkeypatch):
     """Measured last-10 returns (seeds 1 / 2, of 17; random 4.25): ppo_atari 15.6 / 14.1, a2c_atari 16.8 / 16.8.
-    Wall time per run (one thread, the 2-core machine shared with another run): ppo 44 s, a2c 39-41 s."""
+    Wall time per run (one thread, 2-core machine): ppo 25-28 s, a2c 31-33 s (44 s and 39-41 s beside another run)."""
     score = train_on_pixel_target(ROOT / script, tmp_path / "runs", monkeypatch, seed)
     assert score >= THRESHOLD, f"{script} scored {score:.2f} on PixelTarget (threshold {THRESHOLD}, random play 4.25)"
 

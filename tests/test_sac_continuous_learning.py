@@ -1,5 +1,7 @@
 """Learning test (marked slow): a threshold that a broken critic target or entropy term misses.
 
+Each run trains its whole fixed budget and is judged by the mean return of its LAST 10 training episodes (last10_return).
+
 SAC_CONTINUOUS_SCRIPT=/path/to/copy runs it against a modified copy of the script (to show that it fails when the
 algorithm is broken, e.g. with the bootstrap term dropped from soft_q_target, or the entropy term's sign flipped).
 """
@@ -8,15 +10,16 @@ import os
 
 import pytest
 
-from tests.conftest import best_last10, reached_return, run_script
+from tests.conftest import last10_return, run_script
 
 SCRIPT = os.environ.get("SAC_CONTINUOUS_SCRIPT", "sac_continuous.py")
-# The learning test's whole run; tests/test_learning_mutants.py runs broken copies with it.
+# The learning test's whole run; tests/test_learning_mutants.py runs broken copies with it. 8,000 steps (40 episodes),
+# not 5,000: at 5,000 the last 10 episodes still held the end of learning (-258.8 seed 1, -256.0 seed 2).
 PENDULUM_RUN = [
     "--env-id",
     "Pendulum-v1",
     "--total-timesteps",
-    "5000",
+    "8000",
     "--learning-starts",
     "500",
     "--seed",
@@ -26,17 +29,18 @@ PENDULUM_RUN = [
     "--checkpoint-interval",
     "0",
 ]
+PENDULUM_THRESHOLD = -300.0  # of the last 10 episodes' mean return; the random policy scores -1,200 to -1,500
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2])  # two seeds: one lucky or unlucky seed decides nothing
 def test_pendulum_reaches_minus_300(tmp_path, seed):
-    """Default hyperparameters, 500 random steps first. Measured (one thread): the mean of the last 10 training
-    episodes at 5k steps is -180 (seed 1) and -225 (seed 2); the random policy scores -1,200 to -1,500. 5k steps
-    take about 50 s on one thread of the 2-core development machine. The run stops (Ctrl-C) once 10 consecutive
-    episodes average -300: the threshold is met then; broken copies run the whole budget without meeting it."""
-    proc = run_script(
-        SCRIPT, *PENDULUM_RUN, "--seed", seed, "--runs-dir", tmp_path, timeout=600, stop_when=reached_return(tmp_path, -300)
-    )
+    """Default hyperparameters, 500 random steps first. Measured (one thread), the last 10 training episodes of the
+    whole 8,000 steps: -132.1 (seed 1), -147.9 (seed 2). Single episodes still fall to between -250 and -1,200 now
+    and then: the same runs' last 10 at 6,000 / 7,000 / 9,000 / 10,000 steps were -268.5 / -239.4 / -134.2 / -134.6
+    (seed 1) and -253.0 / -153.1 / -207.2 / -263.8 (seed 2)."""
+    proc = run_script(SCRIPT, *PENDULUM_RUN, "--seed", seed, "--runs-dir", tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert best_last10(tmp_path) >= -300
+    last10 = last10_return(tmp_path)
+    print(f"sac_continuous.py on Pendulum-v1, seed {seed}: last-10 return {last10:.1f}")
+    assert last10 >= PENDULUM_THRESHOLD, f"last-10 training return {last10:.1f}"

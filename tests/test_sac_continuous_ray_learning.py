@@ -1,5 +1,7 @@
 """Learning test (marked slow): sac_continuous_ray.py with 2 rollout workers learns Pendulum-v1.
 
+The run trains its whole fixed budget and is judged by the mean return of its LAST 10 training episodes (last10_return).
+
 SAC_CONTINUOUS_RAY_SCRIPT=/path/to/copy runs it against a modified copy of the script (to show that it fails when the
 algorithm is broken, e.g. with the bootstrap term dropped from soft_q_target).
 """
@@ -8,7 +10,7 @@ import os
 
 import pytest
 
-from tests.conftest import best_last10, reached_return
+from tests.conftest import last10_return
 from tests.test_sac_continuous_ray_e2e import run_ray  # a session of its own: whatever Ray leaves is stopped by id
 
 pytest.importorskip("ray")
@@ -22,7 +24,8 @@ def test_pendulum_with_two_workers_reaches_minus_300(tmp_path, seed):
     """Default hyperparameters and utd ratio 1, 1,000 random steps first, 2 workers on the embedded Ray. Measured
     (seed 1, one learner thread, 2-core machine): last-10 training return -122 at 10k steps; the random policy scores
     -1,200 to -1,500. The issue's budget is 20k env steps. 12k, not 8k: the workers run asynchronously, so the
-    data depends on timing, and at 8k one run of the suite, with other work on the machine, ended at -321."""
+    data depends on timing, and at 8k one run of the suite, with other work on the machine, ended at -321. Since it
+    runs the whole 12k (no stop at the threshold), its last 10 at 12k has not been measured yet: the test prints it."""
     proc = run_ray(
         "--env-id",
         "Pendulum-v1",
@@ -42,8 +45,8 @@ def test_pendulum_with_two_workers_reaches_minus_300(tmp_path, seed):
         tmp_path,
         timeout=600,
         script=SCRIPT,
-        stop_when=reached_return(tmp_path, -300),
     )
     assert proc.returncode == 0, proc.stderr
-    last10 = best_last10(tmp_path)  # the run stops (Ctrl-C) once 10 consecutive episodes average -300
+    last10 = last10_return(tmp_path)
+    print(f"sac_continuous_ray.py on Pendulum-v1, seed {seed}: last-10 return {last10:.1f}")
     assert last10 >= -300, f"last-10 training return {last10:.1f}"

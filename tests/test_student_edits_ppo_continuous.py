@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import assert_clean_error, best_last10, reached_return
+from tests.conftest import assert_clean_error, last10_return
 from tests.student_copy import copy_alone, import_copy, main_in_process, run_copy
-from tests.test_ppo_continuous_learning import PENDULUM_RUN
+from tests.test_ppo_continuous_learning import PENDULUM_RUN, PENDULUM_THRESHOLD
 
 SCRIPT = "ppo_continuous.py"
 ACTOR = """        self.actor_mean = nn.Sequential(
@@ -223,14 +223,15 @@ LEARNING_EDITS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("edit", LEARNING_EDITS)
 def test_edited_copy_learns_pendulum(edit, tmp_path):
-    """The unedited script's Pendulum run and threshold (tests/test_ppo_continuous_learning.py). Measured (seed 1):
-    -300 reached at 50,400 steps (ReLU) and 65,600 (width 128), the unedited copy at 59,200."""
+    """The unedited script's Pendulum run and threshold (tests/test_ppo_continuous_learning.py): the whole budget,
+    judged by the last 10 episodes. Measured (seed 1): ReLU -129.9, width 128 -160.0, state-dependent std -131.4,
+    tanh-squashed Gaussian -130.5 (34-48 s each); the unedited script -130.7."""
     path = copy_alone(SCRIPT, tmp_path / "student", LEARNING_EDITS[edit])
-    proc = run_copy(
-        path, *PENDULUM_RUN, "--runs-dir", tmp_path / "runs", timeout=600, stop_when=reached_return(tmp_path / "runs", -300)
-    )
+    proc = run_copy(path, *PENDULUM_RUN, "--runs-dir", tmp_path / "runs", timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert best_last10(tmp_path / "runs") >= -300
+    last10 = last10_return(tmp_path / "runs")
+    print(f"{edit}: last-10 training return {last10:.1f}")
+    assert last10 >= PENDULUM_THRESHOLD, f"last-10 training return {last10:.1f}"
 
 
 def test_tanh_under_independent_evaluates_the_squashed_mean(tmp_path):

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import ROOT, assert_clean_error, best_last10, reached_return
+from tests.conftest import ROOT, assert_clean_error, last10_return
 from tests.student_copy import copy_alone, import_copy, run_copy
-from tests.test_sac_continuous_learning import PENDULUM_RUN
+from tests.test_sac_continuous_learning import PENDULUM_RUN, PENDULUM_THRESHOLD
 
 SCRIPT = "sac_continuous.py"
 ACTOR = """        self.net = nn.Sequential(
@@ -322,10 +322,12 @@ def test_textbook_sampling_gives_the_same_actions_log_probs_and_gradients(tmp_pa
 @pytest.mark.slow
 @pytest.mark.parametrize("edit", ["activation Tanh", "hidden size 64", "critic LayerNorm"])
 def test_edited_copy_learns_pendulum(edit, tmp_path):
-    """The unedited script's Pendulum recipe and threshold (tests/test_sac_continuous_learning.py)."""
+    """The unedited script's Pendulum run and threshold (tests/test_sac_continuous_learning.py): the whole budget,
+    judged by the last 10 episodes. Measured (seed 1): Tanh -132.3, hidden size 64 -132.4, critic LayerNorm -145.2
+    (43-140 s each); the unedited script -132.1."""
     path = copy_alone(SCRIPT, tmp_path / "student", WORKING_EDITS[edit])
-    proc = run_copy(
-        path, *PENDULUM_RUN, "--runs-dir", tmp_path / "runs", timeout=600, stop_when=reached_return(tmp_path / "runs", -300)
-    )
+    proc = run_copy(path, *PENDULUM_RUN, "--runs-dir", tmp_path / "runs", timeout=600)
     assert proc.returncode == 0, proc.stderr
-    assert best_last10(tmp_path / "runs") >= -300
+    last10 = last10_return(tmp_path / "runs")
+    print(f"{edit}: last-10 training return {last10:.1f}")
+    assert last10 >= PENDULUM_THRESHOLD, f"last-10 training return {last10:.1f}"
