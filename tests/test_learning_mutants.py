@@ -7,8 +7,8 @@ learning test's threshold, which the unbroken script's last 10 clear on seeds 1 
 
 Bugs that Pendulum cannot tell, each measured once (seed 1; SAC: the first 8,000 steps of a 10,000-step run, which
 are the 8,000-step run's: the runs are deterministic on one thread, and nothing in SAC depends on the budget). No test
-is kept for them, since it could not fail; the default tier catches each (tests/mutants.py, run by .ci/run's last step;
-tests/test_mutants.py, or the test named):
+is kept for them, since it could not fail; the default tier catches each (tests/mutants.py, run by .ci/run's last step,
+or the test named):
 - SAC's target entropy 0 instead of -|A| (Pendulum: |A| = 1): last 10 -132.8, as the unbroken script's -132.1 (alpha
   0.149 at 8,000 steps against 0.052). tests/mutants.py's "target entropy 0" is caught by tests/test_update_wiring.py::
   test_sac_continuous_acts_in_the_bounds_with_noise_tunes_alpha_to_minus_a_and_logs_window_means (target entropy -1).
