@@ -6,7 +6,7 @@ Map of this file, top to bottom:
   Agent           the Nature CNN: a shared trunk, a policy-logit head and a value head
   helpers         next-step autoreset targets, n-step returns, the A2C losses, TensorFlow's RMSprop
   main()          set-up, then the loop: rollout -> returns -> update -> log, then finish
-  # === Plumbing  flag rules, runs, checkpoints, resume, errors, progress, evaluation (Policy), start-up checks
+  # === Plumbing  flag rules, runs, checkpoints, resume, errors, progress, evaluation (Policy)
 
 `diff ppo_atari.py a2c_atari.py` shows what differs between the algorithms. Docs: docs/a2c_atari.md; the algorithm:
 https://arxiv.org/abs/1602.01783
@@ -301,7 +301,6 @@ def main() -> None:
     assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.NEXT_STEP, "the loop assumes next-step autoreset"
 
     agent = Agent(num_actions).to(device, memory_format=torch.channels_last)  # same values, faster CPU convolutions
-    check_agent(agent, obs_shape, ckpt, args.resume)  # below the banner: an edit that no longer fits stops here, named
     kind = RMSpropTF if args.optimizer == "rmsprop-tf" else torch.optim.RMSprop
     optimizer = kind(agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
 
@@ -380,7 +379,7 @@ def main() -> None:
 
 
 # === Plumbing: runs, checkpoints, errors; not needed to follow the algorithm ===
-# What follows makes the script a dependable research tool: the flags' rules, resume, evaluation, the start-up checks,
+# What follows makes the script a dependable research tool: the flags' rules, resume, evaluation,
 # checkpoints, TensorBoard / wandb, progress, Ctrl-C. The `shared:` blocks are the same text in every script that has
 # them (tests/test_shared_blocks.py).
 
@@ -470,57 +469,6 @@ def ignoring_stop_signals(thunk: Callable[[], gym.Env]) -> Callable[[], gym.Env]
     return in_worker
 
 
-def check_agent(agent: nn.Module, obs_shape: tuple, ckpt: Optional[dict] = None, path: Optional[str] = None) -> None:
-    """Stop with one paragraph naming what to change where an edited Agent no longer runs on this env's frames
-    (it names the innermost layer that failed), or no longer fits the weights of the checkpoint `path` it loads."""
-    unfinished = []  # (name, module, input shape) of the modules entered and not yet left
-
-    def enter(name: str, module: nn.Module, inputs: tuple) -> None:
-        unfinished.append((name, module, tuple(inputs[0].shape) if inputs and torch.is_tensor(inputs[0]) else None))
-
-    def leave(*_) -> None:  # returns None: the module's output stays as it is
-        unfinished.pop()
-
-    probe = copy.deepcopy(agent)  # the check runs on a copy: the agent's buffers (e.g. batch-norm statistics) stay
-    for name, module in probe.named_modules():
-        module.register_forward_pre_hook(lambda m, inputs, name=name: enter(name, m, inputs))
-        module.register_forward_hook(leave)
-    frames = torch.randint(0, 256, (64, *obs_shape), generator=torch.Generator().manual_seed(31), dtype=torch.uint8)
-    try:
-        with torch.random.fork_rng(), torch.no_grad():  # the run's RNG streams stay as they were
-            probe(frames.to(next(agent.parameters()).device))
-    except RuntimeError as e:  # torch's shape errors
-        name, layer, shape = unfinished[-1] if unfinished else ("", agent, None)
-        where = "Agent" + re.sub(r"\.(\d+)", r"[\1]", f".{name}" if name else "")
-        size, dim = {nn.Linear: ("in_features", -1), nn.Conv2d: ("in_channels", 1)}.get(type(layer), (None, 0))
-        fix = f"Set its {size} to {shape[dim]} (now {getattr(layer, size)}), or change" if size and shape else "Change it or"
-        fix += " the layers before it, so that each layer's output fits the next one's input."
-        if "view size is not compatible" in str(e):  # .view() of the convolutions' channels-last output
-            fix = (
-                "main() keeps the convolutions in channels-last memory (faster), which .view() cannot flatten: use "
-                ".reshape() or torch.flatten() there instead."
-            )
-        raise UserError(
-            f"the network no longer runs on {obs_shape} frames: {where} {type(layer).__name__}"
-            f"({layer.extra_repr()}) fails on its input{f' of shape {shape}' if shape else ''} "
-            f"({str(e).splitlines()[0]}). {fix}"
-        ) from None
-    if ckpt is None:
-        return
-    mine, saved = agent.state_dict(), ckpt["model"]
-    differ = [
-        f"{k}: {tuple(saved[k].shape) if k in saved else 'none'} vs {tuple(v.shape)}"
-        for k, v in mine.items()
-        if k not in saved or saved[k].shape != v.shape
-    ] + [f"{k}: not in Agent" for k in saved.keys() - mine.keys()]
-    if differ:
-        raise UserError(
-            f"checkpoint '{path}' holds weights of other shapes than this script's Agent (checkpoint vs "
-            f"Agent, {'; '.join(differ[:3])}{'; ...' if len(differ) > 3 else ''}). Undo the edits to Agent "
-            "to use this checkpoint, or start a new run."
-        )
-
-
 class Policy(nn.Module):
     """The agent as evaluation and export run it: uint8 frame stacks -> the most likely actions (argmax of the logits)."""
 
@@ -534,11 +482,10 @@ class Policy(nn.Module):
 
 def policy_from_checkpoint(ckpt: dict) -> Policy:
     """The checkpoint's agent as its Policy, on the CPU (tools/agent.py evaluates and exports it); a checkpoint of
-    another script, another game's actions or an Agent of other shapes stops with a message."""
-    obs_shape, num_actions = probe_env(ckpt["args"]["env_id"])
+    another script or another game's actions stops with a message (an Agent of other shapes: load_state_dict's)."""
+    num_actions = probe_env(ckpt["args"]["env_id"])[1]
     check_checkpoint_matches(ckpt, ckpt.get("path", ""), SCRIPT_NAME, {"num_actions": num_actions})
     agent = Agent(num_actions)
-    check_agent(agent, obs_shape, ckpt, ckpt.get("path", ""))  # an edited Agent that no longer fits it stops here
     agent.load_state_dict(ckpt["model"])
     return Policy(agent)
 
@@ -609,6 +556,10 @@ RESUME_OVERRIDABLE = set(
 )
 LEARNING_RATES = ("learning_rate", "policy_lr", "q_lr")  # named when a NaN stops a run
 CHECKPOINT = re.compile(r"(step|interrupted|final)_(\d{10})\.pt")  # the names runs write; no other file is pruned
+# The rule each numeric flag must meet (rule: the flags it applies to): the run flags' here, each script's in FLAG_RULES.
+RULES = {">= 0": lambda v: v >= 0, "> 0": lambda v: v > 0, ">= 1": lambda v: v >= 1, "in [0, 1]": lambda v: 0 <= v <= 1}
+RULES |= {"in (0, 1]": lambda v: 0 < v <= 1, "in [0, 1)": lambda v: 0 <= v < 1}
+RUN_RULES = {">= 0": "seed torch_threads checkpoint_interval eval_interval", ">= 1": "keep_checkpoints eval_episodes"}
 
 
 class UserError(Exception):
@@ -631,6 +582,18 @@ def run_cli(main: Callable[[], None]) -> None:
             message += f" ({type(e).__name__} at line {frames[-1].lineno} of {Path(__file__).name}: `{frames[-1].line}`)"
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
+
+
+def check_flags(args, rules: dict) -> None:
+    """Every flag named in RUN_RULES and `rules` against its rule (None passes), and --exp-name, which names a folder."""
+    for rule, names in [*RUN_RULES.items(), *rules.items()]:
+        for name in names.split():
+            if (value := getattr(args, name)) is not None and not RULES[rule](value):
+                raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
+    if args.exp_name in ("", ".", "..") or Path(args.exp_name).name != args.exp_name:
+        raise UserError(f"--exp-name '{args.exp_name}' must be a plain name, not a path: it names the run's folder.")
+    if len(args.exp_name.encode()) > 200:  # a folder name holds 255 bytes, with the env id, seed and time beside it
+        raise UserError(f"--exp-name is {len(args.exp_name.encode())} bytes long: it names the run's folder; at most 200.")
 
 
 def parse_command_line(cls):
@@ -784,7 +747,7 @@ class Run:
                 self.evaluated(self.play(self.args.eval_episodes))
                 evaluated_step = step
             if due(step, saved_step, self.args.checkpoint_interval):
-                self.offer_training_return()  # before the save: the checkpoint holds the best score
+                self.offer_best()  # before the save: the checkpoint holds the best score
                 self.save("step")
                 saved_step = step
             if self.stop_requested or self.last:
@@ -850,29 +813,29 @@ class Run:
             old.unlink()
         return path
 
-    def evaluated(self, returns: list, step: Optional[int] = None, snapshot: Optional[dict] = None) -> None:
-        """An evaluation's returns at `step` (default: now), offered to --keep-best with `snapshot`, the weights played."""
-        step = self.state.global_step if step is None else step
-        self.writer.add_scalar("eval/episodic_return", float(np.mean(returns)), step)
-        self.offer_best(float(np.mean(returns)), step, "eval/best_return", snapshot)
+    def evaluated(self, returns: list) -> None:
+        """An evaluation's returns, logged now and offered to --keep-best."""
+        self.writer.add_scalar("eval/episodic_return", float(np.mean(returns)), self.state.global_step)
+        self.offer_best(float(np.mean(returns)))
 
-    def offer_best(self, score: float, step: int, tag: str, snapshot: Optional[dict] = None) -> None:
-        """--keep-best: best.pt holds the agent of the best evaluation return (else of 10 training episodes) so far."""
+    def offer_best(self, score: Optional[float] = None) -> None:
+        """--keep-best: best.pt holds the agent of the best evaluation return so far; where evaluation is off (score None),
+        of the best mean of the last 10 training episodes, offered at each checkpoint and at the end."""
+        step, tag = self.state.global_step, "eval/best_return" if score is not None else "charts/best_training_return"
         if not self.args.keep_best:
             return
+        if score is None:  # training returns: only where evaluation is off, an episode has ended, and once per step
+            if self.args.eval_interval or not self.recent_returns or step == self.best_step:
+                return
+            score = float(np.mean(self.recent_returns))
         if self.best_path.is_file():  # compared with best.pt as it is on disk now (an older checkpoint's resume may lag it)
             self.best_score = max(self.best_score, float(load_checkpoint(str(self.best_path))["run_state"]["best_score"]))
         if score > self.best_score:
-            self.best_score, state = score, snapshot if snapshot is not None else self.checkpoint(best=True)
+            self.best_score, state = score, self.checkpoint(best=True)
             state["run_state"]["best_score"] = score
             save_checkpoint(state, self.best_path)
         self.best_step = step
         self.writer.add_scalar(tag, self.best_score, step)
-
-    def offer_training_return(self) -> None:
-        """Where evaluation is off: the mean of the recent training returns, once per step (if an episode ended)."""
-        if self.args.eval_interval == 0 and self.recent_returns and self.state.global_step != self.best_step:
-            self.offer_best(float(np.mean(self.recent_returns)), self.state.global_step, "charts/best_training_return")
 
     def finish(self) -> None:
         """Stopped by a signal: save, say how to resume, exit 130; else (--save-model) evaluate, then save. Closes the run."""
@@ -885,7 +848,7 @@ class Run:
             )
             self.close()
             sys.exit(130)
-        self.offer_training_return()
+        self.offer_best()
         if self.args.save_model and self.play is not None:
             returns = self.play(self.args.eval_episodes, self.dir / "videos" / "eval" if self.args.capture_video else None)
             self.evaluated(returns)
@@ -899,16 +862,12 @@ class Run:
         ours = [p for p in self.ckpt_dir.glob("*.pt") if CHECKPOINT.fullmatch(p.name)]  # as save and resume_folder read them
         newest = max(ours, key=lambda p: p.stat().st_mtime, default=None)
         rates = ", ".join(f"--{f.replace('_', '-')} {getattr(self.args, f)}" for f in LEARNING_RATES if hasattr(self.args, f))
-        resume = "No checkpoint was written before it."
-        if newest:
-            resume = (
-                f"The newest checkpoint from before it, {newest}, is untouched: resume it with `{resume_command(newest)}`."
-            )
+        resume = f"{newest}, is untouched: resume it with `{resume_command(newest)}`." if newest else "none, was written."
         print(
             f"error: non-finite value (NaN or Inf) in {quantity} at env step {self.state.global_step} (iteration "
             f"{self.state.iteration}): the run stopped and saved nothing of this state. Likely cause: a step too large "
             f"for these settings ({rates}; a lower learning rate or normalization usually helps), or the environment "
-            f"({self.args.env_id}) returning NaN / Inf. {resume}",
+            f"({self.args.env_id}) returning NaN / Inf. The newest checkpoint from before it, {resume}",
             file=sys.stderr,
         )
         self.close()
@@ -962,6 +921,14 @@ def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
             setattr(obj, name, value.to(current.device) if isinstance(current, torch.Tensor) else value)
 
 
+def tensors_in(obj):
+    """Every tensor in a checkpoint part: nested dicts, lists and tuples of tensors."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    for value in obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ():
+        yield from tensors_in(value)
+
+
 def resume_command(checkpoint: Path) -> str:
     """What resumes from `checkpoint`, pasted in this shell: this Python, this script, --resume (paths quoted)."""
     path = Path(__file__).resolve()
@@ -997,32 +964,6 @@ def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
     if bad := [f"{key} ({kind.__name__})" for key, kind in kinds.items() if not isinstance(found.get(key), kind)]:
         raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts: {', '.join(bad)} missing.")
     return state
-
-
-# The rule each numeric run flag must meet; each script's FLAG_RULES adds its own (rule: the flags it applies to).
-RULES = {">= 0": lambda v: v >= 0, "> 0": lambda v: v > 0, ">= 1": lambda v: v >= 1, "in [0, 1]": lambda v: 0 <= v <= 1}
-RULES |= {"in (0, 1]": lambda v: 0 < v <= 1, "in [0, 1)": lambda v: 0 <= v < 1}
-RUN_RULES = {">= 0": "seed torch_threads checkpoint_interval eval_interval", ">= 1": "keep_checkpoints eval_episodes"}
-
-
-def check_flags(args, rules: dict) -> None:
-    """Every flag named in RUN_RULES and `rules` against its rule (None passes), and --exp-name, which names a folder."""
-    for rule, names in [*RUN_RULES.items(), *rules.items()]:
-        for name in names.split():
-            if (value := getattr(args, name)) is not None and not RULES[rule](value):
-                raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
-    if args.exp_name in ("", ".", "..") or Path(args.exp_name).name != args.exp_name:
-        raise UserError(f"--exp-name '{args.exp_name}' must be a plain name, not a path: it names the run's folder.")
-    if len(args.exp_name.encode()) > 200:  # a folder name holds 255 bytes, with the env id, seed and time beside it
-        raise UserError(f"--exp-name is {len(args.exp_name.encode())} bytes long: it names the run's folder; at most 200.")
-
-
-def tensors_in(obj):
-    """Every tensor in a checkpoint part: nested dicts, lists and tuples of tensors."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    for value in obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ():
-        yield from tensors_in(value)
 
 
 def due(step: int, last_step: int, every: int) -> bool:

@@ -582,6 +582,10 @@ RESUME_OVERRIDABLE = set(
 )
 LEARNING_RATES = ("learning_rate", "policy_lr", "q_lr")  # named when a NaN stops a run
 CHECKPOINT = re.compile(r"(step|interrupted|final)_(\d{10})\.pt")  # the names runs write; no other file is pruned
+# The rule each numeric flag must meet (rule: the flags it applies to): the run flags' here, each script's in FLAG_RULES.
+RULES = {">= 0": lambda v: v >= 0, "> 0": lambda v: v > 0, ">= 1": lambda v: v >= 1, "in [0, 1]": lambda v: 0 <= v <= 1}
+RULES |= {"in (0, 1]": lambda v: 0 < v <= 1, "in [0, 1)": lambda v: 0 <= v < 1}
+RUN_RULES = {">= 0": "seed torch_threads checkpoint_interval eval_interval", ">= 1": "keep_checkpoints eval_episodes"}
 
 
 class UserError(Exception):
@@ -604,6 +608,18 @@ def run_cli(main: Callable[[], None]) -> None:
             message += f" ({type(e).__name__} at line {frames[-1].lineno} of {Path(__file__).name}: `{frames[-1].line}`)"
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
+
+
+def check_flags(args, rules: dict) -> None:
+    """Every flag named in RUN_RULES and `rules` against its rule (None passes), and --exp-name, which names a folder."""
+    for rule, names in [*RUN_RULES.items(), *rules.items()]:
+        for name in names.split():
+            if (value := getattr(args, name)) is not None and not RULES[rule](value):
+                raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
+    if args.exp_name in ("", ".", "..") or Path(args.exp_name).name != args.exp_name:
+        raise UserError(f"--exp-name '{args.exp_name}' must be a plain name, not a path: it names the run's folder.")
+    if len(args.exp_name.encode()) > 200:  # a folder name holds 255 bytes, with the env id, seed and time beside it
+        raise UserError(f"--exp-name is {len(args.exp_name.encode())} bytes long: it names the run's folder; at most 200.")
 
 
 def parse_command_line(cls):
@@ -757,7 +773,7 @@ class Run:
                 self.evaluated(self.play(self.args.eval_episodes))
                 evaluated_step = step
             if due(step, saved_step, self.args.checkpoint_interval):
-                self.offer_training_return()  # before the save: the checkpoint holds the best score
+                self.offer_best()  # before the save: the checkpoint holds the best score
                 self.save("step")
                 saved_step = step
             if self.stop_requested or self.last:
@@ -823,29 +839,29 @@ class Run:
             old.unlink()
         return path
 
-    def evaluated(self, returns: list, step: Optional[int] = None, snapshot: Optional[dict] = None) -> None:
-        """An evaluation's returns at `step` (default: now), offered to --keep-best with `snapshot`, the weights played."""
-        step = self.state.global_step if step is None else step
-        self.writer.add_scalar("eval/episodic_return", float(np.mean(returns)), step)
-        self.offer_best(float(np.mean(returns)), step, "eval/best_return", snapshot)
+    def evaluated(self, returns: list) -> None:
+        """An evaluation's returns, logged now and offered to --keep-best."""
+        self.writer.add_scalar("eval/episodic_return", float(np.mean(returns)), self.state.global_step)
+        self.offer_best(float(np.mean(returns)))
 
-    def offer_best(self, score: float, step: int, tag: str, snapshot: Optional[dict] = None) -> None:
-        """--keep-best: best.pt holds the agent of the best evaluation return (else of 10 training episodes) so far."""
+    def offer_best(self, score: Optional[float] = None) -> None:
+        """--keep-best: best.pt holds the agent of the best evaluation return so far; where evaluation is off (score None),
+        of the best mean of the last 10 training episodes, offered at each checkpoint and at the end."""
+        step, tag = self.state.global_step, "eval/best_return" if score is not None else "charts/best_training_return"
         if not self.args.keep_best:
             return
+        if score is None:  # training returns: only where evaluation is off, an episode has ended, and once per step
+            if self.args.eval_interval or not self.recent_returns or step == self.best_step:
+                return
+            score = float(np.mean(self.recent_returns))
         if self.best_path.is_file():  # compared with best.pt as it is on disk now (an older checkpoint's resume may lag it)
             self.best_score = max(self.best_score, float(load_checkpoint(str(self.best_path))["run_state"]["best_score"]))
         if score > self.best_score:
-            self.best_score, state = score, snapshot if snapshot is not None else self.checkpoint(best=True)
+            self.best_score, state = score, self.checkpoint(best=True)
             state["run_state"]["best_score"] = score
             save_checkpoint(state, self.best_path)
         self.best_step = step
         self.writer.add_scalar(tag, self.best_score, step)
-
-    def offer_training_return(self) -> None:
-        """Where evaluation is off: the mean of the recent training returns, once per step (if an episode ended)."""
-        if self.args.eval_interval == 0 and self.recent_returns and self.state.global_step != self.best_step:
-            self.offer_best(float(np.mean(self.recent_returns)), self.state.global_step, "charts/best_training_return")
 
     def finish(self) -> None:
         """Stopped by a signal: save, say how to resume, exit 130; else (--save-model) evaluate, then save. Closes the run."""
@@ -858,7 +874,7 @@ class Run:
             )
             self.close()
             sys.exit(130)
-        self.offer_training_return()
+        self.offer_best()
         if self.args.save_model and self.play is not None:
             returns = self.play(self.args.eval_episodes, self.dir / "videos" / "eval" if self.args.capture_video else None)
             self.evaluated(returns)
@@ -872,16 +888,12 @@ class Run:
         ours = [p for p in self.ckpt_dir.glob("*.pt") if CHECKPOINT.fullmatch(p.name)]  # as save and resume_folder read them
         newest = max(ours, key=lambda p: p.stat().st_mtime, default=None)
         rates = ", ".join(f"--{f.replace('_', '-')} {getattr(self.args, f)}" for f in LEARNING_RATES if hasattr(self.args, f))
-        resume = "No checkpoint was written before it."
-        if newest:
-            resume = (
-                f"The newest checkpoint from before it, {newest}, is untouched: resume it with `{resume_command(newest)}`."
-            )
+        resume = f"{newest}, is untouched: resume it with `{resume_command(newest)}`." if newest else "none, was written."
         print(
             f"error: non-finite value (NaN or Inf) in {quantity} at env step {self.state.global_step} (iteration "
             f"{self.state.iteration}): the run stopped and saved nothing of this state. Likely cause: a step too large "
             f"for these settings ({rates}; a lower learning rate or normalization usually helps), or the environment "
-            f"({self.args.env_id}) returning NaN / Inf. {resume}",
+            f"({self.args.env_id}) returning NaN / Inf. The newest checkpoint from before it, {resume}",
             file=sys.stderr,
         )
         self.close()
@@ -935,6 +947,14 @@ def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
             setattr(obj, name, value.to(current.device) if isinstance(current, torch.Tensor) else value)
 
 
+def tensors_in(obj):
+    """Every tensor in a checkpoint part: nested dicts, lists and tuples of tensors."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    for value in obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ():
+        yield from tensors_in(value)
+
+
 def resume_command(checkpoint: Path) -> str:
     """What resumes from `checkpoint`, pasted in this shell: this Python, this script, --resume (paths quoted)."""
     path = Path(__file__).resolve()
@@ -970,32 +990,6 @@ def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
     if bad := [f"{key} ({kind.__name__})" for key, kind in kinds.items() if not isinstance(found.get(key), kind)]:
         raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts: {', '.join(bad)} missing.")
     return state
-
-
-# The rule each numeric run flag must meet; each script's FLAG_RULES adds its own (rule: the flags it applies to).
-RULES = {">= 0": lambda v: v >= 0, "> 0": lambda v: v > 0, ">= 1": lambda v: v >= 1, "in [0, 1]": lambda v: 0 <= v <= 1}
-RULES |= {"in (0, 1]": lambda v: 0 < v <= 1, "in [0, 1)": lambda v: 0 <= v < 1}
-RUN_RULES = {">= 0": "seed torch_threads checkpoint_interval eval_interval", ">= 1": "keep_checkpoints eval_episodes"}
-
-
-def check_flags(args, rules: dict) -> None:
-    """Every flag named in RUN_RULES and `rules` against its rule (None passes), and --exp-name, which names a folder."""
-    for rule, names in [*RUN_RULES.items(), *rules.items()]:
-        for name in names.split():
-            if (value := getattr(args, name)) is not None and not RULES[rule](value):
-                raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
-    if args.exp_name in ("", ".", "..") or Path(args.exp_name).name != args.exp_name:
-        raise UserError(f"--exp-name '{args.exp_name}' must be a plain name, not a path: it names the run's folder.")
-    if len(args.exp_name.encode()) > 200:  # a folder name holds 255 bytes, with the env id, seed and time beside it
-        raise UserError(f"--exp-name is {len(args.exp_name.encode())} bytes long: it names the run's folder; at most 200.")
-
-
-def tensors_in(obj):
-    """Every tensor in a checkpoint part: nested dicts, lists and tuples of tensors."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    for value in obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ():
-        yield from tensors_in(value)
 
 
 def due(step: int, last_step: int, every: int) -> bool:

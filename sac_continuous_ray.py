@@ -290,7 +290,6 @@ class Learner:
     def __init__(self, obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, args, device: torch.device):
         self.actor = Actor(obs_dim, act_dim).to(device)
         self.qf = nn.ModuleList([q_network(obs_dim, act_dim) for _ in range(2)]).to(device)
-        check_networks(self.actor, self.qf, obs_dim, act_dim)  # an edit that broke their sizes stops here (below the banner)
         self.qf_target = copy.deepcopy(self.qf).requires_grad_(False)  # starts equal; moves only by soft_update
         fused = device.type in ("cpu", "cuda")  # Adam's fused kernel (one op per step) exists there
         self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=args.policy_lr, fused=fused)
@@ -301,6 +300,9 @@ class Learner:
         self.fixed_alpha = None if args.autotune else torch.full((1,), args.alpha, device=device)  # log(0) = -inf: kept apart
         self.target_entropy = -float(act_dim)
         self.policy = Policy(self.actor, low, high).to(device)  # acts in the rollout and in evaluation
+        obs = torch.zeros(64, obs_dim, device=device)  # an edit that broke a size fails here, not after learning_starts,
+        with torch.no_grad():  # in one paragraph with the line (run_cli); deterministic: no random number drawn
+            q_values(self.qf, obs, squashed_gaussian(*self.actor(obs), self.policy.scale, self.policy.bias, True)[0])
 
     def alpha(self) -> torch.Tensor:
         return self.log_alpha.detach().exp() if self.fixed_alpha is None else self.fixed_alpha
@@ -1231,41 +1233,6 @@ def policy_from_checkpoint(ckpt: dict) -> Policy:
     return Policy(actor, act_space.low, act_space.high)
 
 
-def check_networks(actor: nn.Module, critics: nn.ModuleList, obs_dim: int, act_dim: int) -> None:
-    """Stop at once, naming what to change, where an edit broke the networks' sizes (else it fails after learning_starts
-    steps): on 64 observations the Actor's outputs must give squashed_gaussian 64 actions of act_dim and 64 log-probs,
-    the critics one row of 64 Q-values each. Any width, depth, activation, number of critics or log-std form passes."""
-    obs = torch.zeros(64, obs_dim, device=next(actor.parameters()).device)  # zeros, deterministic: no RNG drawn
-    scale = torch.ones(act_dim, device=obs.device)
-    layers = "Each layer's input size must be the previous layer's output size, the first one's"
-    actor_sizes = (
-        f"{layers} obs_dim = {obs_dim}, the last one's 2 * act_dim = {2 * act_dim} (mean, log-std), or "
-        f"act_dim = {act_dim} (mean) with a log-std of shape (act_dim,) apart."
-    )
-    critic_sizes = f"{layers} obs_dim + act_dim = {obs_dim + act_dim}, the last one's 1 (Q)."
-    with torch.no_grad():
-        try:
-            actions, log_prob = squashed_gaussian(*actor(obs), scale, torch.zeros_like(scale), deterministic=True)
-        except (RuntimeError, ValueError, TypeError) as e:
-            reason = str(e).partition("\n")[0]
-            raise UserError(f"Actor cannot map its inputs to its outputs ({reason}). {actor_sizes}") from None
-        if actions.shape != (64, act_dim) or log_prob.shape != (64,):
-            raise UserError(
-                f"Actor's outputs give 64 observations actions of shape {tuple(actions.shape)} and log-probs of shape "
-                f"{tuple(log_prob.shape)}, not (64, {act_dim}) and (64,). {actor_sizes}"
-            )
-        try:
-            q = q_values(critics, obs, actions)
-        except (RuntimeError, ValueError) as e:
-            reason = str(e).partition("\n")[0]
-            raise UserError(f"q_network cannot map its inputs to its outputs ({reason}). {critic_sizes}") from None
-    if q.shape != (len(critics), 64):
-        raise UserError(
-            f"q_network maps 64 inputs to Q-values of shape {tuple(q.shape)} (all critics), not ({len(critics)}, 64). "
-            f"{critic_sizes}"
-        )
-
-
 # --- end shared: sac-run ---
 
 
@@ -1339,6 +1306,10 @@ RESUME_OVERRIDABLE = set(
 )
 LEARNING_RATES = ("learning_rate", "policy_lr", "q_lr")  # named when a NaN stops a run
 CHECKPOINT = re.compile(r"(step|interrupted|final)_(\d{10})\.pt")  # the names runs write; no other file is pruned
+# The rule each numeric flag must meet (rule: the flags it applies to): the run flags' here, each script's in FLAG_RULES.
+RULES = {">= 0": lambda v: v >= 0, "> 0": lambda v: v > 0, ">= 1": lambda v: v >= 1, "in [0, 1]": lambda v: 0 <= v <= 1}
+RULES |= {"in (0, 1]": lambda v: 0 < v <= 1, "in [0, 1)": lambda v: 0 <= v < 1}
+RUN_RULES = {">= 0": "seed torch_threads checkpoint_interval eval_interval", ">= 1": "keep_checkpoints eval_episodes"}
 
 
 class UserError(Exception):
@@ -1361,6 +1332,18 @@ def run_cli(main: Callable[[], None]) -> None:
             message += f" ({type(e).__name__} at line {frames[-1].lineno} of {Path(__file__).name}: `{frames[-1].line}`)"
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
+
+
+def check_flags(args, rules: dict) -> None:
+    """Every flag named in RUN_RULES and `rules` against its rule (None passes), and --exp-name, which names a folder."""
+    for rule, names in [*RUN_RULES.items(), *rules.items()]:
+        for name in names.split():
+            if (value := getattr(args, name)) is not None and not RULES[rule](value):
+                raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
+    if args.exp_name in ("", ".", "..") or Path(args.exp_name).name != args.exp_name:
+        raise UserError(f"--exp-name '{args.exp_name}' must be a plain name, not a path: it names the run's folder.")
+    if len(args.exp_name.encode()) > 200:  # a folder name holds 255 bytes, with the env id, seed and time beside it
+        raise UserError(f"--exp-name is {len(args.exp_name.encode())} bytes long: it names the run's folder; at most 200.")
 
 
 def parse_command_line(cls):
@@ -1514,7 +1497,7 @@ class Run:
                 self.evaluated(self.play(self.args.eval_episodes))
                 evaluated_step = step
             if due(step, saved_step, self.args.checkpoint_interval):
-                self.offer_training_return()  # before the save: the checkpoint holds the best score
+                self.offer_best()  # before the save: the checkpoint holds the best score
                 self.save("step")
                 saved_step = step
             if self.stop_requested or self.last:
@@ -1580,29 +1563,29 @@ class Run:
             old.unlink()
         return path
 
-    def evaluated(self, returns: list, step: Optional[int] = None, snapshot: Optional[dict] = None) -> None:
-        """An evaluation's returns at `step` (default: now), offered to --keep-best with `snapshot`, the weights played."""
-        step = self.state.global_step if step is None else step
-        self.writer.add_scalar("eval/episodic_return", float(np.mean(returns)), step)
-        self.offer_best(float(np.mean(returns)), step, "eval/best_return", snapshot)
+    def evaluated(self, returns: list) -> None:
+        """An evaluation's returns, logged now and offered to --keep-best."""
+        self.writer.add_scalar("eval/episodic_return", float(np.mean(returns)), self.state.global_step)
+        self.offer_best(float(np.mean(returns)))
 
-    def offer_best(self, score: float, step: int, tag: str, snapshot: Optional[dict] = None) -> None:
-        """--keep-best: best.pt holds the agent of the best evaluation return (else of 10 training episodes) so far."""
+    def offer_best(self, score: Optional[float] = None) -> None:
+        """--keep-best: best.pt holds the agent of the best evaluation return so far; where evaluation is off (score None),
+        of the best mean of the last 10 training episodes, offered at each checkpoint and at the end."""
+        step, tag = self.state.global_step, "eval/best_return" if score is not None else "charts/best_training_return"
         if not self.args.keep_best:
             return
+        if score is None:  # training returns: only where evaluation is off, an episode has ended, and once per step
+            if self.args.eval_interval or not self.recent_returns or step == self.best_step:
+                return
+            score = float(np.mean(self.recent_returns))
         if self.best_path.is_file():  # compared with best.pt as it is on disk now (an older checkpoint's resume may lag it)
             self.best_score = max(self.best_score, float(load_checkpoint(str(self.best_path))["run_state"]["best_score"]))
         if score > self.best_score:
-            self.best_score, state = score, snapshot if snapshot is not None else self.checkpoint(best=True)
+            self.best_score, state = score, self.checkpoint(best=True)
             state["run_state"]["best_score"] = score
             save_checkpoint(state, self.best_path)
         self.best_step = step
         self.writer.add_scalar(tag, self.best_score, step)
-
-    def offer_training_return(self) -> None:
-        """Where evaluation is off: the mean of the recent training returns, once per step (if an episode ended)."""
-        if self.args.eval_interval == 0 and self.recent_returns and self.state.global_step != self.best_step:
-            self.offer_best(float(np.mean(self.recent_returns)), self.state.global_step, "charts/best_training_return")
 
     def finish(self) -> None:
         """Stopped by a signal: save, say how to resume, exit 130; else (--save-model) evaluate, then save. Closes the run."""
@@ -1615,7 +1598,7 @@ class Run:
             )
             self.close()
             sys.exit(130)
-        self.offer_training_return()
+        self.offer_best()
         if self.args.save_model and self.play is not None:
             returns = self.play(self.args.eval_episodes, self.dir / "videos" / "eval" if self.args.capture_video else None)
             self.evaluated(returns)
@@ -1629,16 +1612,12 @@ class Run:
         ours = [p for p in self.ckpt_dir.glob("*.pt") if CHECKPOINT.fullmatch(p.name)]  # as save and resume_folder read them
         newest = max(ours, key=lambda p: p.stat().st_mtime, default=None)
         rates = ", ".join(f"--{f.replace('_', '-')} {getattr(self.args, f)}" for f in LEARNING_RATES if hasattr(self.args, f))
-        resume = "No checkpoint was written before it."
-        if newest:
-            resume = (
-                f"The newest checkpoint from before it, {newest}, is untouched: resume it with `{resume_command(newest)}`."
-            )
+        resume = f"{newest}, is untouched: resume it with `{resume_command(newest)}`." if newest else "none, was written."
         print(
             f"error: non-finite value (NaN or Inf) in {quantity} at env step {self.state.global_step} (iteration "
             f"{self.state.iteration}): the run stopped and saved nothing of this state. Likely cause: a step too large "
             f"for these settings ({rates}; a lower learning rate or normalization usually helps), or the environment "
-            f"({self.args.env_id}) returning NaN / Inf. {resume}",
+            f"({self.args.env_id}) returning NaN / Inf. The newest checkpoint from before it, {resume}",
             file=sys.stderr,
         )
         self.close()
@@ -1692,6 +1671,14 @@ def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
             setattr(obj, name, value.to(current.device) if isinstance(current, torch.Tensor) else value)
 
 
+def tensors_in(obj):
+    """Every tensor in a checkpoint part: nested dicts, lists and tuples of tensors."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    for value in obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ():
+        yield from tensors_in(value)
+
+
 def resume_command(checkpoint: Path) -> str:
     """What resumes from `checkpoint`, pasted in this shell: this Python, this script, --resume (paths quoted)."""
     path = Path(__file__).resolve()
@@ -1727,32 +1714,6 @@ def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
     if bad := [f"{key} ({kind.__name__})" for key, kind in kinds.items() if not isinstance(found.get(key), kind)]:
         raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts: {', '.join(bad)} missing.")
     return state
-
-
-# The rule each numeric run flag must meet; each script's FLAG_RULES adds its own (rule: the flags it applies to).
-RULES = {">= 0": lambda v: v >= 0, "> 0": lambda v: v > 0, ">= 1": lambda v: v >= 1, "in [0, 1]": lambda v: 0 <= v <= 1}
-RULES |= {"in (0, 1]": lambda v: 0 < v <= 1, "in [0, 1)": lambda v: 0 <= v < 1}
-RUN_RULES = {">= 0": "seed torch_threads checkpoint_interval eval_interval", ">= 1": "keep_checkpoints eval_episodes"}
-
-
-def check_flags(args, rules: dict) -> None:
-    """Every flag named in RUN_RULES and `rules` against its rule (None passes), and --exp-name, which names a folder."""
-    for rule, names in [*RUN_RULES.items(), *rules.items()]:
-        for name in names.split():
-            if (value := getattr(args, name)) is not None and not RULES[rule](value):
-                raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
-    if args.exp_name in ("", ".", "..") or Path(args.exp_name).name != args.exp_name:
-        raise UserError(f"--exp-name '{args.exp_name}' must be a plain name, not a path: it names the run's folder.")
-    if len(args.exp_name.encode()) > 200:  # a folder name holds 255 bytes, with the env id, seed and time beside it
-        raise UserError(f"--exp-name is {len(args.exp_name.encode())} bytes long: it names the run's folder; at most 200.")
-
-
-def tensors_in(obj):
-    """Every tensor in a checkpoint part: nested dicts, lists and tuples of tensors."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    for value in obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ():
-        yield from tensors_in(value)
 
 
 def due(step: int, last_step: int, every: int) -> bool:

@@ -171,7 +171,7 @@ def test_the_scale_relative_check_rejects_an_all_zero_trunk():
 @pytest.mark.parametrize("module", [P, A])
 def test_policy_plays_the_most_likely_action_and_loads_a_checkpoint(module):
     """Policy: the argmax of the Agent's own logits, deterministic; policy_from_checkpoint builds it on the CPU from
-    the checkpoint's weights, and refuses weights of other shapes with a message."""
+    the checkpoint's weights; weights of other shapes end in load_state_dict's error (tools/agent.py words it)."""
     agent, _ = trained_like(module)
     obs = torch.randint(0, 256, (32, 4, 84, 84), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -191,28 +191,8 @@ def test_policy_plays_the_most_likely_action_and_loads_a_checkpoint(module):
     assert torch.equal(first, actions) and torch.equal(again, actions)  # no sampling: the same actions every call
     assert next(loaded.parameters()).device.type == "cpu"
     other = {**ckpt, "model": {**ckpt["model"], "network.0.weight": torch.zeros(16, 4, 8, 8)}}
-    with pytest.raises(module.UserError, match=r"other shapes .* network.0.weight: \(16, 4, 8, 8\) vs \(32, 4, 8, 8\)"):
+    with pytest.raises(RuntimeError, match=r"size mismatch for network.0.weight"):
         module.policy_from_checkpoint(other)
-
-
-def test_a_view_on_the_channels_last_output_stops_with_a_message():
-    """A trunk that flattens with .view() cannot run on the channels-last memory the convolutions get (main()'s weights,
-    Agent.forward's frames): the start-up check names the module and says what to write instead."""
-
-    class Trunk(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.conv, self.linear = torch.nn.Conv2d(4, 8, 8, stride=4), torch.nn.Linear(8 * 20 * 20, 512)
-
-        def forward(self, x):
-            x = self.conv(x)
-            return self.linear(x.view(x.shape[0], -1))
-
-    agent = P.Agent(num_actions=4)
-    agent.network = Trunk()
-    agent.to(memory_format=torch.channels_last)  # as main(); Agent.forward gives the frames channels-last as well
-    with pytest.raises(P.UserError, match=r"Agent.network Trunk\(\).*use \.reshape\(\) or torch\.flatten\(\)"):
-        P.check_agent(agent, (4, 84, 84))
 
 
 def test_rmsprop_tf_by_hand_over_three_steps():

@@ -21,13 +21,13 @@ BUDGETS = {
 # The "Honest lines" ceilings (whole file, above the banner), formatted; the issue's targets are 760/400, 790/410,
 # 770/380, 830/460 and 1,350/900, and 250 for the generic plumbing block every script carries.
 ISSUE_BUDGETS = {
-    "ppo_continuous.py": (1060, 430),
-    "ppo_atari.py": (1080, 435),
-    "a2c_atari.py": (1045, 400),
-    "sac_continuous.py": (1165, 510),
-    "sac_continuous_ray.py": (1775, 1035),
+    "ppo_continuous.py": (1055, 430),
+    "ppo_atari.py": (1020, 415),
+    "a2c_atari.py": (985, 385),
+    "sac_continuous.py": (1125, 510),
+    "sac_continuous_ray.py": (1735, 1035),
 }
-PLUMBING_BUDGET = 440
+PLUMBING_BUDGET = 432
 ATARI_DIFF_BUDGET = 250  # lines that differ between ppo_atari.py and a2c_atari.py (diff's < and > lines)
 BANNER = re.compile(r"^# === Plumbing")
 # the sections, in reading order, as the first line of each (a regex on the line)

@@ -78,15 +78,20 @@ WORKING_EDITS = {
     "textbook sampling": textbook_sampling(),
 }
 # edit -> (replacements, what the message must name); each must stop the run before any update
+# An edit that breaks a size stops when Learner is made (its probe on 64 zero observations), not after learning_starts:
+# run_cli's one paragraph with torch's message and the script's line
 STOPPING_EDITS = {
     "first layer widened alone": (
         [(ACTOR, ACTOR.replace("nn.Linear(obs_dim, HIDDEN)", "nn.Linear(obs_dim, 128)"))],
-        ("Actor", "input size"),
+        ("shapes cannot be multiplied (64x128 and 256x256)", "RuntimeError at line", "self.net(obs)"),
     ),
-    "output size hard-coded": ([(ACTOR, ACTOR.replace(LAST, "nn.Linear(HIDDEN, 4)"))], ("Actor", "2 * act_dim = 2")),
+    "output size hard-coded": (
+        [(ACTOR, ACTOR.replace(LAST, "nn.Linear(HIDDEN, 4)"))],
+        ("too many values to unpack", "ValueError at line", "self.net(obs).split(self.act_dim"),
+    ),
     "critic without the action": (
         [(CRITIC, CRITIC.replace("obs_dim + act_dim", "obs_dim"))],
-        ("q_network", "obs_dim + act_dim = 4"),
+        ("shapes cannot be multiplied (64x4 and 3x256)", "RuntimeError at line", "critic(x)"),
     ),
 }
 

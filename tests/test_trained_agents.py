@@ -136,7 +136,7 @@ class FakeBuffer:
         pass
 
 
-def test_run_keeps_the_best_evaluated_agent_a_snapshot_and_its_score_on_resume(tmp_path):
+def test_run_keeps_the_best_evaluated_agent_and_its_score_on_resume(tmp_path):
     args = ppo.Args(env_id="Pendulum-v1", runs_dir=str(tmp_path), keep_best=True, eval_interval=10, progress=False)
     args.num_iterations = 10
     shapes = {"obs_shape": [3], "act_shape": [1]}
@@ -163,9 +163,8 @@ def test_run_keeps_the_best_evaluated_agent_a_snapshot_and_its_score_on_resume(t
     assert best["global_step"] == 10 and best["run_state"]["best_score"] == 6.0
     assert torch.all(best["model"]["weight"] == 1.0) and best["replay_buffer"] is None  # never the buffer
     at(30, 3.0)
-    snapshot = run.checkpoint(best=True)  # the weights an asynchronous evaluator is given
+    run.evaluated([9.0])  # a better score: best.pt now holds the agent of step 30
     at(40, 4.0)
-    run.evaluated([9.0], 30, snapshot)  # ...scores best when training has gone on: the snapshot is kept
     best = torch.load(best_pt, weights_only=True)
     assert best["global_step"] == 30 and torch.all(best["model"]["weight"] == 3.0) and best["run_state"]["best_score"] == 9
     step_ckpt = run.save("step")  # every checkpoint holds the best score (and a periodic one the buffer)
