@@ -49,8 +49,6 @@ class UserError(Exception):
 
 
 # ---- the grid ------------------------------------------------------------------------------------------------------
-
-
 @dataclass
 class Trial:
     id: str
@@ -116,8 +114,6 @@ def expand_grid(scripts: list, env_ids: list, seeds: list, grid: dict, extra: li
 
 
 # ---- checking the input before anything is written -----------------------------------------------------------------
-
-
 def find_script(name: str) -> str:
     """A script given as a path (from here), or by name beside this tool or one folder up (this project's layout)."""
     for path in (Path(name), HERE / name, HERE.parent / name):
@@ -185,8 +181,6 @@ def check_address(address: str) -> None:
 
 
 # ---- the sweep's folder: one sweep at a time -----------------------------------------------------------------------
-
-
 def claim(out: Path) -> dict:
     """Lock --out for this process's life (flock: released when it dies, however), before any probe. A second sweep
     on it is refused, naming the holder; what the claim made is removed by `release` if the sweep is refused."""
@@ -216,8 +210,6 @@ def release(lock: dict, refused: bool) -> None:
 
 
 # ---- a trial: the script in a subprocess, on a Ray worker ----------------------------------------------------------
-
-
 def die_with_parent() -> None:
     """In the child before exec: SIGTERM when its parent (the Ray worker) dies, so the script saves and stops instead
     of running on unowned (Linux prctl); and every signal unblocked (Ray blocks SIGINT in its workers)."""
@@ -305,8 +297,6 @@ def read_result(sweep_dir: Path, trial: Trial) -> Optional[dict]:
 
 
 # ---- the driver: Ray, progress lines, Ctrl-C -----------------------------------------------------------------------
-
-
 def start_ray(address: Optional[str], cpus_needed: int):
     """Ray's own local cluster (token authentication on with a token of its own, servers on 127.0.0.1, a temp folder
     of this user's), or the cluster at --address; a trial bigger than its largest node is refused."""
@@ -391,8 +381,6 @@ def run_grid(sweep_dir: Path, spec: dict, stopping: dict) -> int:
 
 
 # ---- --tune: settings drawn at random from a space, each a point of the grid; the best mean return is named -------
-
-
 def parse_space(items: list) -> dict:
     """["learning_rate=loguniform:1e-4:1e-2", "gamma=choice:0.95,0.99"] -> {flag: [kind, values]}."""
     space = {}
@@ -427,8 +415,6 @@ def sample_space(items: list, n: int, seed: int) -> list:
 
 
 # ---- the summary: per trial its score, per task (its seeds) their mean, std and range ------------------------------
-
-
 def read_scalars(run_dir: Path, tag: str) -> tuple:
     """(steps, values) of a TensorBoard scalar in a run folder, sorted by step (as TensorBoard shows a resumed run)."""
     from tensorboard.backend.event_processing import event_accumulator as ea
@@ -501,8 +487,6 @@ def summarize(sweep_dir: Path, spec: dict, metric: str) -> dict:
 
 
 # ---- command line --------------------------------------------------------------------------------------------------
-
-
 def parse_args(argv: list) -> tuple:
     """(options, the arguments after `--` or None); what a --resume leaves out is None (sweep.json's value)."""
     parser = argparse.ArgumentParser(
@@ -536,16 +520,7 @@ def sweep_args(ns, extra: Optional[list], old: Optional[dict]) -> dict:
     given = {k: getattr(ns, k) for k in ("env_id", "seeds", "cpus_per_trial", "space", "search_seed")}
     given.update(grid=parse_grid(ns.grid) if ns.grid else None, extra=extra, tune=ns.tune or None)
     given.update(script=[find_script(s) for s in ns.script] if ns.script else None, num_samples=ns.num_samples)
-    args = {
-        "seeds": [1, 2, 3],
-        "grid": {},
-        "extra": [],
-        "cpus_per_trial": 1,
-        "space": [],
-        "tune": False,
-        "num_samples": 8,
-        "search_seed": 0,
-    }
+    args = dict(seeds=[1, 2, 3], grid={}, extra=[], cpus_per_trial=1, space=[], tune=False, num_samples=8, search_seed=0)
     args.update(old or {})
     if old is not None:  # a --resume: a grid sweep gets the trials of new scripts, env ids, seeds or grid values
         changed = [k for k, v in given.items() if v is not None and k in old and v != old[k]]
