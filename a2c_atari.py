@@ -289,8 +289,6 @@ def annealed(iteration: int, num_iterations: int, value: float) -> float:
 
 def main() -> None:
     args, ckpt, device = parse_command_line(Args)
-    args.batch_size = args.num_envs * args.num_steps
-    args.num_iterations = args.total_timesteps // args.batch_size
     obs_shape, num_actions = probe_env(args.env_id)
     run = Run(args, SCRIPT_NAME, ckpt, {"num_actions": num_actions}, args.log_interval * args.batch_size)
     seed_everything(args.seed, args.torch_deterministic)
@@ -395,11 +393,12 @@ FLAG_RULES = {
 
 
 def validate_args(args: Args) -> None:
-    """What single-flag rules cannot say: sizes that must fit together, and the optimizer's name."""
+    """Each flag against its rule, the optimizer's name, the sizes that must fit together; the derived sizes."""
     check_flags(args, FLAG_RULES)
     if args.optimizer not in ("rmsprop-tf", "rmsprop-torch"):
         raise UserError(f"--optimizer must be 'rmsprop-tf' or 'rmsprop-torch', not '{args.optimizer}'.")
-    batch_size = args.num_envs * args.num_steps
+    batch_size = args.batch_size = args.num_envs * args.num_steps  # the derived sizes (Args' init=False fields)
+    args.num_iterations = args.total_timesteps // batch_size
     if args.total_timesteps < batch_size:
         raise UserError(
             f"total_timesteps ({args.total_timesteps}) is below one batch (num_envs * num_steps = "

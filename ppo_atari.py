@@ -302,8 +302,6 @@ def annealed(iteration: int, num_iterations: int, value: float) -> float:
 
 def main() -> None:
     args, ckpt, device = parse_command_line(Args)
-    args.batch_size = args.num_envs * args.num_steps
-    args.num_iterations = args.total_timesteps // args.batch_size
     obs_shape, num_actions = probe_env(args.env_id)
     run = Run(args, SCRIPT_NAME, ckpt, {"num_actions": num_actions}, args.batch_size)
     seed_everything(args.seed, args.torch_deterministic)
@@ -427,9 +425,10 @@ FLAG_RULES = {
 
 
 def validate_args(args: Args) -> None:
-    """What single-flag rules cannot say: sizes that must fit together."""
+    """Each flag against its rule; then what single-flag rules cannot say: sizes that must fit together; the derived sizes."""
     check_flags(args, FLAG_RULES)
-    batch_size = args.num_envs * args.num_steps
+    batch_size = args.batch_size = args.num_envs * args.num_steps  # the derived sizes (Args' init=False fields)
+    args.num_iterations = args.total_timesteps // batch_size
     if batch_size % args.num_minibatches != 0:
         raise UserError(
             f"num_minibatches ({args.num_minibatches}) must divide the batch size num_envs * num_steps = "

@@ -1,11 +1,11 @@
 """Soft Actor-Critic (SAC) for continuous actions (MuJoCo, classic control), in one file.
 
 Map of this file, top to bottom:
-  Args, FLAG_RULES  algorithm flags, then run flags (`--help` lists them); their ranges
+  Args              algorithm flags, then run flags (`--help` lists them)
   sac-algorithm     make_env, Actor, q_network (two critics), squashed_gaussian, soft_q_target, Policy, ReplayBuffer,
                     Learner and its updates (gradient_step), the rollout step (env_step)
   main()            set-up, then the loop: act -> store -> sample a batch -> update -> log, then finish
-  # === Plumbing    runs, checkpoints, errors, progress, evaluation, the env probe
+  # === Plumbing    flag rules, runs, checkpoints, errors, progress, evaluation, the env probe
 Docs: docs/sac_continuous.md; the algorithm: arxiv.org/abs/1812.05905
 """
 
@@ -87,33 +87,6 @@ class Args:
 
     def __post_init__(self):
         validate_args(self)  # tyro runs it: each flag's range, the sizes that must fit together, the derived sizes
-
-
-# The rule each numeric flag must meet (rule: the flags it applies to; the run flags' are in RUN_RULES)
-FLAG_RULES = {
-    ">= 1": "total_timesteps num_envs buffer_size batch_size policy_frequency target_network_frequency log_interval",
-    "in [0, 1]": "gamma",
-    "in (0, 1]": "tau",
-    ">= 0": "learning_starts alpha",
-    "> 0": "policy_lr q_lr",
-}
-
-
-def validate_args(args: Args) -> None:
-    """What single-flag rules cannot say: sizes that must fit together."""
-    check_flags(args, FLAG_RULES)
-    if args.total_timesteps < args.num_envs:
-        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one vector step (num_envs = {args.num_envs}).")
-    if args.learning_starts > args.total_timesteps:
-        raise UserError(
-            f"learning_starts ({args.learning_starts}) is above total_timesteps ({args.total_timesteps}): "
-            "no update would run. Lower --learning-starts or raise --total-timesteps."
-        )
-    if args.batch_size > args.buffer_size:
-        raise UserError(
-            f"batch_size ({args.batch_size}) is larger than buffer_size ({args.buffer_size}). "
-            "Lower --batch-size or raise --buffer-size."
-        )
 
 
 # --- shared: sac-algorithm ---
@@ -504,7 +477,34 @@ def main() -> None:
 
 
 # === Plumbing: runs, checkpoints, errors; not needed to follow the algorithm ===
-# Checkpoints, resume, logging, flag checks, the env probe (`shared:`: tools/sync_shared.py)
+# Flag rules, checkpoints, resume, logging, the env probe (`shared:`: tools/sync_shared.py)
+
+
+# The rule each numeric flag must meet (rule: the flags it applies to; the run flags' are in RUN_RULES)
+FLAG_RULES = {
+    ">= 1": "total_timesteps num_envs buffer_size batch_size policy_frequency target_network_frequency log_interval",
+    "in [0, 1]": "gamma",
+    "in (0, 1]": "tau",
+    ">= 0": "learning_starts alpha",
+    "> 0": "policy_lr q_lr",
+}
+
+
+def validate_args(args: Args) -> None:
+    """What single-flag rules cannot say: sizes that must fit together."""
+    check_flags(args, FLAG_RULES)
+    if args.total_timesteps < args.num_envs:
+        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one vector step (num_envs = {args.num_envs}).")
+    if args.learning_starts > args.total_timesteps:
+        raise UserError(
+            f"learning_starts ({args.learning_starts}) is above total_timesteps ({args.total_timesteps}): "
+            "no update would run. Lower --learning-starts or raise --total-timesteps."
+        )
+    if args.batch_size > args.buffer_size:
+        raise UserError(
+            f"batch_size ({args.batch_size}) is larger than buffer_size ({args.buffer_size}). "
+            "Lower --batch-size or raise --buffer-size."
+        )
 
 
 # --- shared: sac-run ---

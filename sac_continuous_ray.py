@@ -14,7 +14,7 @@ The learner holds --utd-ratio updates per collected env step (workers are held b
 workers make the run faster, not a different algorithm.
 
 Map of this file, top to bottom:
-  Args            SAC flags (as sac_continuous.py), the distribution's, then run flags (`--help` lists them); ranges
+  Args            SAC flags (as sac_continuous.py), the distribution's, then run flags (`--help` lists them)
   sac-algorithm   sac_continuous.py's env, networks, Policy, replay buffer, learner (gradient_step), rollout step
   Ray actors      BufferShard, ParameterServer, RolloutWorker: plain classes, made remote in main()
   data flow       Publisher (weights to the parameter server), Sampler (batches from the buffer shards)
@@ -118,44 +118,6 @@ class Args:
 
     def __post_init__(self):
         validate_args(self)  # tyro runs it: each flag's range, the sizes that must fit together, the derived sizes
-
-
-# The rule each numeric flag must meet (rule: the flags it applies to; the run flags' are in RUN_RULES)
-FLAG_RULES = {
-    ">= 1": "total_timesteps buffer_size batch_size policy_frequency target_network_frequency num_rollout_workers"
-    " envs_per_worker weight_sync_interval num_buffer_shards worker_batch_steps log_interval",
-    "in [0, 1]": "gamma",
-    "in (0, 1]": "tau",
-    ">= 0": "learning_starts alpha utd_ratio",
-    "> 0": "policy_lr q_lr",
-}
-
-
-def validate_args(args: Args) -> None:
-    """What single-flag rules cannot say: sizes that must fit together."""
-    check_flags(args, FLAG_RULES)
-    if args.num_buffer_shards > args.num_rollout_workers:
-        raise UserError(
-            f"num_buffer_shards ({args.num_buffer_shards}) must be between 1 and num_rollout_workers "
-            f"({args.num_rollout_workers}): worker i writes to shard i % shards, so a shard with no worker "
-            "would stay empty."
-        )
-    if args.total_timesteps < args.envs_per_worker:
-        raise UserError(
-            f"total_timesteps ({args.total_timesteps}) is below one vector step (envs_per_worker = {args.envs_per_worker})."
-        )
-    if args.learning_starts > args.total_timesteps:
-        raise UserError(
-            f"learning_starts ({args.learning_starts}) is above total_timesteps ({args.total_timesteps}): "
-            "no update would run. Lower --learning-starts or raise --total-timesteps."
-        )
-    if args.batch_size > args.buffer_size // args.num_buffer_shards:
-        raise UserError(
-            f"batch_size ({args.batch_size}) is larger than a buffer shard (buffer_size {args.buffer_size} / "
-            f"{args.num_buffer_shards} shards). Lower --batch-size or raise --buffer-size."
-        )
-    if not math.isfinite(args.utd_ratio):  # (the rule ">= 0" lets infinity through)
-        raise UserError(f"--utd-ratio must be finite, not {args.utd_ratio}.")
 
 
 # --- shared: sac-algorithm ---
@@ -1033,6 +995,44 @@ def main() -> None:
 # === Plumbing: runs, checkpoints, errors; not needed to follow the algorithm ===
 # The Ray connection, faults, checkpoints, resume (the cluster layout may change on --resume), logging, flag checks,
 # the env probe (`shared:` blocks: tools/sync_shared.py).
+
+
+# The rule each numeric flag must meet (rule: the flags it applies to; the run flags' are in RUN_RULES)
+FLAG_RULES = {
+    ">= 1": "total_timesteps buffer_size batch_size policy_frequency target_network_frequency num_rollout_workers"
+    " envs_per_worker weight_sync_interval num_buffer_shards worker_batch_steps log_interval",
+    "in [0, 1]": "gamma",
+    "in (0, 1]": "tau",
+    ">= 0": "learning_starts alpha utd_ratio",
+    "> 0": "policy_lr q_lr",
+}
+
+
+def validate_args(args: Args) -> None:
+    """What single-flag rules cannot say: sizes that must fit together."""
+    check_flags(args, FLAG_RULES)
+    if args.num_buffer_shards > args.num_rollout_workers:
+        raise UserError(
+            f"num_buffer_shards ({args.num_buffer_shards}) must be between 1 and num_rollout_workers "
+            f"({args.num_rollout_workers}): worker i writes to shard i % shards, so a shard with no worker "
+            "would stay empty."
+        )
+    if args.total_timesteps < args.envs_per_worker:
+        raise UserError(
+            f"total_timesteps ({args.total_timesteps}) is below one vector step (envs_per_worker = {args.envs_per_worker})."
+        )
+    if args.learning_starts > args.total_timesteps:
+        raise UserError(
+            f"learning_starts ({args.learning_starts}) is above total_timesteps ({args.total_timesteps}): "
+            "no update would run. Lower --learning-starts or raise --total-timesteps."
+        )
+    if args.batch_size > args.buffer_size // args.num_buffer_shards:
+        raise UserError(
+            f"batch_size ({args.batch_size}) is larger than a buffer shard (buffer_size {args.buffer_size} / "
+            f"{args.num_buffer_shards} shards). Lower --batch-size or raise --buffer-size."
+        )
+    if not math.isfinite(args.utd_ratio):  # (the rule ">= 0" lets infinity through)
+        raise UserError(f"--utd-ratio must be finite, not {args.utd_ratio}.")
 
 
 def check_resumable(ckpt: dict, path: str, shapes: dict, total: int) -> None:
