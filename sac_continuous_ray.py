@@ -262,9 +262,12 @@ class Learner:
         self.fixed_alpha = None if args.autotune else torch.full((1,), args.alpha, device=device)  # log(0) = -inf: kept apart
         self.target_entropy = -float(act_dim)
         self.policy = Policy(self.actor, low, high).to(device)  # acts in the rollout and in evaluation
-        obs = torch.zeros(64, obs_dim, device=device)  # an edit that broke a size fails here, not after learning_starts,
-        with torch.no_grad():  # in one paragraph with the line (run_cli); deterministic: no random number drawn
-            q_values(self.qf, obs, squashed_gaussian(*self.actor(obs), self.policy.scale, self.policy.bias, True)[0])
+        # An edit that broke a size fails here (run_cli: one paragraph with the line), not after learning_starts. Why copies
+        # and fork_rng: an edited network's BatchNorm statistics and Dropout draws stay as if this never ran.
+        obs = torch.zeros(64, obs_dim, device=device)
+        with torch.no_grad(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            actor, critics = copy.deepcopy(self.actor), copy.deepcopy(self.qf)
+            q_values(critics, obs, squashed_gaussian(*actor(obs), self.policy.scale, self.policy.bias, True)[0])
 
     def alpha(self) -> torch.Tensor:
         return self.log_alpha.detach().exp() if self.fixed_alpha is None else self.fixed_alpha

@@ -288,6 +288,37 @@ def test_three_critics_each_trained_and_logged_and_the_target_takes_their_min(tm
     assert logs["losses/qf_loss"] == pytest.approx(sum(logs[f"losses/qf{i}_loss"] for i in (1, 2, 3)) / 3)
 
 
+def test_the_start_up_probe_leaves_an_edited_actors_batchnorm_and_dropout_as_they_were(tmp_path, monkeypatch):
+    """Learner runs the networks once on zeros (a broken size stops at start): on copies, under fork_rng. An Actor with
+    BatchNorm1d and Dropout keeps its running statistics at their start, and the RNG has drawn only the weights' init."""
+    script = import_copy(copy_alone(SCRIPT, tmp_path / "student", []))
+
+    class Actor(torch.nn.Module):
+        def __init__(self, obs_dim, act_dim):
+            super().__init__()
+            self.act_dim, self.net = (
+                act_dim,
+                torch.nn.Sequential(
+                    torch.nn.Linear(obs_dim, 16),
+                    torch.nn.BatchNorm1d(16),
+                    torch.nn.Dropout(0.5),
+                    torch.nn.Linear(16, 2 * act_dim),
+                ),
+            )
+
+        def forward(self, obs):
+            return self.net(obs).split(self.act_dim, dim=-1)
+
+    monkeypatch.setattr(script, "Actor", Actor)
+    torch.manual_seed(3)
+    Actor(3, 1), script.q_network(3, 1), script.q_network(3, 1)  # the draws Learner's networks make, in its order
+    expected = torch.get_rng_state()
+    learner = initial_learner(script, 3, 1, -2.0, 2.0, seed=3)  # seeds torch with 3 too
+    assert torch.equal(torch.get_rng_state(), expected), "the probe drew random numbers (Dropout) from the run's stream"
+    batchnorm = learner.actor.net[1]
+    assert batchnorm.num_batches_tracked.item() == 0 and torch.all(batchnorm.running_mean == 0)
+
+
 def test_a_state_independent_log_std_is_accepted_and_trains(tmp_path):
     """A log-std parameter of shape (act_dim,) in place of the head's half (as ppo_continuous.py has it): the networks'
     check accepts it (it broadcasts over the batch in squashed_gaussian), and gradient steps move it with the rest."""
