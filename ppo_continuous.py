@@ -888,12 +888,16 @@ class Run:
         ours = [p for p in self.ckpt_dir.glob("*.pt") if CHECKPOINT.fullmatch(p.name)]  # as save and resume_folder read them
         newest = max(ours, key=lambda p: p.stat().st_mtime, default=None)
         rates = ", ".join(f"--{f.replace('_', '-')} {getattr(self.args, f)}" for f in LEARNING_RATES if hasattr(self.args, f))
-        resume = f"The newest checkpoint from before it, {newest}, is untouched: resume it with `{resume_command(newest)}`."
+        resume = (
+            f"The newest checkpoint from before it, {newest}, is untouched: resume it with `{resume_command(newest)}`."
+            if newest
+            else "No checkpoint was written before it."
+        )
         print(
             f"error: non-finite value (NaN or Inf) in {quantity} at env step {self.state.global_step} (iteration "
             f"{self.state.iteration}): the run stopped and saved nothing of this state. Likely cause: a step too large "
             f"for these settings ({rates}; a lower learning rate or normalization usually helps), or the environment "
-            f"({self.args.env_id}) returning NaN / Inf. {resume if newest else 'No checkpoint was written before it.'}",
+            f"({self.args.env_id}) returning NaN / Inf. {resume}",
             file=sys.stderr,
         )
         self.close()

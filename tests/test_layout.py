@@ -21,13 +21,13 @@ BUDGETS = {
 # The "Honest lines" ceilings (whole file, above the banner), formatted; the issue's targets are 760/400, 790/410,
 # 770/380, 830/460 and 1,350/900, and 250 for the generic plumbing block every script carries.
 ISSUE_BUDGETS = {
-    "ppo_continuous.py": (1055, 428),
-    "ppo_atari.py": (1020, 412),
-    "a2c_atari.py": (985, 380),
-    "sac_continuous.py": (1126, 482),
-    "sac_continuous_ray.py": (1738, 998),
+    "ppo_continuous.py": (1058, 428),
+    "ppo_atari.py": (1023, 412),
+    "a2c_atari.py": (988, 380),
+    "sac_continuous.py": (1130, 482),
+    "sac_continuous_ray.py": (1742, 998),
 }
-PLUMBING_BUDGET = 432
+PLUMBING_BUDGET = 436
 ATARI_DIFF_BUDGET = 250  # lines that differ between ppo_atari.py and a2c_atari.py (diff's < and > lines)
 BANNER = re.compile(r"^# === Plumbing")
 # the sections, in reading order, as the first line of each (a regex on the line)
