@@ -73,13 +73,13 @@ class Cluster:
         subprocess.run([RAY, "get-auth-token", "--generate"], env=self.env, check=True, capture_output=True, timeout=60)
         self.address = f"127.0.0.1:{self.port}"
 
-    def start_node(self, *flags: str) -> subprocess.Popen:
+    def start_node(self, *flags: str, cpus: int = 2) -> subprocess.Popen:
         require_ray_marker("`ray start`, through Cluster.start_node")
         temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
         self.temp_dirs.append(temp_dir)
         log = open(self.base / f"node{len(self.nodes)}.log", "w")
         node = subprocess.Popen(
-            [RAY, "start", *flags, "--num-cpus", "2", "--block", "--temp-dir", str(temp_dir)],
+            [RAY, "start", *flags, "--num-cpus", str(cpus), "--block", "--temp-dir", str(temp_dir)],
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
