@@ -1,15 +1,12 @@
 """Advantage Actor-Critic (A2C, the synchronous A3C) on Atari (pixels, discrete actions), in one file.
-
-Map of this file, top to bottom:
+Docs: docs/a2c_atari.md; the algorithm: https://arxiv.org/abs/1602.01783; `diff ppo_atari.py a2c_atari.py` shows what differs
+between the two algorithms. The map of this file, top to bottom:
   Args            algorithm flags, then run flags (`python a2c_atari.py --help` lists them)
   make_env        gymnasium's Atari preprocessing, and the two steps it lacks (EpisodicLife, FireReset)
   Agent           the Nature CNN: a shared trunk, a policy-logit head and a value head
   helpers         next-step autoreset targets, n-step returns, the A2C losses, TensorFlow's RMSprop
   main()          set-up, then the loop: rollout -> returns -> update -> log, then finish
   # === Plumbing  flag rules, runs, checkpoints, resume, errors, progress, evaluation (Policy)
-
-`diff ppo_atari.py a2c_atari.py` shows what differs between the algorithms. Docs: docs/a2c_atari.md; the algorithm:
-https://arxiv.org/abs/1602.01783
 """
 
 import argparse

@@ -1,15 +1,12 @@
 """Proximal Policy Optimization (PPO) on Atari (pixels, discrete actions), in one file.
-
-Map of this file, top to bottom:
+Docs: docs/ppo_atari.md; the algorithm: https://arxiv.org/abs/1707.06347; `diff ppo_atari.py a2c_atari.py` shows what differs
+between the two algorithms. The map of this file, top to bottom:
   Args            algorithm flags, then run flags (`python ppo_atari.py --help` lists them)
   make_env        gymnasium's Atari preprocessing, and the two steps it lacks (EpisodicLife, FireReset)
   Agent           the Nature CNN: a shared trunk, a policy-logit head and a value head
   helpers         next-step autoreset targets, GAE, the PPO losses (one line of math above each)
   main()          set-up, then the loop: rollout -> advantages -> update -> log, then finish
   # === Plumbing  flag rules, runs, checkpoints, resume, errors, progress, evaluation (Policy)
-
-`diff ppo_atari.py a2c_atari.py` shows what differs between the algorithms. Docs: docs/ppo_atari.md; the algorithm:
-https://arxiv.org/abs/1707.06347
 """
 
 import argparse

@@ -13,8 +13,8 @@ from tests.conftest import ROOT, run_script
 # script: (the banner's line number at most, main()'s length at most), in lines as `ruff format` writes them (test_format).
 BUDGETS = {
     "ppo_continuous.py": (428, 150),
-    "ppo_atari.py": (412, 150),
-    "a2c_atari.py": (380, 150),
+    "ppo_atari.py": (409, 150),
+    "a2c_atari.py": (376, 150),
     "sac_continuous.py": (482, 150),
     "sac_continuous_ray.py": (998, 185),
 }
@@ -22,8 +22,8 @@ BUDGETS = {
 # 770/380, 830/460 and 1,350/900, and 250 for the generic plumbing block every script carries.
 ISSUE_BUDGETS = {
     "ppo_continuous.py": (1058, 428),
-    "ppo_atari.py": (1023, 412),
-    "a2c_atari.py": (988, 380),
+    "ppo_atari.py": (1020, 409),
+    "a2c_atari.py": (985, 376),
     "sac_continuous.py": (1130, 482),
     "sac_continuous_ray.py": (1742, 998),
 }
