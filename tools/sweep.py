@@ -7,11 +7,11 @@
     python tools/sweep.py --out T --tune --script ppo_continuous.py --env-id Pendulum-v1 --num-samples 8 \\
         --space learning_rate=loguniform:1e-4:1e-2 --space gamma=choice:0.95,0.99 -- --eval-interval 10000
 
-A trial runs the script, unmodified, in `<out>/trials/<id>/`; its id ends in a hash of its whole command. The
-user's guide: docs/sweeps.md.
+A trial runs the script, unmodified, in `<out>/trials/<id>/` (the id ends in a hash of its command). See docs/sweeps.md.
 """
 
 import argparse
+import contextlib
 import ctypes
 import fcntl
 import hashlib
@@ -39,9 +39,8 @@ HERE, CORES = Path(__file__).resolve().parent, len(os.sched_getaffinity(0))  # (
 SET_BY_SWEEP = ("env-id", "seed", "runs-dir", "torch-threads", "resume", "progress", "no-progress")
 CHECKPOINT = re.compile(r"(step|interrupted|final)_(\d{10})\.pt")  # the scripts' checkpoint names (best.pt aside)
 PROGRESS = re.compile(r"^step\s+[\d,]+/[\d,]+ \|\s+\d+ SPS", re.M)  # the scripts' plain progress line
+SPACE_FORMS = "loguniform:LOW:HIGH (LOW > 0), uniform:LOW:HIGH, int:LOW:HIGH or choice:A,B"  # --tune's --space
 INTERRUPTED, STOP_FILE, TAIL = 130, "STOP", 15  # a script's exit code after Ctrl-C; the driver's stop marker; log lines
-EVAL_TAG, RETURN_TAG = "eval/episodic_return", "charts/episodic_return"
-GROWS = ("script", "env_id", "seeds", "grid")  # what a --resume may add trials along; the rest must match sweep.json
 
 
 class UserError(Exception):
@@ -65,6 +64,10 @@ class Trial:
         per_trial += [*self.extra, *flag_args(self.flags)]
         return [sys.executable, self.script, "--env-id", self.env_id, "--seed", str(self.seed), *per_trial]
 
+    def shown(self) -> str:
+        """The command line as a user types it, without what the sweep sets per trial."""
+        return shlex.join([Path(self.script).name, "--env-id", self.env_id, *self.extra, *flag_args(self.flags)])
+
     @property
     def task(self) -> str:
         """What the seeds of a task share: script, env id and flag values."""
@@ -75,10 +78,8 @@ def flag_args(flags: list) -> list:
     """[["learning-rate", "1e-3"], ["norm-adv", "false"]] -> ["--learning-rate", "1e-3", "--no-norm-adv"]."""
     out = []
     for name, value in flags:
-        if str(value).lower() in ("true", "false"):
-            out.append(f"--{name}" if str(value).lower() == "true" else f"--no-{name}")
-        else:
-            out += [f"--{name}", str(value)]
+        switch = {"true": [f"--{name}"], "false": [f"--no-{name}"]}.get(str(value).lower())
+        out += switch or [f"--{name}", str(value)]
     return out
 
 
@@ -101,8 +102,7 @@ def parse_grid(items: list) -> dict:
 def expand_grid(scripts: list, env_ids: list, seeds: list, grid: dict, extra: list, threads: int) -> list:
     """Every script x env id x flag values x seed, in that order; a trial's id: readable, then a hash of its command."""
     trials = []
-    points = list(itertools.product(*grid.values()))
-    for script, env_id, point, seed in itertools.product(scripts, env_ids, points, seeds):
+    for script, env_id, point, seed in itertools.product(scripts, env_ids, itertools.product(*grid.values()), seeds):
         flags = [[name, value] for name, value in zip(grid, point)]
         digest = hashlib.sha256(Path(script).read_bytes()).hexdigest()
         key = json.dumps([digest, env_id, seed, flag_args(flags), extra, threads])
@@ -131,16 +131,15 @@ def one_paragraph(text: str, limit: int = 400) -> str:
 def probe(cmd: list, timeout: float = 120) -> Optional[str]:
     """Run a trial's command until the script has made its run folder (args.json: its flags, values and env checked,
     about to train), then kill it. None if it got there; else why not, one paragraph."""
-    runs = Path(tempfile.mkdtemp(prefix="sweep-probe-"))
     env = {**os.environ, "WANDB_MODE": "disabled"}
-    proc = subprocess.Popen([*cmd, "--runs-dir", str(runs)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
-    deadline = time.time() + timeout
-    while proc.poll() is None and time.time() < deadline and not any(runs.glob("*/args.json")):
-        time.sleep(0.1)
-    ok = any(runs.glob("*/args.json"))
-    proc.kill()
-    output = proc.communicate()[0].decode(errors="replace")
-    shutil.rmtree(runs, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="sweep-probe-", ignore_cleanup_errors=True) as runs:
+        proc = subprocess.Popen([*cmd, "--runs-dir", runs], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        deadline = time.time() + timeout
+        while proc.poll() is None and time.time() < deadline and not any(Path(runs).glob("*/args.json")):
+            time.sleep(0.1)
+        ok = any(Path(runs).glob("*/args.json"))
+        proc.kill()
+        output = proc.communicate()[0].decode(errors="replace")
     if ok:
         return None
     if proc.returncode == 0:
@@ -151,19 +150,18 @@ def probe(cmd: list, timeout: float = 120) -> Optional[str]:
 def check_values(trials: list) -> None:
     """Per script and env id, probe j takes each grid flag's j-th value: every value is tried once, not every
     combination (a combination the script refuses fails its trial at start, with the script's own message)."""
+    names = dict.fromkeys(n for t in trials for n, _ in t.flags)  # every trial has the grid's (or space's) flags
+    values = {n: list(dict.fromkeys(v for t in trials for m, v in t.flags if m == n)) for n in names}
     probes = {}
-    for t in trials:
-        names = list(dict.fromkeys(n for x in trials for n, _ in x.flags if (x.script, x.env_id) == (t.script, t.env_id)))
-        values = {n: list(dict.fromkeys(v for x in trials for m, v in x.flags if m == n)) for n in names}
-        for j in range(max([len(v) for v in values.values()] or [1])):
+    for t in {(t.script, t.env_id): t for t in trials}.values():
+        for j in range(max(map(len, values.values()), default=1)):
             flags = [[n, vs[j % len(vs)]] for n, vs in values.items()]
-            shown = shlex.join([Path(t.script).name, "--env-id", t.env_id, *t.extra, *flag_args(flags)])
-            probes[shown] = Trial("probe", t.script, t.env_id, t.seed, flags, t.extra, 1, "").command(Path("probe"))
+            trial = Trial("probe", t.script, t.env_id, t.seed, flags, t.extra, 1, "")
+            probes[trial.shown()] = trial.command(Path("probe"))
     with ThreadPoolExecutor(max_workers=CORES) as pool:
-        errors = dict(zip(probes, pool.map(probe, probes.values())))
-    for shown, error in errors.items():
-        if error is not None:
-            raise UserError(f"`{shown}` is refused by the script: {error.removeprefix('error: ')}")
+        for shown, error in zip(probes, pool.map(probe, probes.values())):
+            if error is not None:
+                raise UserError(f"`{shown}` is refused by the script: {error.removeprefix('error: ')}")
 
 
 def check_address(address: str) -> None:
@@ -171,19 +169,16 @@ def check_address(address: str) -> None:
     import grpc
 
     host, _, port = address.removeprefix("ray://").rpartition(":")
-    channel = grpc.insecure_channel(f"{host or '127.0.0.1'}:{port}")
-    try:
-        grpc.channel_ready_future(channel).result(timeout=20)
-    except (grpc.FutureTimeoutError, ValueError) as e:
-        raise UserError(f"--address {address}: no Ray head answers there ({type(e).__name__} within 20 s).") from None
-    finally:
-        channel.close()
+    with grpc.insecure_channel(f"{host or '127.0.0.1'}:{port}") as channel:
+        try:
+            grpc.channel_ready_future(channel).result(timeout=20)
+        except (grpc.FutureTimeoutError, ValueError) as e:
+            raise UserError(f"--address {address}: no Ray head answers there ({type(e).__name__} within 20 s).") from None
 
 
 # ---- the sweep's folder: one sweep at a time -----------------------------------------------------------------------
 def claim(out: Path) -> dict:
-    """Lock --out for this process's life (flock: released when it dies, however), before any probe. A second sweep
-    on it is refused, naming the holder; what the claim made is removed by `release` if the sweep is refused."""
+    """Lock --out for this process's life (flock: released when it dies, however), or refuse, naming the holder."""
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file, not a folder: give a folder (it is made if missing).")
     created = not out.exists()
@@ -217,16 +212,15 @@ def die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
 
 
-def stop_group(proc: subprocess.Popen, sig: int, wait: float = 300) -> None:
-    """Send `sig` to the process group of `proc` (the script saves a checkpoint); SIGKILL what is left after `wait` s."""
+def stop_group(proc: subprocess.Popen) -> None:
+    """SIGINT to the script's process group (the script saves a checkpoint); SIGKILL what is left after 300 s."""
+    with contextlib.suppress(ProcessLookupError):  # (the group has exited)
+        os.killpg(proc.pid, signal.SIGINT)
     try:
-        os.killpg(proc.pid, sig)
-        proc.wait(timeout=wait)
-    except ProcessLookupError:
-        pass
+        proc.wait(timeout=300)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+        proc.wait()
 
 
 def start_script(trial_dir: Path, cmd: list, threads: int) -> subprocess.Popen:
@@ -235,13 +229,12 @@ def start_script(trial_dir: Path, cmd: list, threads: int) -> subprocess.Popen:
     found = [(int(m[2]), p) for p in runs.glob("*/checkpoints/*.pt") if (m := CHECKPOINT.fullmatch(p.name))]
     if found:
         cmd = [*cmd, "--resume", str(max(found)[1])]
-    for old in [] if found or not runs.is_dir() else list(runs.iterdir()):
+    for old in [] if found else list(runs.glob("*")):
         (trial_dir / "abandoned").mkdir(exist_ok=True)
         old.rename(trial_dir / "abandoned" / old.name)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     with open(trial_dir / "log.txt", "a") as log:
-        log.write(f"$ {shlex.join(cmd)}\n")
-        log.flush()
+        print(f"$ {shlex.join(cmd)}", file=log, flush=True)  # before the script's own lines
         kwargs = {"stdout": log, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL, "env": env}
         return subprocess.Popen(cmd, **kwargs, start_new_session=True, preexec_fn=die_with_parent)
 
@@ -278,14 +271,14 @@ def run_trial(trial: dict, sweep_dir: str) -> dict:
         while proc.poll() is None and not (sweep_dir / STOP_FILE).exists():
             time.sleep(0.2)
     finally:  # the STOP file, or Ray cancelling the task: the script saves a checkpoint and exits
-        stop_group(proc, signal.SIGINT)
+        stop_group(proc)
     rc = proc.returncode
     if rc == INTERRUPTED and (sweep_dir / STOP_FILE).exists():
         return {"state": "interrupted"}  # no result.json: a --resume continues it from its checkpoint
     result = {"state": "done" if rc == 0 else "failed", "returncode": rc, "seconds": round(time.time() - start, 1)}
     result.update({"command": shlex.join(proc.args), "key": trial.id, "host": socket.gethostname()})
-    log = (trial_dir / "log.txt").read_text(errors="replace")
-    result.update(progress=progress_of(trial_dir / "log.txt"), log_tail="" if rc == 0 else "\n".join(log.splitlines()[-TAIL:]))
+    log = (trial_dir / "log.txt").read_text(errors="replace").splitlines()
+    result.update(progress=progress_of(trial_dir / "log.txt"), log_tail="\n".join(log[-TAIL:]) if rc else "")
     write_json(trial_dir / "result.json", result)  # the marker: a finished trial is never run again
     return result
 
@@ -298,24 +291,21 @@ def read_result(sweep_dir: Path, trial: Trial) -> Optional[dict]:
 
 # ---- the driver: Ray, progress lines, Ctrl-C -----------------------------------------------------------------------
 def start_ray(address: Optional[str], cpus_needed: int):
-    """Ray's own local cluster (token authentication on with a token of its own, servers on 127.0.0.1, a temp folder
-    of this user's), or the cluster at --address; a trial bigger than its largest node is refused."""
+    """Ray's own cluster on this machine (token authentication, 127.0.0.1, a private temp folder), or --address's."""
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")  # `uv run` per worker start: only slower here
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)  # an empty entry: the working folder on sys.path
+    kwargs = {"logging_level": "ERROR", "log_to_driver": False}
     temp = None
     if address is None:  # (read when ray is first imported: set before)
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # servers on 127.0.0.1 (the switch is named for others)
         os.environ["RAY_AUTH_MODE"] = "token"
         os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)  # this cluster's; its workers inherit it
-        temp = tempfile.mkdtemp(prefix=f"ray-{os.getuid()}-")  # mode 0700 (Ray makes its own folder 0777), short:
-        # socket paths <= 107 bytes
+        temp = tempfile.mkdtemp(prefix=f"ray-{os.getuid()}-")  # 0700 (Ray's own is 0777), short: socket paths <= 107 B
+        kwargs.update(num_cpus=CORES, include_dashboard=False, _temp_dir=f"{temp}/r", _node_ip_address="127.0.0.1")
     import ray
 
-    kwargs = {"logging_level": "ERROR", "log_to_driver": False}
-    if address is None:
-        kwargs.update(num_cpus=CORES, include_dashboard=False, _temp_dir=f"{temp}/r", _node_ip_address="127.0.0.1")
     try:
         ray.init(address=address or "local", **kwargs)
     except (ConnectionError, RuntimeError) as e:
@@ -331,17 +321,21 @@ WORDS = {"done": "done", "failed": "FAILED (exit code {returncode})", "interrupt
 WORDS["lost"] = "FAILED: its worker was lost more often than --max-failures allows ({error}; `--resume` tries again)"
 
 
-def run_trials(sweep_dir: Path, trials: list, args: dict, counts: dict) -> None:
-    """Run the trials as Ray tasks of --cpus-per-trial CPUs. A task whose worker is lost (e.g. with its node) runs
-    again, up to --max-failures times: its script resumes from its newest checkpoint. A line per trial event and
-    progress, then the sweep's counts (counts: total, done, failed; updated)."""
+def run_grid(sweep_dir: Path, spec: dict) -> None:
+    """Run the trials without a result.json as Ray tasks; one whose worker is lost (e.g. with its node) runs again, up to
+    --max-failures times, its script resuming from its newest checkpoint. A line per trial event, then the counts."""
     import ray
 
-    task = ray.remote(num_cpus=args["cpus_per_trial"], max_retries=args["max_failures"])(run_trial)
-    waiting = {task.remote(asdict(t), str(sweep_dir.absolute())): t for t in {t.id: t for t in trials}.values()}
+    trials = [Trial(**t) for t in spec["trials"]]
+    states = [r["state"] for t in trials if (r := read_result(sweep_dir, t))]
+    todo = [t for t in trials if read_result(sweep_dir, t) is None]
+    if states:
+        print(f"[sweep] {len(trials) - len(todo)} finished trial(s) kept; {len(todo)} to run (resumed from checkpoints)")
+    task = ray.remote(num_cpus=spec["args"]["cpus_per_trial"], max_retries=spec["args"]["max_failures"])(run_trial)
+    waiting = {task.remote(asdict(t), str(sweep_dir.absolute())): t for t in {t.id: t for t in todo}.values()}
     since, shown = time.time(), {}
     while waiting:
-        finished, _ = ray.wait(list(waiting), timeout=args["report_interval"])
+        finished, _ = ray.wait(list(waiting), timeout=spec["args"]["report_interval"])
         lines = {}
         for ref in finished:
             trial = waiting.pop(ref)
@@ -349,8 +343,7 @@ def run_trials(sweep_dir: Path, trials: list, args: dict, counts: dict) -> None:
                 result = ray.get(ref)
             except ray.exceptions.RayError as e:
                 result = {"state": "lost", "error": one_paragraph(str(e), 150)}
-            counts["done"] += result["state"] == "done"
-            counts["failed"] += result["state"] in ("failed", "lost")
+            states.append(result["state"])
             lines[trial.id] = WORDS.get(result["state"], "").format(**result)
         for trial in waiting.values():
             lines[trial.id] = progress_of(sweep_dir / "trials" / trial.id / "log.txt")
@@ -359,25 +352,10 @@ def run_trials(sweep_dir: Path, trials: list, args: dict, counts: dict) -> None:
             shown.update(lines)
             logs = [sweep_dir / "trials" / t.id / "log.txt" for t in waiting.values()]
             running = sum(p.is_file() and p.stat().st_mtime >= since for p in logs)
-            done, failed = counts["done"], counts["failed"]
+            done, failed = states.count("done"), states.count("failed") + states.count("lost")
             print("".join(f"[trial {k}] {v}\n" for k, v in lines.items()), end="")
-            pending = counts["total"] - done - failed - running
-            print(f"[sweep] {done}/{counts['total']} done, {running} running, {failed} failed, {pending} pending", flush=True)
-
-
-def run_grid(sweep_dir: Path, spec: dict, stopping: dict) -> int:
-    """Run the trials of spec that have no result.json; 0 all done, 1 some failed, 130 stopped."""
-    trials = [Trial(**t) for t in spec["trials"]]
-    todo = [t for t in trials if read_result(sweep_dir, t) is None]
-    if len(todo) < len(trials):
-        print(f"[sweep] {len(trials) - len(todo)} finished trial(s) kept; {len(todo)} to run (resumed from checkpoints)")
-    states = [r["state"] for t in trials if (r := read_result(sweep_dir, t))]
-    counts = {"total": len(trials), "done": states.count("done"), "failed": states.count("failed")}
-    run_trials(sweep_dir, todo, spec["args"], counts)
-    results = [read_result(sweep_dir, t) for t in trials]
-    if stopping["stopping"] or None in results:
-        return INTERRUPTED
-    return 1 if any(r["state"] == "failed" for r in results) else 0
+            pending = len(trials) - done - failed - running
+            print(f"[sweep] {done}/{len(trials)} done, {running} running, {failed} failed, {pending} pending", flush=True)
 
 
 # ---- --tune: settings drawn at random from a space, each a point of the grid; the best mean return is named -------
@@ -395,9 +373,7 @@ def parse_space(items: list) -> dict:
         except ValueError:
             ok = False
         if not name.strip() or not values or not ok or kind not in ("loguniform", "uniform", "int", "choice"):
-            raise UserError(
-                f"--space '{item}': write flag=loguniform:LOW:HIGH (LOW > 0), uniform:LOW:HIGH, int:LOW:HIGH or choice:A,B"
-            )
+            raise UserError(f"--space '{item}': write flag={SPACE_FORMS}")
         space[flag_name(name)] = [kind, values]
     return space
 
@@ -415,14 +391,13 @@ def sample_space(items: list, n: int, seed: int) -> list:
 
 
 # ---- the summary: per trial its score, per task (its seeds) their mean, std and range ------------------------------
-def read_scalars(run_dir: Path, tag: str) -> tuple:
-    """(steps, values) of a TensorBoard scalar in a run folder, sorted by step (as TensorBoard shows a resumed run)."""
+def read_scalars(run_dir: Path, tag: str) -> list:
+    """(step, value) pairs of a TensorBoard scalar in a run folder, by step (as TensorBoard shows a resumed run)."""
     from tensorboard.backend.event_processing import event_accumulator as ea
 
     acc = ea.EventAccumulator(str(run_dir), size_guidance={ea.SCALARS: 0})
     acc.Reload()
-    pairs = sorted((e.step, e.value) for e in (acc.Scalars(tag) if tag in acc.Tags()[ea.SCALARS] else []))
-    return np.array([s for s, _ in pairs], dtype=np.int64), np.array([v for _, v in pairs], dtype=np.float64)
+    return sorted((e.step, e.value) for e in (acc.Scalars(tag) if tag in acc.Tags()[ea.SCALARS] else []))
 
 
 METRICS = {
@@ -437,16 +412,15 @@ def trial_entry(sweep_dir: Path, t: Trial) -> dict:
     e = {"id": t.id, "task": t.task, "seed": t.seed, "state": marker["state"], "log_tail": marker.get("log_tail", "")}
     runs = [p for p in (sweep_dir / "trials" / t.id / "runs").glob("*") if p.is_dir()]
     if len(runs) == 1 and e["state"] == "done":
-        steps, values = read_scalars(runs[0], RETURN_TAG)
-        e.update({"train_last100_mean": float(values[-100:].mean())} if len(values) else {})
-        steps, values = read_scalars(runs[0], EVAL_TAG)
-        e.update({"eval_last": float(values[-1]), "eval_step_last": int(steps[-1])} if len(values) else {})
+        train = [value for _, value in read_scalars(runs[0], "charts/episodic_return")][-100:]
+        e.update({"train_last100_mean": float(np.mean(train))} if train else {})
+        evals = read_scalars(runs[0], "eval/episodic_return")
+        e.update({"eval_last": float(evals[-1][1]), "eval_step_last": int(evals[-1][0])} if evals else {})
     return e
 
 
 def summarize(sweep_dir: Path, spec: dict, metric: str) -> dict:
-    """Write summary.json and summary.md of a sweep from its trials' folders (a --tune's tasks are its settings, and
-    the best of them is named); print the table."""
+    """summary.json and summary.md (the table, printed too) from the trials' folders; a --tune's best setting named."""
     key, meaning = METRICS[metric]
     trials = [trial_entry(sweep_dir, Trial(**t)) for t in spec["trials"]]
     rows = []
@@ -460,12 +434,8 @@ def summarize(sweep_dir: Path, spec: dict, metric: str) -> dict:
             row.update({"mean": float(values.mean()), "std": float(values.std()), "range": [values.min(), values.max()]})
         rows.append(row)
     summary = {"metric": metric, "metric_meaning": meaning, "tasks": rows, "trials": trials}
-    lines = [
-        f"Score: {meaning}, per seed.",
-        "",
-        "| task | seeds done / all | mean ± std | min, max | failed seeds |",
-        "|---|---|---|---|---|",
-    ]
+    columns = ["task", "seeds done / all", "mean ± std", "min, max", "failed seeds"]
+    lines = [f"Score: {meaning}, per seed.", "", f"| {' | '.join(columns)} |", "|---" * len(columns) + "|"]
     for r in rows:
         mean = f"{r['mean']:.1f} ± {r['std']:.1f} | [{r['range'][0]:.1f}, {r['range'][1]:.1f}]" if r["n"] else "– | –"
         failed = ", ".join(map(str, r["failed"])) or "–"
@@ -474,9 +444,9 @@ def summarize(sweep_dir: Path, spec: dict, metric: str) -> dict:
     failures = [f"[trial {t['id']}] FAILED; last lines of its log:\n{t['log_tail']}" for t in trials if t["state"] == "failed"]
     scored = [r for r in rows if r["n"] and r["n"] == r["seeds"]]
     if spec["args"]["tune"] and scored:
-        best, a = max(scored, key=lambda r: r["mean"]), spec["args"]
-        flags = next(t["flags"] for t in spec["trials"] if Trial(**t).task == best["task"])
-        command = shlex.join(["python", Path(a["script"][0]).name, "--env-id", a["env_id"][0], *a["extra"], *flag_args(flags)])
+        best = max(scored, key=lambda r: r["mean"])
+        trial = next(Trial(**t) for t in spec["trials"] if Trial(**t).task == best["task"])
+        command = f"python {trial.shown()}"
         summary["best"] = {"task": best["task"], "mean": best["mean"], "command": command}
         lines += ["", f"[tune] best command line:\n{command}"]
     write_json(sweep_dir / "summary.json", summary)
@@ -494,7 +464,7 @@ def parse_args(argv: list) -> tuple:
     )
     add = parser.add_argument
     add("--out", required=True, type=Path, help="the sweep's folder (trials, summary)")
-    add("--script", nargs="+", help="training scripts (a path, or a name beside tools/)")
+    add("--script", nargs="+", type=find_script, help="training scripts (a path, or a name beside tools/)")
     add("--env-id", nargs="+")
     add("--seeds", nargs="+", type=int, help="(default 1 2 3)")
     add("--grid", action="append", help="flag=v1,v2: one trial per value (repeatable)")
@@ -506,7 +476,7 @@ def parse_args(argv: list) -> tuple:
     add("--summarize", action="store_true", help="only (re)write the summary of --out")
     add("--metric", choices=sorted(METRICS), help="per-seed score (default: eval if --eval-interval is given)")
     add("--tune", action="store_true", help="search --space (one script, one env id): mean last eval return over --seeds")
-    add("--space", action="append", help="flag=loguniform:LOW:HIGH | uniform:LOW:HIGH | int:LOW:HIGH | choice:A,B")
+    add("--space", action="append", help=f"flag={SPACE_FORMS} (repeatable)")
     add("--num-samples", type=int, help="--tune: settings tried (default 8)")
     add("--search-seed", type=int, help="--tune: the random draws' seed (default 0)")
     extra = argv[argv.index("--") + 1 :] if "--" in argv else None
@@ -517,19 +487,16 @@ def sweep_args(ns, extra: Optional[list], old: Optional[dict]) -> dict:
     """The sweep's settings: those given, else sweep.json's (old), else the defaults; each checked."""
     if old is None and not (ns.script and ns.env_id):
         raise UserError("a new sweep needs --script and --env-id (or --resume / --summarize of an existing --out).")
-    given = {k: getattr(ns, k) for k in ("env_id", "seeds", "cpus_per_trial", "space", "search_seed")}
-    given.update(grid=parse_grid(ns.grid) if ns.grid else None, extra=extra, tune=ns.tune or None)
-    given.update(script=[find_script(s) for s in ns.script] if ns.script else None, num_samples=ns.num_samples)
-    args = dict(seeds=[1, 2, 3], grid={}, extra=[], cpus_per_trial=1, space=[], tune=False, num_samples=8, search_seed=0)
-    args.update(old or {})
+    defaults = dict(seeds=[1, 2, 3], grid={}, extra=[], cpus_per_trial=1, space=[], tune=False, num_samples=8, search_seed=0)
+    settings = {**vars(ns), "grid": parse_grid(ns.grid) if ns.grid else None, "extra": extra, "tune": ns.tune or None}
+    given = {k: v for k, v in settings.items() if k in ("script", "env_id", *defaults) and v is not None}
     if old is not None:  # a --resume: a grid sweep gets the trials of new scripts, env ids, seeds or grid values
-        changed = [k for k, v in given.items() if v is not None and k in old and v != old[k]]
-        changed = [k for k in changed if k not in (("num_samples", "seeds") if old["tune"] else GROWS)]
+        grows = ("num_samples", "seeds") if old["tune"] else ("script", "env_id", "seeds", "grid")
+        changed = [k for k, v in given.items() if k in old and k not in grows and v != old[k]]
         if changed:
             differ = "; ".join(f"--{k.replace('_', '-')} {given[k]} (the sweep's: {old[k]})" for k in changed)
             raise UserError(f"--resume with {differ}: a sweep's trials share these; start another --out.")
-    args.update({k: v for k, v in given.items() if v is not None})
-    args.update(max_failures=ns.max_failures, report_interval=ns.report_interval)
+    args = {**defaults, **(old or {}), **given, "max_failures": ns.max_failures, "report_interval": ns.report_interval}
     evaluates = any(w.startswith("--eval-interval") for w in args["extra"])
     args["metric"] = ns.metric or args.get("metric") or ("eval" if evaluates else "train")
     if args["cpus_per_trial"] < 1 or args["max_failures"] < 0 or args["report_interval"] <= 0 or min(args["seeds"]) < 0:
@@ -567,20 +534,19 @@ def load_spec(out: Path) -> dict:
 
 def plan(ns, extra: Optional[list], out: Path) -> tuple:
     """(the spec to write, the trials to probe) of a new sweep or a --resume; every check but the probes passed."""
-    if not ns.resume:
-        if any(p.name != "sweep.lock" for p in out.iterdir()):
-            raise UserError(f"--out {out} is not empty: continue its sweep with --resume, or choose another --out.")
-        args = sweep_args(ns, extra, None)
-        trials = grid_of(args)
-        return {"args": args, "trials": [asdict(t) for t in trials]}, trials
-    spec = load_spec(out)
+    if ns.resume:
+        spec = load_spec(out)
+    elif any(p.name != "sweep.lock" for p in out.iterdir()):
+        raise UserError(f"--out {out} is not empty: continue its sweep with --resume, or choose another --out.")
+    else:
+        spec = {"args": None, "trials": []}
     args = sweep_args(ns, extra, spec["args"])
     for t in [Trial(**t) for t in spec["trials"]]:
         if hashlib.sha256(Path(t.script).read_bytes()).hexdigest() != t.checksum and not read_result(out, t):
             raise UserError(f"{t.script} changed since the sweep started: restore it, or start a sweep in another --out.")
     known = {t["id"] for t in spec["trials"]}
     new = [t for t in grid_of(args) if t.id not in known]
-    if new:
+    if new and ns.resume:
         print(f"[sweep] {len(new)} new trial(s) added to the sweep", flush=True)
     return {**spec, "args": args, "trials": spec["trials"] + [asdict(t) for t in new]}, new
 
@@ -605,11 +571,9 @@ def main(argv: Optional[list] = None) -> int:
     try:
         write_json(out / "sweep.json", spec)
         (out / STOP_FILE).unlink(missing_ok=True)
-        stopping = {"stopping": False}
 
         def on_signal(signum, frame):  # Ctrl-C / SIGTERM: each trial's script saves a checkpoint, none starts anew
             print("[sweep] stopping: every running trial saves a checkpoint; `--resume` continues the sweep", flush=True)
-            stopping["stopping"] = True
             (out / STOP_FILE).touch()
 
         signal.signal(signal.SIGINT, on_signal)
@@ -617,9 +581,11 @@ def main(argv: Optional[list] = None) -> int:
         where = f"the Ray cluster at {ns.address}" if ns.address else f"Ray on this machine ({CORES} CPUs)"
         cpus = spec["args"]["cpus_per_trial"]
         print(f"[sweep] {len(spec['trials'])} trial(s) in {out}; {cpus} CPU(s) each; {where}", flush=True)
-        rc = run_grid(out, spec, stopping)
-        summarize(out, spec, spec["args"]["metric"])
-        return rc
+        run_grid(out, spec)
+        states = [t["state"] for t in summarize(out, spec, spec["args"]["metric"])["trials"]]
+        if (out / STOP_FILE).exists() or "unfinished" in states:
+            return INTERRUPTED
+        return 1 if "failed" in states else 0
     finally:
         ray.shutdown()
         shutil.rmtree(temp or "/nonexistent", ignore_errors=True)
