@@ -15,8 +15,8 @@ BUDGETS = {
     "ppo_continuous.py": (428, 150),
     "ppo_atari.py": (412, 150),
     "a2c_atari.py": (380, 150),
-    "sac_continuous.py": (482, 150),
-    "sac_continuous_ray.py": (998, 185),
+    "sac_continuous.py": (455, 150),
+    "sac_continuous_ray.py": (952, 185),
 }
 # The "Honest lines" ceilings (whole file, above the banner), formatted; the issue's targets are 760/400, 790/410,
 # 770/380, 830/460 and 1,350/900, and 250 for the generic plumbing block every script carries.
@@ -24,8 +24,8 @@ ISSUE_BUDGETS = {
     "ppo_continuous.py": (1058, 428),
     "ppo_atari.py": (1023, 412),
     "a2c_atari.py": (988, 380),
-    "sac_continuous.py": (1130, 482),
-    "sac_continuous_ray.py": (1742, 998),
+    "sac_continuous.py": (1134, 455),
+    "sac_continuous_ray.py": (1748, 952),
 }
 PLUMBING_BUDGET = 436
 ATARI_DIFF_BUDGET = 250  # lines that differ between ppo_atari.py and a2c_atari.py (diff's < and > lines)
