@@ -195,13 +195,9 @@ class ReplayBuffer:
 
     def __init__(self, capacity: int, obs_dim: int, act_dim: int):
         self.capacity, self.pos, self.size = capacity, 0, 0
-        self.arrays = {name: np.zeros((capacity, *shape), np.float32) for name, shape in self.fields(obs_dim, act_dim).items()}
+        fields = {"obs": (obs_dim,), "next_obs": (obs_dim,), "actions": (act_dim,), "rewards": (), "terminated": ()}
+        self.arrays = {name: np.zeros((capacity, *shape), np.float32) for name, shape in fields.items()}
         self.nbytes = sum(array.nbytes for array in self.arrays.values())
-
-    @staticmethod
-    def fields(obs_dim: int, act_dim: int) -> dict:
-        """Each field's shape per transition (also what check_buffer_fits sizes the buffer by, before it exists)."""
-        return {"obs": (obs_dim,), "next_obs": (obs_dim,), "actions": (act_dim,), "rewards": (), "terminated": ()}
 
     def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, terminated: np.ndarray):
         idx = (self.pos + np.arange(len(rewards))) % self.capacity  # one row per env; wraps, overwriting the oldest
@@ -215,8 +211,8 @@ class ReplayBuffer:
 
 
 class Learner:
-    """Everything the update changes: the actor, two critics (q_network instances drawn independently) and their
-    targets, Adam optimizers, the entropy temperature; and the actor as a Policy (the action bounds)."""
+    """Everything the update changes: the actor, two critics (q_network instances drawn independently) and their targets,
+    Adam optimizers, the entropy temperature; the actor as a Policy (the action bounds). Checkpointed as a LearnerPart."""
 
     def __init__(self, obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, args, device: torch.device):
         self.actor = Actor(obs_dim, act_dim).to(device)
@@ -240,32 +236,6 @@ class Learner:
 
     def alpha(self) -> torch.Tensor:
         return self.log_alpha.detach().exp() if self.fixed_alpha is None else self.fixed_alpha
-
-    def parts(self) -> dict:  # what a checkpoint holds (Run.attach: state_dict / load_state_dict)
-        parts = {
-            "actor": self.actor,
-            "qf": self.qf,
-            "qf_target": self.qf_target,
-            "actor_optimizer": self.actor_optimizer,
-            "q_optimizer": self.q_optimizer,
-            "alpha_optimizer": self.alpha_optimizer,
-        }
-        return {name: part for name, part in parts.items() if part is not None}
-
-    def state_dict(self) -> dict:
-        return {**{name: part.state_dict() for name, part in self.parts().items()}, "log_alpha": self.log_alpha.detach()}
-
-    def load_state_dict(self, state: dict) -> None:  # in place: the optimizers go on stepping the same tensors
-        for name, part in self.parts().items():
-            try:
-                part.load_state_dict(state[name])
-            except (RuntimeError, ValueError, KeyError) as e:  # an edited network, or a checkpoint of an older build
-                raise UserError(
-                    f"the checkpoint's {name} does not fit this script's ({' '.join(str(e).split())[:160]}...). "
-                    "Resume it with the script that wrote it, or undo the edit to Actor / q_network."
-                ) from None
-        with torch.no_grad():
-            self.log_alpha.copy_(state["log_alpha"])
 
 
 def sample_action(learner: Learner, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -342,6 +312,12 @@ def critic_logs(metrics: torch.Tensor) -> dict:
     }
 
 
+def actor_logs(metrics: torch.Tensor, autotune: bool) -> dict:
+    """actor_update's metrics (summed, divided by the window's actor updates) by name; alpha_loss with autotune only."""
+    actor_loss, alpha, alpha_loss = metrics.tolist()
+    return {"losses/actor_loss": actor_loss, "losses/alpha": alpha, **({"losses/alpha_loss": alpha_loss} if autotune else {})}
+
+
 def env_step(envs: gym.vector.VectorEnv, actions: np.ndarray, episode_return: np.ndarray, episode_length: np.ndarray):
     """Step the envs once. Returns (obs to act on next, true next obs of this transition, rewards, terminations,
     new episode_return, new episode_length, [(return, length) of each episode that ended])."""
@@ -395,9 +371,9 @@ class LoopState:
 
 def main() -> None:
     args, ckpt, device = parse_command_line(Args)
-    args.num_iterations = args.total_timesteps // args.num_envs
     shapes, act_space = probe_env(args.env_id, args.capture_video)
-    check_buffer_fits(args, shapes["obs_shape"], act_space.shape)  # below the banner: memory and disk hold it
+    obs_dim, act_dim = int(np.prod(shapes["obs_shape"])), int(np.prod(act_space.shape))
+    check_buffer_fits(args, obs_dim, act_dim)  # below the banner: memory and disk hold it
     run = Run(args, SCRIPT_NAME, ckpt, shapes, args.log_interval)
     seed_everything(args.seed, args.torch_deterministic)
 
@@ -406,7 +382,6 @@ def main() -> None:
         [make_env(args.env_id, i, args.capture_video, str(run.dir / "videos")) for i in range(args.num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
-    obs_dim, act_dim = int(np.prod(shapes["obs_shape"])), int(np.prod(act_space.shape))
     learner = Learner(obs_dim, act_dim, act_space.low, act_space.high, args, device)
     buffer = ReplayBuffer(args.buffer_size, obs_dim, act_dim)
     print(f"replay buffer: {args.buffer_size:,} transitions, {buffer.nbytes / 1e6:.1f} MB of arrays")
@@ -419,7 +394,13 @@ def main() -> None:
         loss_sums=torch.zeros((), device=device),  # 0 until the first sum: then the shape of the updates' metrics
         actor_sums=torch.zeros((), device=device),
     )
-    run.attach(state, envs, learner=learner, env_states=EnvStates(envs), replay_buffer=BufferPart(buffer, args.save_buffer))
+    run.attach(
+        state,
+        envs,
+        learner=LearnerPart(learner),
+        env_states=EnvStates(envs),
+        replay_buffer=BufferPart(buffer, args.save_buffer),
+    )
     if ckpt is not None and ckpt["replay_buffer"] is None:  # resumed without a buffer: updates pause until it refills
         state.updates_start = refill_before_updating(state.global_step, args.learning_starts)
     run.play = lambda episodes, video_dir=None: evaluate(
@@ -463,15 +444,7 @@ def main() -> None:
             if grad_steps > 0:
                 run.log(state.global_step, critic_logs(state.loss_sums / grad_steps))
             if actor_updates > 0:
-                actor_loss, alpha, alpha_loss = (state.actor_sums / actor_updates).tolist()
-                run.log(
-                    state.global_step,
-                    {
-                        "losses/actor_loss": actor_loss,
-                        "losses/alpha": alpha,
-                        **({"losses/alpha_loss": alpha_loss} if args.autotune else {}),
-                    },
-                )
+                run.log(state.global_step, actor_logs(state.actor_sums / actor_updates, args.autotune))
             state.loss_sums.zero_()
             state.actor_sums.zero_()
             state.logged_grad_steps, state.logged_actor_updates = state.grad_steps, state.actor_updates
@@ -494,8 +467,9 @@ FLAG_RULES = {
 
 
 def validate_args(args: Args) -> None:
-    """What single-flag rules cannot say: sizes that must fit together."""
+    """Each flag against its rule; then what single-flag rules cannot say: sizes that must fit together; the derived size."""
     check_flags(args, FLAG_RULES)
+    args.num_iterations = args.total_timesteps // args.num_envs
     if args.total_timesteps < args.num_envs:
         raise UserError(f"total_timesteps ({args.total_timesteps}) is below one vector step (num_envs = {args.num_envs}).")
     if args.learning_starts > args.total_timesteps:
@@ -511,6 +485,35 @@ def validate_args(args: Args) -> None:
 
 
 # --- shared: sac-run ---
+class LearnerPart:
+    """A Learner as a checkpoint part: the state_dict of each network and optimizer, and log_alpha; loaded in place
+    (the optimizers go on stepping the same tensors)."""
+
+    def __init__(self, learner: Learner):
+        self.learner = learner
+
+    def parts(self) -> dict:
+        names = ("actor", "qf", "qf_target", "actor_optimizer", "q_optimizer", "alpha_optimizer")
+        parts = {name: getattr(self.learner, name) for name in names}
+        return {name: part for name, part in parts.items() if part is not None}  # alpha_optimizer: with autotune only
+
+    def state_dict(self) -> dict:
+        state = {name: part.state_dict() for name, part in self.parts().items()}
+        return {**state, "log_alpha": self.learner.log_alpha.detach()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, part in self.parts().items():
+            try:
+                part.load_state_dict(state[name])
+            except (RuntimeError, ValueError, KeyError) as e:  # an edited network, or a checkpoint of an older build
+                raise UserError(
+                    f"the checkpoint's {name} does not fit this script's ({' '.join(str(e).split())[:160]}...). "
+                    "Resume it with the script that wrote it, or undo the edit to Actor / q_network."
+                ) from None
+        with torch.no_grad():
+            self.learner.log_alpha.copy_(state["log_alpha"])
+
+
 class BufferPart:
     """A replay buffer as a checkpoint part: its stored rows (copies) and write position, as tensors that load with
     weights_only=True; with save False (no --save-buffer: up to buffer_size transitions, large) None instead."""
@@ -560,14 +563,11 @@ def policy_from_checkpoint(ckpt: dict) -> Policy:
     return Policy(actor, act_space.low, act_space.high)
 
 
-# --- end shared: sac-run ---
-
-
-def check_buffer_fits(args, obs_shape: tuple, act_shape: tuple) -> None:
-    """Refuse a replay buffer this machine cannot hold, before anything starts (numpy allocates it lazily: it would start,
-    then be killed hours later as it fills); --save-buffer writes it into every checkpoint (twice during a save)."""
-    row = ReplayBuffer.fields(int(np.prod(obs_shape)), int(np.prod(act_shape))).values()
-    nbytes = args.buffer_size * 4 * sum(int(np.prod(shape)) for shape in row)  # float32 rows, as ReplayBuffer holds them
+def check_buffer_fits(args, obs_dim: int, act_dim: int) -> int:
+    """Refuse a replay buffer (the Ray script's: all its shards, on the driver's node) this machine cannot hold, before
+    anything starts (numpy allocates it lazily: it would start, then be killed hours later as it fills); --save-buffer
+    writes it into every checkpoint (twice during a save). Returns its size in bytes."""
+    nbytes = args.buffer_size * ReplayBuffer(1, obs_dim, act_dim).nbytes  # a row's bytes, times the rows
     available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # numpy allocates lazily: it would fill, then die
     if nbytes > available:
         raise UserError(
@@ -582,6 +582,10 @@ def check_buffer_fits(args, obs_shape: tuple, act_shape: tuple) -> None:
             f"--buffer-size {args.buffer_size:,} needs {2 * nbytes / 2**30:.1f} GiB of disk with --save-buffer, "
             f"but {runs_dir} has {disk / 2**30:.1f} GiB free: lower --buffer-size."
         )
+    return nbytes
+
+
+# --- end shared: sac-run ---
 
 
 # --- shared: continuous ---

@@ -226,13 +226,9 @@ class ReplayBuffer:
 
     def __init__(self, capacity: int, obs_dim: int, act_dim: int):
         self.capacity, self.pos, self.size = capacity, 0, 0
-        self.arrays = {name: np.zeros((capacity, *shape), np.float32) for name, shape in self.fields(obs_dim, act_dim).items()}
+        fields = {"obs": (obs_dim,), "next_obs": (obs_dim,), "actions": (act_dim,), "rewards": (), "terminated": ()}
+        self.arrays = {name: np.zeros((capacity, *shape), np.float32) for name, shape in fields.items()}
         self.nbytes = sum(array.nbytes for array in self.arrays.values())
-
-    @staticmethod
-    def fields(obs_dim: int, act_dim: int) -> dict:
-        """Each field's shape per transition (also what check_buffer_fits sizes the buffer by, before it exists)."""
-        return {"obs": (obs_dim,), "next_obs": (obs_dim,), "actions": (act_dim,), "rewards": (), "terminated": ()}
 
     def add(self, obs: np.ndarray, next_obs: np.ndarray, actions: np.ndarray, rewards: np.ndarray, terminated: np.ndarray):
         idx = (self.pos + np.arange(len(rewards))) % self.capacity  # one row per env; wraps, overwriting the oldest
@@ -246,8 +242,8 @@ class ReplayBuffer:
 
 
 class Learner:
-    """Everything the update changes: the actor, two critics (q_network instances drawn independently) and their
-    targets, Adam optimizers, the entropy temperature; and the actor as a Policy (the action bounds)."""
+    """Everything the update changes: the actor, two critics (q_network instances drawn independently) and their targets,
+    Adam optimizers, the entropy temperature; the actor as a Policy (the action bounds). Checkpointed as a LearnerPart."""
 
     def __init__(self, obs_dim: int, act_dim: int, low: np.ndarray, high: np.ndarray, args, device: torch.device):
         self.actor = Actor(obs_dim, act_dim).to(device)
@@ -271,32 +267,6 @@ class Learner:
 
     def alpha(self) -> torch.Tensor:
         return self.log_alpha.detach().exp() if self.fixed_alpha is None else self.fixed_alpha
-
-    def parts(self) -> dict:  # what a checkpoint holds (Run.attach: state_dict / load_state_dict)
-        parts = {
-            "actor": self.actor,
-            "qf": self.qf,
-            "qf_target": self.qf_target,
-            "actor_optimizer": self.actor_optimizer,
-            "q_optimizer": self.q_optimizer,
-            "alpha_optimizer": self.alpha_optimizer,
-        }
-        return {name: part for name, part in parts.items() if part is not None}
-
-    def state_dict(self) -> dict:
-        return {**{name: part.state_dict() for name, part in self.parts().items()}, "log_alpha": self.log_alpha.detach()}
-
-    def load_state_dict(self, state: dict) -> None:  # in place: the optimizers go on stepping the same tensors
-        for name, part in self.parts().items():
-            try:
-                part.load_state_dict(state[name])
-            except (RuntimeError, ValueError, KeyError) as e:  # an edited network, or a checkpoint of an older build
-                raise UserError(
-                    f"the checkpoint's {name} does not fit this script's ({' '.join(str(e).split())[:160]}...). "
-                    "Resume it with the script that wrote it, or undo the edit to Actor / q_network."
-                ) from None
-        with torch.no_grad():
-            self.log_alpha.copy_(state["log_alpha"])
 
 
 def sample_action(learner: Learner, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -371,6 +341,12 @@ def critic_logs(metrics: torch.Tensor) -> dict:
         **{f"losses/qf{i}_loss": loss for i, loss in enumerate(losses, 1)},
         "losses/qf_loss": sum(losses) / len(losses),
     }
+
+
+def actor_logs(metrics: torch.Tensor, autotune: bool) -> dict:
+    """actor_update's metrics (summed, divided by the window's actor updates) by name; alpha_loss with autotune only."""
+    actor_loss, alpha, alpha_loss = metrics.tolist()
+    return {"losses/actor_loss": actor_loss, "losses/alpha": alpha, **({"losses/alpha_loss": alpha_loss} if autotune else {})}
 
 
 def env_step(envs: gym.vector.VectorEnv, actions: np.ndarray, episode_return: np.ndarray, episode_length: np.ndarray):
@@ -825,27 +801,12 @@ MAX_IN_FLIGHT = 2  # batches queued per worker: one it collects, the next behind
 
 def main() -> None:
     args, ckpt, device = parse_command_line(Args)
-    args.num_iterations = sys.maxsize  # the driver loop has no fixed number of passes: it ends by setting run.last
     total = args.total_timesteps - args.total_timesteps % args.envs_per_worker  # whole vector steps of every worker
     shapes, act_space = probe_env(args.env_id, args.capture_video)
     if ckpt is not None:
         check_resumable(ckpt, args.resume, shapes, total)
     obs_dim, act_dim = int(np.prod(shapes["obs_shape"])), int(np.prod(act_space.shape))
-    nbytes = args.buffer_size * ReplayBuffer(1, obs_dim, act_dim).nbytes  # the shards' rows, all on this node
-    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # numpy allocates lazily: it would fill, then die
-    if nbytes > available:
-        raise UserError(
-            f"--buffer-size {args.buffer_size:,}: the replay buffer needs {nbytes / 2**30:.1f} GiB, but this "
-            f"machine has {available / 2**30:.1f} GiB of memory available: at most "
-            f"{args.buffer_size * available // nbytes:,} fit."
-        )
-    runs_dir = Path(args.runs_dir).absolute()  # --save-buffer: every checkpoint holds the rows (two files while it saves)
-    free = shutil.disk_usage(next(p for p in (runs_dir, *runs_dir.parents) if p.exists())).free
-    if args.save_buffer and 2 * nbytes > free:
-        raise UserError(
-            f"--buffer-size {args.buffer_size:,} needs {2 * nbytes / 2**30:.1f} GiB of disk with --save-buffer, "
-            f"but {runs_dir} has {free / 2**30:.1f} GiB free: lower --buffer-size."
-        )
+    nbytes = check_buffer_fits(args, obs_dim, act_dim)  # below the banner: memory and disk hold it
     run = Run(args, SCRIPT_NAME, ckpt, shapes, args.log_interval)
     ray = connect_ray(args.ray_address, args.num_rollout_workers)  # unreachable: the run's new folder goes (run_cli)
     seed_everything(args.seed, args.torch_deterministic)
@@ -868,7 +829,7 @@ def main() -> None:
     state = LoopState(updates_start=args.learning_starts)  # the first gradient step once learning_starts steps are in
     shard_states = ShardStates(shards, args.save_buffer)
     # what the run closes at its end: Ray, and with it every actor this run started
-    run.attach(state, SimpleNamespace(close=ray.shutdown), learner=learner, replay_buffers=shard_states)
+    run.attach(state, SimpleNamespace(close=ray.shutdown), learner=LearnerPart(learner), replay_buffers=shard_states)
     if ckpt is not None and ckpt["replay_buffers"] is None:  # resumed without a buffer: a new schedule once it refills
         state.updates_start = refill_before_updating(state.global_step, args.learning_starts)
         state.updates_base = state.grad_steps
@@ -960,14 +921,7 @@ def main() -> None:
                 if grad_steps > 0:
                     metrics.update(critic_logs(window["loss_sums"] / grad_steps))
                 if actor_updates > 0:
-                    actor_loss, alpha, alpha_loss = (window["actor_sums"] / actor_updates).tolist()
-                    metrics.update(
-                        {
-                            "losses/actor_loss": actor_loss,
-                            "losses/alpha": alpha,
-                            **({"losses/alpha_loss": alpha_loss} if args.autotune else {}),
-                        }
-                    )
+                    metrics.update(actor_logs(window["actor_sums"] / actor_updates, args.autotune))
                 if window["stale"]:
                     metrics.update(
                         {
@@ -1012,8 +966,9 @@ FLAG_RULES = {
 
 
 def validate_args(args: Args) -> None:
-    """What single-flag rules cannot say: sizes that must fit together."""
+    """Each flag against its rule; then what single-flag rules cannot say: sizes that must fit together; the derived size."""
     check_flags(args, FLAG_RULES)
+    args.num_iterations = sys.maxsize  # the driver loop has no fixed number of passes: it ends by setting run.last
     if args.num_buffer_shards > args.num_rollout_workers:
         raise UserError(
             f"num_buffer_shards ({args.num_buffer_shards}) must be between 1 and num_rollout_workers "
@@ -1187,6 +1142,35 @@ def stop_on_task_error(run, shard_states: ShardStates):
 
 
 # --- shared: sac-run ---
+class LearnerPart:
+    """A Learner as a checkpoint part: the state_dict of each network and optimizer, and log_alpha; loaded in place
+    (the optimizers go on stepping the same tensors)."""
+
+    def __init__(self, learner: Learner):
+        self.learner = learner
+
+    def parts(self) -> dict:
+        names = ("actor", "qf", "qf_target", "actor_optimizer", "q_optimizer", "alpha_optimizer")
+        parts = {name: getattr(self.learner, name) for name in names}
+        return {name: part for name, part in parts.items() if part is not None}  # alpha_optimizer: with autotune only
+
+    def state_dict(self) -> dict:
+        state = {name: part.state_dict() for name, part in self.parts().items()}
+        return {**state, "log_alpha": self.learner.log_alpha.detach()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, part in self.parts().items():
+            try:
+                part.load_state_dict(state[name])
+            except (RuntimeError, ValueError, KeyError) as e:  # an edited network, or a checkpoint of an older build
+                raise UserError(
+                    f"the checkpoint's {name} does not fit this script's ({' '.join(str(e).split())[:160]}...). "
+                    "Resume it with the script that wrote it, or undo the edit to Actor / q_network."
+                ) from None
+        with torch.no_grad():
+            self.learner.log_alpha.copy_(state["log_alpha"])
+
+
 class BufferPart:
     """A replay buffer as a checkpoint part: its stored rows (copies) and write position, as tensors that load with
     weights_only=True; with save False (no --save-buffer: up to buffer_size transitions, large) None instead."""
@@ -1234,6 +1218,28 @@ def policy_from_checkpoint(ckpt: dict) -> Policy:
     actor = Actor(int(np.prod(shapes["obs_shape"])), int(np.prod(act_space.shape)))
     actor.load_state_dict(ckpt["learner"]["actor"])
     return Policy(actor, act_space.low, act_space.high)
+
+
+def check_buffer_fits(args, obs_dim: int, act_dim: int) -> int:
+    """Refuse a replay buffer (the Ray script's: all its shards, on the driver's node) this machine cannot hold, before
+    anything starts (numpy allocates it lazily: it would start, then be killed hours later as it fills); --save-buffer
+    writes it into every checkpoint (twice during a save). Returns its size in bytes."""
+    nbytes = args.buffer_size * ReplayBuffer(1, obs_dim, act_dim).nbytes  # a row's bytes, times the rows
+    available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")  # numpy allocates lazily: it would fill, then die
+    if nbytes > available:
+        raise UserError(
+            f"--buffer-size {args.buffer_size:,}: the replay buffer needs {nbytes / 2**30:.1f} GiB, but this "
+            f"machine has {available / 2**30:.1f} GiB of memory available: at most "
+            f"{args.buffer_size * available // nbytes:,} fit."
+        )
+    runs_dir = Path(args.runs_dir).absolute()
+    disk = shutil.disk_usage(next(p for p in (runs_dir, *runs_dir.parents) if p.exists())).free  # the folder, or above
+    if args.save_buffer and 2 * nbytes > disk:
+        raise UserError(
+            f"--buffer-size {args.buffer_size:,} needs {2 * nbytes / 2**30:.1f} GiB of disk with --save-buffer, "
+            f"but {runs_dir} has {disk / 2**30:.1f} GiB free: lower --buffer-size."
+        )
+    return nbytes
 
 
 # --- end shared: sac-run ---

@@ -15,8 +15,8 @@ BUDGETS = {
     "ppo_continuous.py": (428, 150),
     "ppo_atari.py": (409, 150),
     "a2c_atari.py": (376, 150),
-    "sac_continuous.py": (482, 150),
-    "sac_continuous_ray.py": (998, 185),
+    "sac_continuous.py": (455, 150),
+    "sac_continuous_ray.py": (952, 185),
 }
 # The "Honest lines" ceilings (whole file, above the banner), formatted; the issue's targets are 760/400, 790/410,
 # 770/380, 830/460 and 1,350/900, and 250 for the generic plumbing block every script carries.
@@ -24,8 +24,8 @@ ISSUE_BUDGETS = {
     "ppo_continuous.py": (1058, 428),
     "ppo_atari.py": (1020, 409),
     "a2c_atari.py": (985, 376),
-    "sac_continuous.py": (1130, 482),
-    "sac_continuous_ray.py": (1742, 998),
+    "sac_continuous.py": (1134, 455),
+    "sac_continuous_ray.py": (1748, 952),
 }
 PLUMBING_BUDGET = 436
 SWEEP_BUDGET = 600  # tools/sweep.py, formatted: the issue's ceiling (a ceiling, not a target)

@@ -137,7 +137,7 @@ def test_policy_from_a_checkpoint_is_the_saved_actor_and_evaluates_deterministic
         "args": {"env_id": "Pendulum-v1"},
         "obs_shape": [3],
         "act_shape": [1],
-        "learner": learner.state_dict(),
+        "learner": sac.LearnerPart(learner).state_dict(),
     }
     policy = sac.policy_from_checkpoint(ckpt)
     assert set(policy.state_dict()) == {f"actor.{k}" for k in learner.actor.state_dict()} | {"scale", "bias"}
@@ -423,8 +423,8 @@ def test_a_replay_buffer_the_machine_cannot_hold_is_refused_before_anything_star
     )
     assert not (tmp_path / "runs").exists()  # refused before the run folder is made
     args = sac.Args(buffer_size=1_000_000, save_buffer=True, runs_dir=str(tmp_path))  # 36 MB of rows on Pendulum
-    sac.check_buffer_fits(args, (3,), (1,))  # fits
+    sac.check_buffer_fits(args, 3, 1)  # fits
     monkeypatch.setattr(sac.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 10**12 - 50e6, 50e6))
     with pytest.raises(sac.UserError, match=r"needs 0\.1 GiB of disk with --save-buffer"):
-        sac.check_buffer_fits(args, (3,), (1,))  # 72 MB for two copies, 50 MB free
-    sac.check_buffer_fits(sac.Args(buffer_size=1_000_000, save_buffer=False, runs_dir=str(tmp_path)), (3,), (1,))
+        sac.check_buffer_fits(args, 3, 1)  # 72 MB for two copies, 50 MB free
+    sac.check_buffer_fits(sac.Args(buffer_size=1_000_000, save_buffer=False, runs_dir=str(tmp_path)), 3, 1)

@@ -459,7 +459,7 @@ def test_sac_continuous_main_stores_the_true_transitions_and_regresses_on_the_so
         ],
     )
     r = wiring_rollout(num_envs, num_steps)
-    (buffer,) = made
+    (buffer,) = [b for b in made if b.capacity == 64]  # the run's (check_buffer_fits sizes a row with a 1-row one)
     assert len(sent) == num_steps and buffer.size == num_envs * num_steps
     assert_stored_transitions({k: v[: buffer.size] for k, v in buffer.arrays.items()}, sent, r)
 
