@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import BASE_ENV, ROOT, assert_clean_error, output_after_ctrl_c, scalars, wait_until
-from tools.sweep import expand_grid, flag_args, parse_args, parse_grid, plan
+from tools.sweep import expand_grid, flag_args, parse_args, parse_grid, plan, start_script
 
 SWEEP = str(ROOT / "tools" / "sweep.py")
 TINY = [
@@ -130,6 +130,20 @@ def test_grid_is_every_script_env_value_and_seed_with_threads_equal_to_cpus_per_
     assert cmd[cmd.index("--seed") + 1] == "2" and cmd[-3:] == ["--learning-rate", "3e-4", "--no-norm-adv"]
     assert trials[0].task == trials[1].task != trials[2].task  # the seeds of a grid point are one task
     assert flag_args([["gamma", "0.9"], ["anneal-lr", "False"]]) == ["--gamma", "0.9", "--no-anneal-lr"]
+
+
+def test_a_trial_resumes_from_its_newest_checkpoint_and_at_one_step_from_the_one_ctrl_c_saved(tmp_path):
+    """Ctrl-C at an iteration that also wrote a periodic checkpoint leaves step_N.pt and interrupted_N.pt side by side
+    (a slow-tier CI run resumed from step_N.pt: the names' order, not the save's); the resume takes interrupted_N.pt."""
+    checkpoints = tmp_path / "runs" / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    for name in ("step_0000000768.pt", "interrupted_0000001024.pt", "step_0000001024.pt", "best.pt"):
+        (checkpoints / name).touch()
+    start_script(tmp_path, [sys.executable, "-c", "pass"], 1).wait(timeout=60)
+    assert (tmp_path / "log.txt").read_text().split()[-1] == str(checkpoints / "interrupted_0000001024.pt")
+    (checkpoints / "step_0000001280.pt").touch()  # a later step wins, whatever its kind
+    start_script(tmp_path, [sys.executable, "-c", "pass"], 1).wait(timeout=60)
+    assert (tmp_path / "log.txt").read_text().splitlines()[-1].split()[-1] == str(checkpoints / "step_0000001280.pt")
 
 
 def test_a_trials_id_is_a_hash_of_its_whole_command_and_a_result_is_reused_only_for_it(tmp_path):

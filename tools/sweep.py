@@ -226,9 +226,9 @@ def stop_group(proc: subprocess.Popen) -> None:
 def start_script(trial_dir: Path, cmd: list, threads: int) -> subprocess.Popen:
     """The command, with `--resume <newest checkpoint>` when it ran before (a start that saved nothing is moved aside)."""
     runs = trial_dir / "runs"
-    found = [(int(m[2]), p) for p in runs.glob("*/checkpoints/*.pt") if (m := CHECKPOINT.fullmatch(p.name))]
-    if found:
-        cmd = [*cmd, "--resume", str(max(found)[1])]
+    found = [(int(m[2]), m[1] != "step", p) for p in runs.glob("*/checkpoints/*.pt") if (m := CHECKPOINT.fullmatch(p.name))]
+    if found:  # the newest step; at one step, Ctrl-C's interrupted_ (or final_) over the periodic step_ saved with it
+        cmd = [*cmd, "--resume", str(max(found)[2])]
     for old in [] if found else list(runs.glob("*")):
         (trial_dir / "abandoned").mkdir(exist_ok=True)
         old.rename(trial_dir / "abandoned" / old.name)
