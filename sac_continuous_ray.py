@@ -1150,9 +1150,10 @@ class LearnerPart:
         self.learner = learner
 
     def parts(self) -> dict:
-        names = ("actor", "qf", "qf_target", "actor_optimizer", "q_optimizer", "alpha_optimizer")
-        parts = {name: getattr(self.learner, name) for name in names}
-        return {name: part for name, part in parts.items() if part is not None}  # alpha_optimizer: with autotune only
+        """Every network and optimizer the Learner holds, in the order __init__ makes them (a student's new one too); the
+        Policy aside: it holds the actor, saved as "actor"; alpha_optimizer None (no autotune) has no state_dict."""
+        parts = vars(self.learner).items()
+        return {name: part for name, part in parts if hasattr(part, "state_dict") and not isinstance(part, Policy)}
 
     def state_dict(self) -> dict:
         state = {name: part.state_dict() for name, part in self.parts().items()}

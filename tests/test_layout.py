@@ -24,8 +24,8 @@ ISSUE_BUDGETS = {
     "ppo_continuous.py": (1058, 428),
     "ppo_atari.py": (1020, 409),
     "a2c_atari.py": (985, 376),
-    "sac_continuous.py": (1134, 455),
-    "sac_continuous_ray.py": (1748, 952),
+    "sac_continuous.py": (1135, 455),
+    "sac_continuous_ray.py": (1749, 952),
 }
 PLUMBING_BUDGET = 436
 SWEEP_BUDGET = 600  # tools/sweep.py, formatted: the issue's ceiling (a ceiling, not a target)

@@ -128,6 +128,25 @@ def test_acting_runs_the_actor_module_and_the_squashed_gaussian():
     np.testing.assert_allclose(evaluated, deterministic, rtol=1e-5, atol=1e-5)
 
 
+def test_a_learner_checkpoint_holds_every_network_and_optimizer_a_student_adds():
+    """LearnerPart saves what the Learner holds, not a list of names: a network and optimizer added to the Learner (as a
+    student's edit of __init__ would) are saved and restored with the rest; the Policy, which holds the actor, is not."""
+    learner = make_learner()
+    learner.value = torch.nn.Linear(3, 1)
+    learner.value_optimizer = torch.optim.Adam(learner.value.parameters(), lr=1e-3)
+    learner.value(torch.ones(4, 3)).sum().backward()
+    learner.value_optimizer.step()
+    state = sac.LearnerPart(learner).state_dict()
+    names = ["actor", "qf", "qf_target", "actor_optimizer", "q_optimizer", "alpha_optimizer", "value", "value_optimizer"]
+    assert list(state) == [*names, "log_alpha"]  # the order __init__ made them in; no "policy"
+    fresh = make_learner()
+    fresh.value = torch.nn.Linear(3, 1)
+    fresh.value_optimizer = torch.optim.Adam(fresh.value.parameters(), lr=1e-3)
+    sac.LearnerPart(fresh).load_state_dict(copy.deepcopy(state))
+    torch.testing.assert_close(fresh.value.weight, learner.value.weight)
+    assert fresh.value_optimizer.state_dict()["state"][0]["step"] == 1  # Adam's moments came back too
+
+
 def test_policy_from_a_checkpoint_is_the_saved_actor_and_evaluates_deterministically():
     """policy_from_checkpoint (what tools/agent.py loads) rebuilds the learner's actor with the env's bounds, and
     evaluate plays the same returns with it as with the learner's own actor: seeded, deterministic episodes."""
