@@ -81,8 +81,8 @@ def finish_while_writing(proc: subprocess.Popen, folder: Path, stall: float = 24
             try:
                 return proc.communicate(timeout=20)  # why safe to repeat: communicate() keeps what it read before
             except subprocess.TimeoutExpired:
-                if newest() != seen:
-                    seen, since = newest(), time.monotonic()
+                if (latest := newest()) != seen:  # one walk of the folder per poll
+                    seen, since = latest, time.monotonic()
                 elif time.monotonic() - since > stall:
                     pytest.fail(f"the sweep wrote nothing under {folder} for {stall:.0f} s (hung, not slow)")
     finally:
