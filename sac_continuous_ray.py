@@ -411,19 +411,18 @@ class BufferShard:
 
 class ParameterServer:
     """Where the workers find the actor's weights (actor_weights): the learner publishes (weights, version),
-    workers pull when it moved on. Ray restarts it if it dies, empty: the driver's Publisher then publishes again."""
+    workers pull when it moved on. Ray restarts it if it dies, empty: the driver's Publisher sends them again each second."""
 
     def __init__(self):
         self.weights, self.version = None, -1  # -1: nothing published (a fresh or restarted server)
+        if restarted_actor():  # Ray prints an actor's stderr in the driver's
+            print(f"the parameter server is back (restarted by Ray, pid {os.getpid()})", file=sys.stderr)
 
     def publish(self, weights: dict, version: int) -> None:
         self.weights, self.version = weights, version
 
     def pull(self, have_version: int) -> Optional[tuple]:  # None: an up-to-date worker receives nothing
         return (self.weights, self.version) if self.version > have_version else None
-
-    def status(self) -> tuple[int, int]:  # (pid, version held): a new pid is a restarted server
-        return os.getpid(), self.version
 
 
 WEIGHTS_WAIT_S = 600.0  # how long a worker without weights waits for the first publish before it gives up
@@ -518,42 +517,23 @@ def actor_weights(actor: nn.Module) -> dict:
 
 
 class Publisher:
-    """The driver's end of the parameter server: publishes the actor's weights when their version moved on. Ray
-    restarts a dead server empty: check() asks for its pid and version, and publishes to a new or emptied one again."""
+    """The driver's end of the parameter server: publishes the actor's weights when their version moved on, and the
+    same weights again every second (refresh): Ray restarts a dead server empty, and its workers wait for weights."""
 
     def __init__(self, server, actor: nn.Module, version: int):
-        self.server, self.weights, self.version, self.pid, self.looked = server, None, -1, None, 0.0
-        self.pending, self.pending_version = None, -1  # the status call in flight, and the version published before it
+        self.server, self.version, self.sent = server, -1, -math.inf
         self.publish(actor, version)
 
     def publish(self, actor: nn.Module, version: int) -> None:
         if version != self.version:
             self.weights, self.version = actor_weights(actor), version
-            self.server.publish.remote(self.weights, version)
+            self.refresh(every=0.0)
 
-    def check(self) -> None:
-        """Non-blocking: read the last status call's answer, if any, then ask again (at most every 0.2 s: a look costs
-        a Ray call, a pass of the driver loop about one update)."""
-        import ray
-        from ray.exceptions import RayActorError
-
-        if self.pending is not None and ray.wait([self.pending], timeout=0)[0]:
-            try:
-                pid, held = ray.get(self.pending)
-            except RayActorError:  # it died during the call: publish now; the next answer names the restarted one
-                pid, held = self.pid, -1
-            restarted = self.pid not in (None, pid)
-            if restarted:
-                print(
-                    f"the parameter server is back (restarted by Ray, pid {pid}): weights of version {self.version} "
-                    "published to it again",
-                    file=sys.stderr,
-                )
-            if restarted or held < self.pending_version:
-                self.server.publish.remote(self.weights, self.version)
-            self.pid, self.pending = pid, None
-        if self.pending is None and time.monotonic() - self.looked >= 0.2:
-            self.pending, self.pending_version, self.looked = self.server.status.remote(), self.version, time.monotonic()
+    def refresh(self, every: float = 1.0) -> None:
+        """Send the weights last published again once `every` s passed since the last send (~0.3 MB: cheap each second)."""
+        if time.monotonic() - self.sent >= every:
+            self.server.publish.remote(self.weights, self.version)
+            self.sent = time.monotonic()
 
 
 def shard_sample_counts(sizes: list, n: int) -> list:
@@ -836,7 +816,7 @@ def main() -> None:
 
     # ---- the parameter server and the rollout workers (Ray actors) ----
     param_server_name = f"parameter-server-{run.name}-{os.getpid()}"  # unique on a shared cluster
-    # restarted empty if it dies (its calls retried): the Publisher then publishes the newest weights to it again
+    # restarted empty if it dies (its calls retried): the Publisher sends it the weights again within a second
     param_server = (
         ray.remote(ParameterServer)
         .options(name=param_server_name, num_cpus=0, max_restarts=-1, max_task_retries=-1, scheduling_strategy=here)
@@ -889,7 +869,7 @@ def main() -> None:
                 index, steps, random_steps, pull = plan
                 publisher.publish(learner.actor, state.actor_updates)  # at a batch's start, not at each update: ~0.3 MB
                 batches.start(index, steps, random_steps, pull, state.global_step, publisher.version)
-            publisher.check()  # a restarted parameter server is empty: publish to it again
+            publisher.refresh()  # a restarted parameter server is empty: it has the weights again within a second
 
             # ---- learn: the gradient steps owed (as sac_continuous.py's loop, batches from the shards) ----
             owed = 0 if args.pause_learner else updates_owed(state, args.utd_ratio, total)

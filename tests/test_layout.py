@@ -16,7 +16,7 @@ BUDGETS = {
     "ppo_atari.py": (409, 150),
     "a2c_atari.py": (376, 150),
     "sac_continuous.py": (455, 150),
-    "sac_continuous_ray.py": (952, 185),
+    "sac_continuous_ray.py": (932, 185),
 }
 # The "Honest lines" ceilings (whole file, above the banner), formatted; the issue's targets are 760/400, 790/410,
 # 770/380, 830/460 and 1,350/900, and 250 for the generic plumbing block every script carries.
@@ -25,7 +25,7 @@ ISSUE_BUDGETS = {
     "ppo_atari.py": (1020, 409),
     "a2c_atari.py": (985, 376),
     "sac_continuous.py": (1135, 455),
-    "sac_continuous_ray.py": (1749, 952),
+    "sac_continuous_ray.py": (1729, 932),
 }
 PLUMBING_BUDGET = 436
 SWEEP_BUDGET = 600  # tools/sweep.py, formatted: the issue's ceiling (a ceiling, not a target)
