@@ -1388,9 +1388,6 @@ class Run:
         self.dir = None
         if ckpt is not None:
             check_checkpoint_matches(ckpt, args.resume, script, shapes)
-            kinds = {"global_step": int, "iteration": int, "run_name": str, "run_state": dict, "rng_states": dict}
-            if bad := [key for key, kind in kinds.items() if not isinstance(ckpt.get(key), kind)]:
-                raise UserError(f"checkpoint '{args.resume}' is malformed: {', '.join(bad)} missing or of the wrong type.")
             if ckpt["iteration"] >= args.num_iterations:
                 raise UserError(
                     f"checkpoint '{args.resume}' is at step {ckpt['global_step']}, the end of --total-timesteps "
@@ -1704,9 +1701,10 @@ def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
         raise UserError(
             f"checkpoint '{path}' could not be read: it is corrupt or not a checkpoint ({type(e).__name__})."
         ) from None
-    found, kinds = state if isinstance(state, dict) else {}, {"script": str, "args": dict}
+    found, kinds = state if isinstance(state, dict) else {}, {"script": str, "args": dict, "run_name": str, "global_step": int}
+    kinds |= {"iteration": int, "run_state": dict, "rng_states": dict}  # what Run.checkpoint writes and --resume reads
     if bad := [f"{key} ({kind.__name__})" for key, kind in kinds.items() if not isinstance(found.get(key), kind)]:
-        raise UserError(f"'{path}' is a torch file but not a checkpoint written by these scripts: {', '.join(bad)} missing.")
+        raise UserError(f"'{path}' is not a checkpoint written by these scripts: {', '.join(bad)} missing or of another type.")
     return state
 
 

@@ -281,6 +281,8 @@ def test_corrupt_checkpoint_and_other_scripts_checkpoint_are_refused(tmp_path):
             "iteration": 1,
             "global_step": 1,
             "run_name": "x",
+            "run_state": {},
+            "rng_states": {},
         },
         other,
     )

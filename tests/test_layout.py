@@ -21,13 +21,13 @@ BUDGETS = {
 # The "Honest lines" ceilings (whole file, above the banner), formatted; the issue's targets are 760/400, 790/410,
 # 770/380, 830/460 and 1,350/900, and 250 for the generic plumbing block every script carries.
 ISSUE_BUDGETS = {
-    "ppo_continuous.py": (1058, 428),
-    "ppo_atari.py": (1020, 409),
-    "a2c_atari.py": (985, 376),
-    "sac_continuous.py": (1135, 455),
-    "sac_continuous_ray.py": (1729, 932),
+    "ppo_continuous.py": (1056, 428),
+    "ppo_atari.py": (1018, 409),
+    "a2c_atari.py": (983, 376),
+    "sac_continuous.py": (1133, 455),
+    "sac_continuous_ray.py": (1727, 932),
 }
-PLUMBING_BUDGET = 436
+PLUMBING_BUDGET = 434
 SWEEP_BUDGET = 600  # tools/sweep.py, formatted: the issue's ceiling (a ceiling, not a target)
 ATARI_DIFF_BUDGET = 250  # lines that differ between ppo_atari.py and a2c_atari.py (diff's < and > lines)
 BANNER = re.compile(r"^# === Plumbing")

@@ -274,6 +274,7 @@ def minimal_checkpoint() -> dict:
         "model": {"w": torch.ones(2)},
         "global_step": 5,
         "iteration": 1,
+        "run_name": "x",
         "run_state": {},
         "rng_states": {},
     }

@@ -61,7 +61,7 @@ NOT_TRAINING_FLAGS = (
 EXPORTED_BY = "onefile-rl tools/agent.py"  # in config.json: the mark of a folder --force may replace
 EXPORT_FILES = ("policy.pt2", "model.pt", "config.json", "README.md", "replay.mp4")
 # The parts of a checkpoint this tool reads itself (the script's policy_from_checkpoint reads the networks).
-FIELDS = (("script", str), ("run_name", str), ("global_step", int), ("args", dict), ("args.env_id", str), ("args.seed", int))
+FIELDS = (("args.env_id", str), ("args.seed", int))  # beside the top-level keys the scripts' load_checkpoint checks
 USAGE = """import gymnasium as gym
 import torch
 
