@@ -822,7 +822,7 @@ class Run:
     def iterations(self, state, num_iterations: int):
         """The iteration numbers; after each, what is due: logs, evaluation, checkpoints, a stop (a signal, `run.last`)."""
         self.handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-        start_time, start_step, last_print, window_start = time.time(), state.global_step, 0.0, time.monotonic()
+        self.start_time, self.start_step, last_print, window_start = time.time(), state.global_step, 0.0, time.monotonic()
         self.window_step = saved_step = evaluated_step = state.global_step
         for iteration in range(state.iteration + 1, num_iterations + 1):
             state.iteration = iteration
@@ -830,7 +830,7 @@ class Run:
             Run.unstarted.clear()  # the first iteration ended: a failure from now on keeps the run's folder
             step, window = state.global_step, state.global_step - self.window_step
             if self.log_due():
-                sps = (step - start_step) / (time.time() - start_time)
+                sps = (step - self.start_step) / (time.time() - self.start_time)
                 self.writer.add_scalar("charts/SPS", sps, step)
                 for phase, seconds in self.phase_time.items() if window > 0 else ():  # a stop's window may have no step
                     self.writer.add_scalar(f"charts/{phase}_us_per_step", seconds / window * 1e6, step)

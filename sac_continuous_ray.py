@@ -444,9 +444,11 @@ class RolloutWorker:
             from ray.exceptions import RayActorError
 
             param_server, self.server_down = ray.get_actor(param_server), (RayActorError,)
-        if restarted_actor():
-            # Ray restarted this worker after a crash: fresh seeds, or it would replay its first life's episodes
+        if restarted_actor():  # Ray restarted this worker after a crash: fresh seeds, or it would replay its first episodes
             seed = int.from_bytes(os.urandom(4), "little")
+            print(
+                f"rollout worker {index} is back (restarted by Ray, pid {os.getpid()}, node {node_id()[:8]})", file=sys.stderr
+            )
         self.index, self.param_server = index, param_server
         self.envs = gym.vector.SyncVectorEnv(
             [make_env(env_id, i, False, "") for i in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP
@@ -693,22 +695,11 @@ class Batches:
             try:
                 stats = ray.get(ref)
             except RayActorError as e:
-                self.drop(
-                    index,
-                    steps,
-                    f"a batch of rollout worker {index} (pid {self.pids[index]}) failed: "
-                    f"{type(e).__name__}; Ray restarts the worker",
-                )
+                self.drop(index, steps, f"a batch of rollout worker {index} failed ({type(e).__name__}): Ray restarts it")
                 self.versions[index] = -1  # a restarted worker starts without weights
                 continue
-            stats["restarted"] = stats["pid"] != self.pids[index]
-            if stats["restarted"]:
-                self.pids[index], self.nodes[index] = stats["pid"], stats["node"]
-                print(
-                    f"rollout worker {index} is back (restarted by Ray, pid {stats['pid']}, node "
-                    f"{(stats['node'] or '-')[:8]})",
-                    file=sys.stderr,
-                )
+            stats["restarted"] = stats["pid"] != self.pids[index]  # a new process: Ray restarted the worker (it says so)
+            self.pids[index] = stats["pid"]
             self.versions[index] = max(self.versions[index], stats["version"])
             # the ref, not the data: the shard fetches the batch from the object store
             adds.append((index, steps, stats, shards[index % len(shards)].add.remote(batch_ref)))
@@ -833,22 +824,13 @@ def main() -> None:
         for i in range(args.num_rollout_workers)
     ]
     batches = Batches(workers, state.global_step, args.envs_per_worker)
-    buffer_mb = nbytes / 1e6
-    print(
-        f"ray: {args.num_rollout_workers} rollout workers x {args.envs_per_worker} envs (pids "
-        f"{' '.join(map(str, batches.pids))} on nodes {' '.join((n or '-')[:8] for n in batches.nodes)}), "
-        f"{args.num_buffer_shards} buffer shard(s) ({args.buffer_size:,} transitions, {buffer_mb:.1f} MB of arrays) and "
-        f"the parameter server on the learner's node {(node_id() or '-')[:8]}, learner on {device}, utd ratio "
-        f"{args.utd_ratio:g}{' (asynchronous)' if args.utd_ratio == 0 else ''}"
-        f"{', learner paused' if args.pause_learner else ''}"
-    )
+    print_layout(args, batches, nbytes, device)  # (below the banner) where each part runs
     run.play = lambda episodes, video_dir=None: evaluate(
         learner.policy, eval_env(args.env_id, video_dir), episodes, args.seed + 10_000
     )
     shard_sizes = ray.get([shard.size.remote() for shard in shards])
     sampler = Sampler(shards, args.batch_size, SAMPLE_GROUP, device)
     window = new_window(state, device)
-    start_time, start_step = time.time(), state.global_step
 
     with stop_on_task_error(run, shard_states):  # (below the banner) a failed Ray task: checkpoint, one paragraph
         # one pass: harvest, dispatch, learn, log; then (Run) evaluation every --eval-interval steps, checkpoints
@@ -912,20 +894,7 @@ def main() -> None:
                 run.log(state.global_step, metrics)
                 window = new_window(state, device)
 
-    if run.stopped:
-        print(
-            f"stopping: {batches.dispatched - state.global_step} env steps in flight are dropped (never counted: a resumed "
-            "run collects them again)",
-            file=sys.stderr,
-        )
-    else:
-        wall = time.time() - start_time
-        stored = sum(ray.get([shard.size.remote() for shard in shards]))
-        print(
-            f"done: {state.global_step} env steps ({state.worker_restarts} worker restarts), {stored} transitions in the "
-            f"buffer, {state.grad_steps} gradient updates in {wall:.1f} s: "
-            f"{(state.global_step - start_step) / wall:.1f} env steps/s"
-        )
+    print_end(run, batches, shards)  # (below the banner) the steps a stop drops, or the totals
     run.finish()  # after Ctrl-C: saved, Ray shut down, exits; with --save-model: the final agent evaluated, then saved
 
 
@@ -1038,6 +1007,38 @@ def connect_ray(address: Optional[str], num_workers: int):
             f"{cpus}; give at most {cpus}, or add nodes."
         )
     return ray
+
+
+def print_layout(args, batches, nbytes: int, device: torch.device) -> None:
+    """The start-up line: the workers' pids and nodes, the buffer's size, where the learner runs, the utd ratio."""
+    print(
+        f"ray: {args.num_rollout_workers} rollout workers x {args.envs_per_worker} envs (pids "
+        f"{' '.join(map(str, batches.pids))} on nodes {' '.join((n or '-')[:8] for n in batches.nodes)}), "
+        f"{args.num_buffer_shards} buffer shard(s) ({args.buffer_size:,} transitions, {nbytes / 1e6:.1f} MB of arrays) and "
+        f"the parameter server on the learner's node {(node_id() or '-')[:8]}, learner on {device}, utd ratio "
+        f"{args.utd_ratio:g}{' (asynchronous)' if args.utd_ratio == 0 else ''}"
+        f"{', learner paused' if args.pause_learner else ''}"
+    )
+
+
+def print_end(run, batches, shards: list) -> None:
+    """The last line: after a stop, the env steps in flight it drops; else the run's totals and its speed."""
+    state = run.state
+    if run.stopped:
+        print(
+            f"stopping: {batches.dispatched - state.global_step} env steps in flight are dropped (never counted: a resumed "
+            "run collects them again)",
+            file=sys.stderr,
+        )
+        return
+    import ray
+
+    wall, stored = time.time() - run.start_time, sum(ray.get([shard.size.remote() for shard in shards]))
+    print(
+        f"done: {state.global_step} env steps ({state.worker_restarts} worker restarts), {stored} transitions in the "
+        f"buffer, {state.grad_steps} gradient updates in {wall:.1f} s: "
+        f"{(state.global_step - run.start_step) / wall:.1f} env steps/s"
+    )
 
 
 def restarted_actor() -> bool:
@@ -1459,7 +1460,7 @@ class Run:
     def iterations(self, state, num_iterations: int):
         """The iteration numbers; after each, what is due: logs, evaluation, checkpoints, a stop (a signal, `run.last`)."""
         self.handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-        start_time, start_step, last_print, window_start = time.time(), state.global_step, 0.0, time.monotonic()
+        self.start_time, self.start_step, last_print, window_start = time.time(), state.global_step, 0.0, time.monotonic()
         self.window_step = saved_step = evaluated_step = state.global_step
         for iteration in range(state.iteration + 1, num_iterations + 1):
             state.iteration = iteration
@@ -1467,7 +1468,7 @@ class Run:
             Run.unstarted.clear()  # the first iteration ended: a failure from now on keeps the run's folder
             step, window = state.global_step, state.global_step - self.window_step
             if self.log_due():
-                sps = (step - start_step) / (time.time() - start_time)
+                sps = (step - self.start_step) / (time.time() - self.start_time)
                 self.writer.add_scalar("charts/SPS", sps, step)
                 for phase, seconds in self.phase_time.items() if window > 0 else ():  # a stop's window may have no step
                     self.writer.add_scalar(f"charts/{phase}_us_per_step", seconds / window * 1e6, step)

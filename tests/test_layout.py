@@ -16,7 +16,7 @@ BUDGETS = {
     "ppo_atari.py": (409, 150),
     "a2c_atari.py": (376, 150),
     "sac_continuous.py": (455, 150),
-    "sac_continuous_ray.py": (932, 185),
+    "sac_continuous_ray.py": (901, 150),
 }
 # The "Honest lines" ceilings (whole file, above the banner), formatted; the issue's targets are 760/400, 790/410,
 # 770/380, 830/460 and 1,350/900, and 250 for the generic plumbing block every script carries.
@@ -25,7 +25,7 @@ ISSUE_BUDGETS = {
     "ppo_atari.py": (1018, 409),
     "a2c_atari.py": (983, 376),
     "sac_continuous.py": (1133, 455),
-    "sac_continuous_ray.py": (1727, 932),
+    "sac_continuous_ray.py": (1728, 901),
 }
 PLUMBING_BUDGET = 434
 SWEEP_BUDGET = 600  # tools/sweep.py, formatted: the issue's ceiling (a ceiling, not a target)
