@@ -775,7 +775,7 @@ def main() -> None:
     total = args.total_timesteps - args.total_timesteps % args.envs_per_worker  # whole vector steps of every worker
     shapes, act_space = probe_env(args.env_id, args.capture_video)
     if ckpt is not None:
-        check_resumable(ckpt, args.resume, shapes, total)
+        check_resumable(ckpt, args.resume, total)
     obs_dim, act_dim = int(np.prod(shapes["obs_shape"])), int(np.prod(act_space.shape))
     nbytes = check_buffer_fits(args, obs_dim, act_dim)  # below the banner: memory and disk hold it
     run = Run(args, SCRIPT_NAME, ckpt, shapes, args.log_interval)
@@ -942,9 +942,8 @@ def validate_args(args: Args) -> None:
         raise UserError(f"--utd-ratio must be finite, not {args.utd_ratio}.")
 
 
-def check_resumable(ckpt: dict, path: str, shapes: dict, total: int) -> None:
-    """Checked before Ray starts: a checkpoint of this script, for an env of these shapes, with steps left to take."""
-    check_checkpoint_matches(ckpt, path, SCRIPT_NAME, shapes)
+def check_resumable(ckpt: dict, path: str, total: int) -> None:
+    """Checked before Ray starts: a checkpoint with env steps left to take (Run checks its script and env's shapes)."""
     if ckpt["global_step"] >= total:
         raise UserError(
             f"checkpoint '{path}' is at step {ckpt['global_step']} and --total-timesteps is "
