@@ -25,7 +25,7 @@ ISSUE_BUDGETS = {
     "ppo_atari.py": (1018, 409),
     "a2c_atari.py": (983, 376),
     "sac_continuous.py": (1133, 455),
-    "sac_continuous_ray.py": (1728, 901),
+    "sac_continuous_ray.py": (1727, 901),
 }
 PLUMBING_BUDGET = 434
 SWEEP_BUDGET = 600  # tools/sweep.py, formatted: the issue's ceiling (a ceiling, not a target)
