@@ -699,7 +699,7 @@ class Batches:
                 self.versions[index] = -1  # a restarted worker starts without weights
                 continue
             stats["restarted"] = stats["pid"] != self.pids[index]  # a new process: Ray restarted the worker (it says so)
-            self.pids[index] = stats["pid"]
+            self.pids[index], self.nodes[index] = stats["pid"], stats["node"]  # where the worker runs now
             self.versions[index] = max(self.versions[index], stats["version"])
             # the ref, not the data: the shard fetches the batch from the object store
             adds.append((index, steps, stats, shards[index % len(shards)].add.remote(batch_ref)))
