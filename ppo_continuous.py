@@ -20,14 +20,17 @@ import shlex
 import shutil
 import signal
 import sys
+import sysconfig
 import time
 import traceback
 import warnings
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, get_args, get_type_hints
 
+for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C while the libraries below load (seconds): exit, nothing written yet
+    signal.signal(sig, lambda signum, frame: os._exit(130))
 import gymnasium as gym
 import numpy as np
 import torch
@@ -509,7 +512,7 @@ def policy_from_checkpoint(ckpt: dict) -> Policy:
     obs_shape = tuple(shapes["obs_shape"])
     agent, obs_rms = Agent(int(np.prod(obs_shape)), int(np.prod(act_space.shape))), RunningMeanStd(shape=obs_shape)
     agent.load_state_dict(ckpt["model"])
-    load_plain(obs_rms, ckpt["obs_rms"])
+    load_plain(obs_rms, ckpt["obs_rms"], "obs_rms")
     return Policy(agent, obs_rms if args["norm_obs"] else None, args["obs_clip"], act_space.low, act_space.high)
 
 
@@ -593,19 +596,27 @@ class UserError(Exception):
 
 
 def run_cli(main: Callable[[], None]) -> None:
-    """Run main(). A UserError, an OSError (a path, a permission, a full disk), a MemoryError or a library's ValueError /
-    RuntimeError (torch's shape checks on an edited network) becomes one paragraph naming this script's line, exit code
-    2; a run that fails before its first iteration ends takes its new run folder, or what it added to one, with it."""
+    """Run main() inside the one boundary: whatever it raises (bad input, the user's env or edited network, a library)
+    becomes one paragraph naming the user's file and line, exit code 2; Ctrl-C / SIGTERM before the first iteration ends,
+    exit 130. A run that fails or stops before its first iteration ends takes what it made (folders, files) with it."""
+    for sig in (signal.SIGINT, signal.SIGTERM):  # before anything is written: a signal at start-up cleans up too
+        signal.signal(sig, Run.on_signal)
     try:
         main()
-    except (UserError, OSError, ValueError, RuntimeError, MemoryError) as e:
+    except (Exception, KeyboardInterrupt) as e:
         for folder, before in Run.unstarted:
             for path in set(folder.iterdir()) - before if before else [folder]:
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if isinstance(e, KeyboardInterrupt):
+            print("interrupted before the first iteration ended: the run left nothing behind.", file=sys.stderr)
+            sys.exit(130)
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == __file__]
+        libraries = tuple(sysconfig.get_paths()[kind] for kind in ("stdlib", "purelib", "platlib")) + ("<",)
+        frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(libraries)]  # the user's
         if not isinstance(e, UserError) and frames:
-            message += f" ({type(e).__name__} at line {frames[-1].lineno} of {Path(__file__).name}: `{frames[-1].line}`)"
+            message += (
+                f" ({type(e).__name__} at line {frames[-1].lineno} of {Path(frames[-1].filename).name}: `{frames[-1].line}`)"
+            )
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
 
@@ -616,7 +627,7 @@ def check_flags(args, rules: dict) -> None:
         for name in names.split():
             if (value := getattr(args, name)) is not None and not RULES[rule](value):
                 raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
-    if args.exp_name in ("", ".", "..") or Path(args.exp_name).name != args.exp_name:
+    if not plain_name(args.exp_name):
         raise UserError(f"--exp-name '{args.exp_name}' must be a plain name, not a path: it names the run's folder.")
     if len(args.exp_name.encode()) > 200:  # a folder name holds 255 bytes, with the env id, seed and time beside it
         raise UserError(f"--exp-name is {len(args.exp_name.encode())} bytes long: it names the run's folder; at most 200.")
@@ -668,10 +679,11 @@ class Run:
     video_dir) -> returns`, set by the script) and checkpoints: the loop state, attach()'s parts, torch's RNG."""
 
     unstarted = []  # (folder, what it held) while the first iteration runs: run_cli removes what a failure added
+    current = None  # the run signals act on (Run.on_signal)
 
     def __init__(self, args, script: str, ckpt: Optional[dict], shapes: dict, log_every: int):
         self.args, self.script, self.ckpt, self.shapes, self.log_every = args, script, ckpt, shapes, log_every
-        self.dir = None
+        self.dir, runs_dir = None, Path(args.runs_dir)
         if ckpt is not None:
             check_checkpoint_matches(ckpt, args.resume, script, shapes)
             if ckpt["iteration"] >= args.num_iterations:
@@ -682,17 +694,19 @@ class Run:
             self.dir = resume_folder(args, ckpt)
         env_name = args.env_id.replace("/", "-").replace(":", "-")
         base = ckpt["run_name"] if ckpt else f"{env_name}__{args.exp_name}__{args.seed}__{int(time.time())}"
+        made = [folder for folder in (runs_dir, *runs_dir.absolute().parents) if not folder.exists()]  # --runs-dir creates
         try:
-            Path(args.runs_dir).mkdir(parents=True, exist_ok=True)
             for n in range(1, 1000) if self.dir is None else ():  # exclusively: runs started in the same second get two
-                self.dir = Path(args.runs_dir) / (base if n == 1 else f"{base}-{n}")
+                runs_dir.mkdir(parents=True, exist_ok=True)
+                self.dir = runs_dir / (base if n == 1 else f"{base}-{n}")
                 with suppress(FileExistsError):
                     self.dir.mkdir()
                     break
         except OSError as e:  # the first write of the run: what stops it is said once, here
             raise UserError(f"--runs-dir '{args.runs_dir}' cannot hold run folders: {e.strerror} ('{e.filename}').") from None
         self.name, self.ckpt_dir, in_place = self.dir.name, self.dir / "checkpoints", (self.dir / "args.json").exists()
-        Run.unstarted.append((self.dir, set(self.dir.iterdir()) if in_place else None))
+        Run.unstarted.append((self.dir, set(self.dir.iterdir())) if in_place else ((made or [self.dir])[-1], None))
+        Run.current = self
         if not in_place:  # a run resumed in its folder keeps the first start's args.json and hyperparameter table
             compute = {"device": "cuda" if torch.cuda.is_available() and args.cuda else "cpu"}
             compute["torch_threads"] = torch.get_num_threads()
@@ -707,8 +721,10 @@ class Run:
         if args.track:  # wandb mirrors the TensorBoard scalars: initialized before the writer
             import wandb
 
+            # save=False: wandb reads the event files without copying them into its folder, inside the watched one
+            wandb.tensorboard.patch(root_logdir=str(self.dir), save=False)  # (a copy it then synced again, and so on)
             tracking = {"project": args.wandb_project_name, "entity": args.wandb_entity, "config": vars(args)}
-            wandb.init(**tracking, name=self.name, dir=str(self.dir), sync_tensorboard=True, save_code=True)
+            wandb.init(**tracking, name=self.name, dir=str(self.dir), save_code=True)
         from torch.utils.tensorboard import SummaryWriter
 
         # on resume, purge_step hides events logged after the checkpoint: one continuous curve
@@ -719,8 +735,9 @@ class Run:
         print(f"run: {self.dir}" + (f" (resumed from {args.resume})" if ckpt else ""))
         self.recent_returns, self.phase_time = [], {}  # the last 10 episodes' returns; seconds per run.timer phase
         self.state, self.parts, self.closing, self.play, self.line = None, {}, None, None, ""
-        self.stop_requested = self.saving = self.stopped = self.last = False
+        self.stop_requested = self.evaluating = self.stopped = self.last = False
         self.best_path, self.best_step = self.ckpt_dir / "best.pt", None
+        self.videos = set((self.dir / "videos").rglob("*.mp4"))  # the videos wandb has (--track): none of a resume's
         self.best_score = float(ckpt["run_state"]["best_score"]) if in_place else -math.inf
 
     def attach(self, state, envs, **parts) -> None:
@@ -730,21 +747,21 @@ class Run:
             return
         for name, part in parts.items():
             try:  # an edited network (a layer, a width) no longer fits the checkpoint's weights
-                getattr(part, "load_state_dict", lambda saved: load_plain(part, saved))(self.ckpt[name])
-            except (RuntimeError, KeyError, ValueError, TypeError) as e:
+                getattr(part, "load_state_dict", lambda saved: load_plain(part, saved, name))(self.ckpt[name])
+            except Exception as e:  # whatever the part raises: the checkpoint is input, never trusted
                 raise UserError(
                     f"checkpoint '{self.args.resume}' does not fit this script's {name} ({str(e).splitlines()[-1].strip()}): "
                     "the script changed since it was saved. Resume with the script as it was, or start a new run."
                 ) from None
         if not (exact := all(getattr(part, "exact", True) for part in parts.values())):
             print(f"warning: {self.args.env_id}'s simulator state cannot be captured; its envs restart from a reset.")
-        load_plain(state, self.ckpt["run_state"], exact)
+        load_plain(state, self.ckpt["run_state"], "run_state", exact)
         self.recent_returns = list(self.ckpt["run_state"]["recent_returns"])
         torch.set_rng_state(self.ckpt["rng_states"]["torch"])
 
     def iterations(self, state, num_iterations: int):
         """The iteration numbers; after each, what is due: logs, evaluation, checkpoints, a stop (a signal, `run.last`)."""
-        self.handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        self.handlers = {sig: signal.signal(sig, Run.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}  # again: Ray's
         self.start_time, self.start_step, last_print, window_start = time.time(), state.global_step, 0.0, time.monotonic()
         self.window_step = saved_step = evaluated_step = state.global_step
         for iteration in range(state.iteration + 1, num_iterations + 1):
@@ -766,6 +783,8 @@ class Run:
                 if self.args.progress and (tty or time.monotonic() - last_print >= 30):
                     print(f"\r{self.line}" if tty else self.line, end="" if tty else "\n", flush=True)
                     last_print, self.line = time.monotonic(), self.line if tty else ""
+                if self.args.track:
+                    self.share_videos()
             if self.play is not None and due(step, evaluated_step, self.args.eval_interval):
                 self.evaluated(self.play(self.args.eval_episodes))
                 evaluated_step = step
@@ -779,11 +798,15 @@ class Run:
         if self.args.progress and self.line:
             print("" if sys.stdout.isatty() else self.line, flush=True)
 
-    def on_signal(self, signum, frame) -> None:
-        """Ctrl-C / SIGTERM: stop after this iteration, not mid-write; a second one interrupts, unless the final save runs."""
-        if self.stop_requested and not self.saving:
+    @staticmethod
+    def on_signal(signum, frame) -> None:
+        """Ctrl-C / SIGTERM: before the first iteration ends, or during the final evaluation, interrupt at once (run_cli
+        cleans up; finish saves); else stop after this iteration and save. Repeated signals change nothing: the save runs."""
+        if Run.unstarted or Run.current is None or Run.current.evaluating:
+            for sig in (signal.SIGINT, signal.SIGTERM):  # once: the clean-up or the save that follows runs to its end
+                signal.signal(sig, signal.SIG_IGN)
             raise KeyboardInterrupt
-        self.stop_requested = True
+        Run.current.stop_requested = True
 
     def log_due(self) -> bool:
         """Does this iteration end a log window (a multiple of log_every passed, the last iteration, a stop)?"""
@@ -861,8 +884,8 @@ class Run:
         self.writer.add_scalar(tag, self.best_score, step)
 
     def finish(self) -> None:
-        """Stopped by a signal: save, say how to resume, exit 130; else (--save-model) evaluate, then save. Closes the run."""
-        self.saving = True
+        """Stopped by a signal: save, say how to resume, exit 130; else (--save-model) evaluate, then save. Closes the run.
+        A signal during the final evaluation ends it: the final checkpoint is saved, unevaluated, and the exit code is 130."""
         if self.stopped:
             path = self.save("interrupted")
             print(
@@ -873,12 +896,19 @@ class Run:
             sys.exit(130)
         self.offer_best()
         if self.args.save_model and self.play is not None:
-            returns = self.play(self.args.eval_episodes, self.dir / "videos" / "eval" if self.args.capture_video else None)
-            self.evaluated(returns)
-            print(f"eval: {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
+            self.evaluating = True
+            with suppress(KeyboardInterrupt):
+                returns = self.play(self.args.eval_episodes, self.dir / "videos" / "eval" if self.args.capture_video else None)
+                self.evaluated(returns)
+                print(f"eval: {np.mean(returns):.2f} +- {np.std(returns):.2f} over {len(returns)} episodes")
+                self.evaluating = False  # not reached if interrupted
+            self.stopped, self.evaluating = self.evaluating, False
         if self.args.save_model:
             print(f"model saved to {self.save('final')}")
         self.close()
+        if self.stopped:
+            print("interrupted during the final evaluation: the final checkpoint is saved, unevaluated.", file=sys.stderr)
+            sys.exit(130)
 
     def non_finite(self, quantity: str) -> None:
         """Stop on the first NaN / Inf, saving nothing: one paragraph (what, when, likely causes, how to resume), exit 3."""
@@ -906,9 +936,17 @@ class Run:
         self.writer.close()
         self.lock.close()  # the run folder is free for a resume
         if self.closing is not None:
-            self.closing.close()
+            self.closing.close()  # the envs: a video being recorded is written now
         if self.args.track:
+            self.share_videos()
             sys.modules["wandb"].finish()  # imported by __init__
+
+    def share_videos(self) -> None:
+        """Each video the run folder gained (--capture-video), to wandb as media (its own gym hook predates gymnasium 1.x)."""
+        wandb = sys.modules["wandb"]
+        for video in sorted(set((self.dir / "videos").rglob("*.mp4")) - self.videos):
+            wandb.log({"videos": wandb.Video(str(video))})
+            self.videos.add(video)
 
 
 def resume_folder(args, ckpt: dict) -> Optional[Path]:
@@ -937,15 +975,28 @@ def to_plain(obj) -> dict:
     return plain
 
 
-def load_plain(obj, saved: dict, env_exact: bool = True) -> None:
-    """Set attributes from to_plain's dict; fields marked {"env": True} stay as they are unless env_exact."""
+def load_plain(obj, saved: dict, name: str, env_exact: bool = True) -> None:
+    """Set attributes from to_plain's dict `saved` (the checkpoint's `name`); fields marked {"env": True} stay as they are
+    unless env_exact. A checkpoint is input: each value must be of its attribute's kind (an array's: a tensor, its shape)."""
+    if not isinstance(saved, dict):
+        raise UserError(f"checkpoint field {name} is a {type(saved).__name__}, not what this script saves there (a dict).")
     env_fields = {f.name for f in dataclasses.fields(obj) if f.metadata.get("env")} if dataclasses.is_dataclass(obj) else set()
-    for name, current in vars(obj).items():
-        if name in saved and (name not in env_fields or env_exact):
-            value = saved[name]
-            if isinstance(current, (np.ndarray, np.generic)):
-                value = value.numpy().astype(current.dtype)
-            setattr(obj, name, value.to(current.device) if isinstance(current, torch.Tensor) else value)
+    for key, current in vars(obj).items():
+        if key not in saved or key in env_fields and not env_exact:
+            continue
+        value, array = saved[key], isinstance(current, (np.ndarray, np.generic))
+        if array or torch.is_tensor(current):  # a tensor's shape may change (a sum's), an array's may not
+            fits = torch.is_tensor(value) and (not array or tuple(value.shape) == np.shape(current))
+        else:
+            fits = current is None or isinstance(value, (int, float) if type(current) in (int, float) else type(current))
+        if not fits:
+            got = f"{type(value).__name__} {tuple(getattr(value, 'shape', ()))}"
+            raise UserError(
+                f"checkpoint field {name}.{key} ({got}) is not what this script saves there: it is damaged or edited."
+            )
+        if array:
+            value = value.numpy().astype(current.dtype)
+        setattr(obj, key, value.to(current.device) if torch.is_tensor(current) else value)
 
 
 def tensors_in(obj):
@@ -964,8 +1015,11 @@ def resume_command(checkpoint: Path) -> str:
 
 
 def save_checkpoint(state: dict, path: Path) -> None:
-    """Atomically (a temporary file, fsync, rename): a crash mid-write never leaves a truncated checkpoint."""
+    """Atomically (a temporary file, fsync, rename): a crash mid-write never leaves a truncated checkpoint. The folder has
+    one writer (the run's lock): a temporary file found there is a save killed mid-write, removed."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(".*.pt.*.tmp"):
+        stale.unlink()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
@@ -989,9 +1043,37 @@ def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
         ) from None
     found, kinds = state if isinstance(state, dict) else {}, {"script": str, "args": dict, "run_name": str, "global_step": int}
     kinds |= {"iteration": int, "run_state": dict, "rng_states": dict}  # what Run.checkpoint writes and --resume reads
-    if bad := [f"{key} ({kind.__name__})" for key, kind in kinds.items() if not isinstance(found.get(key), kind)]:
+    kinds |= {"run_state.recent_returns": list, "run_state.best_score": float, "rng_states.torch": torch.Tensor}
+    if found.get("script") == SCRIPT_NAME:  # this script's flags, each of its Args type (another script's is refused later)
+        hints = get_type_hints(Args)
+        kinds |= {f"args.{f.name}": hints[f.name] for f in dataclasses.fields(Args) if f.init and f.name in found["args"]}
+    bad = [f"{key} ({getattr(kind, '__name__', kind)})" for key, kind in kinds.items() if not of_type(found, key, kind)]
+    if bad or not plain_name(found["run_name"]):  # the run's folder is named after run_name: never a path
+        bad = bad or [f"run_name ({found['run_name']!r} is not a plain folder name)"]
         raise UserError(f"'{path}' is not a checkpoint written by these scripts: {', '.join(bad)} missing or of another type.")
+    if bad := [
+        key for key, part in state.items() if any(t.is_floating_point() and not t.isfinite().all() for t in tensors_in(part))
+    ]:
+        print(
+            f"error: non-finite value (NaN or Inf) in checkpoint '{path}' ({', '.join(bad)}): the run that saved it had "
+            "diverged, so it is not resumed, evaluated or exported. Use an earlier checkpoint of that run.",
+            file=sys.stderr,
+        )
+        sys.exit(3)
     return state
+
+
+def of_type(data: dict, key: str, kind) -> bool:
+    """Is data's value at the dotted `key` of `kind` (a type, or Optional[type]; an int passes as a float)?"""
+    for part in key.split("."):
+        data = data.get(part, ...) if isinstance(data, dict) else ...
+    kinds = tuple(k for k in get_args(kind) or (kind,) if isinstance(k, type))  # Optional[float]: float, NoneType
+    return not kinds or isinstance(data, kinds + ((int,) if float in kinds else ())) and data is not ...
+
+
+def plain_name(name: str) -> bool:
+    """A name that is one folder: not empty, not '.' or '..', no path separator (a run's folder is named from it)."""
+    return name not in ("", ".", "..") and Path(name).name == name
 
 
 def due(step: int, last_step: int, every: int) -> bool:

@@ -174,7 +174,7 @@ def test_a_checkpoint_outside_a_run_folder_is_evaluated_and_exported_beside_itse
         (lambda c: c["args"].update(seed="1"), "args.seed (int)"),
         (lambda c: c["args"].pop("env_id"), "args.env_id (str)"),
         (lambda c: c.update(model=[1, 2]), "or is malformed ("),
-        (lambda c: c.update(obs_rms=3), "or is malformed ("),
+        (lambda c: c.update(obs_rms=3), "checkpoint field obs_rms"),
         (lambda c: c["args"].pop("obs_clip"), "or is malformed ("),
     ],
 )

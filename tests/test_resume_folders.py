@@ -276,7 +276,7 @@ def test_an_edit_refused_at_start_leaves_no_run_folder(tmp_path):
     )
     proc = run_copy(student, *SMALL, "--total-timesteps", "128", "--runs-dir", tmp_path / "runs", timeout=120)
     assert proc.returncode == 2 and "the Agent cannot act" in proc.stderr, proc.stderr
-    assert sorted((tmp_path / "runs").iterdir()) == []
+    assert not (tmp_path / "runs").exists()  # the --runs-dir it created too
 
 
 def test_eval_episodes_needs_no_check_against_memory_the_evaluation_does_not_grow_with_it():
