@@ -1,4 +1,4 @@
-"""Weight staleness of sac_continuous_ray.py at 1 and 4 rollout workers (issue 23's target: the mean at 4 workers at
+"""Weight staleness of sac_continuous_ray.py at 1 and 4 rollout workers (the target: the mean at 4 workers at
 most 1.5x that at 1 worker, the same flags otherwise).
 
     python benchmarks/ray_staleness.py [--out benchmarks/results/ray_staleness.json] [--steps 15000] [--workers 1 4]

@@ -58,7 +58,6 @@ class Row:
     comparison: Optional[Comparison]
     smooth: int = 20  # moving-average window (episodes) of the curves in the figure
     speed_key: str = ""  # the entry in speed_vs_reference.json measured for this row's script, env and flags ("": none)
-    then_defaults: str = ""  # flags of `flags` that were the script's defaults when the JSONs ran (not in their args)
 
 
 SAC_REFERENCE_150K = Comparison(
@@ -69,11 +68,6 @@ SAC_REFERENCE_150K = Comparison(
         "reference_sac_continuous_action_HalfCheetah-v4_150k_mujoco4.json",
     ],
 )
-# before the rewrite (TwinQ): the comparison the two-critics runs are held to
-SAC_150K = [
-    "sac_continuous_HalfCheetah-v4_150k_zen3_f32_1c1a44c.json",
-    "sac_continuous_HalfCheetah-v4_150k_xeon_f32_seeds34.json",
-]
 SAC_150K_NOW = [
     "sac_continuous_HalfCheetah-v4_150k_two_critics.json",  # the critics as two nn.Sequential (seeds 1-2)
     "sac_continuous_HalfCheetah-v4_150k_two_critics_seeds34.json",
@@ -83,20 +77,6 @@ SAC_150K_NOW = [
 PPO_HC = "ppo_continuous_HalfCheetah-v4_1M_sampling_logprobs.json"  # the rollout keeps its sampling-time log-probs
 PPO_HC_RUNS = [PPO_HC]
 SAC_1M = "sac_continuous_HalfCheetah-v4_1M_xeon_f32.json"
-
-
-def ppo_atari_breakout_1m(backend: str) -> list:
-    """The 1M-step Breakout PPO runs on one env backend: seeds 1-2 in one JSON, seeds 3, 4 and 5 one JSON each."""
-    return [f"ppo_atari_Breakout_1M_fp32_{backend}.json"] + [
-        f"ppo_atari_Breakout_1M_fp32_{backend}_seed{seed}.json" for seed in (3, 4, 5)
-    ]
-
-
-PPO_ATARI_GYM = ppo_atari_breakout_1m("gymnasium") + [  # before the rewrite: seeds 1-5 on an Intel Xeon, 1-6 on an EPYC
-    "ppo_atari_Breakout_1M_handwritten_epyc.json",
-    "ppo_atari_Breakout_1M_handwritten_epyc_seeds34.json",
-    "ppo_atari_Breakout_1M_handwritten_epyc_seeds56.json",
-]
 PPO_ATARI_NOW = [
     "ppo_atari_Breakout_1M_channels_last.json",  # gymnasium's Atari wrappers, channels-last frames
     "ppo_atari_Breakout_1M_channels_last_seeds34.json",  # seeds 1-2, 3-4, 5-6, 7-8, 9, 10
@@ -151,15 +131,6 @@ ROWS = [
         smooth=10,
     ),
     Row(
-        "sac_continuous_ray.py",
-        "HalfCheetah-v4",
-        "150k steps",
-        "`--num-rollout-workers 4` (before the rewrite)",
-        ["sac_continuous_ray_HalfCheetah-v4_150k_4workers.json"],
-        Comparison("runs", "`sac_continuous.py` before the rewrite, run here", SAC_150K),
-        smooth=10,
-    ),
-    Row(
         "sac_continuous.py",
         "Hopper-v4",
         "200k steps",
@@ -183,15 +154,6 @@ ROWS = [
         speed_key="ppo_atari.py",
     ),
     Row(
-        "ppo_atari.py",
-        "BreakoutNoFrameskip-v4",
-        "1M agent steps",
-        "(before the rewrite: hand-written Atari wrappers; seeds 1-5 on a Xeon, 1-6 on an EPYC)",
-        PPO_ATARI_GYM,
-        Comparison("runs", "`ppo_atari.py` after the rewrite, run here", PPO_ATARI_NOW),
-        smooth=100,
-    ),
-    Row(
         "a2c_atari.py",
         "BreakoutNoFrameskip-v4",
         "1M agent steps",
@@ -202,27 +164,6 @@ ROWS = [
         ),
         smooth=100,
         speed_key="a2c_atari.py",
-    ),
-    Row(
-        "a2c_atari.py",
-        "BreakoutNoFrameskip-v4",
-        "5M agent steps",
-        "`--env-backend ale-vector` (a backend since removed)",
-        ["a2c_atari_Breakout_5M_alevector.json"],
-        None,
-        smooth=100,
-    ),
-    Row(
-        "a2c_atari.py",
-        "BreakoutNoFrameskip-v4",
-        "1M agent steps",
-        "`--bf16 --vf-coef 0.5 --optimizer rmsprop-torch` on envpool (a backend since removed)",
-        ["a2c_atari_Breakout_1M_bf16.json"],
-        Comparison(
-            "runs", "Stable-Baselines3 `A2C` with torch's RMSprop, run here", ["sb3_a2c_BreakoutNoFrameskip-v4_1M.json"]
-        ),
-        smooth=100,
-        then_defaults="--vf-coef 0.5 --optimizer rmsprop-torch",
     ),
 ]
 
@@ -295,8 +236,7 @@ def speed_cell(key: str, speed: dict) -> str:
     entry = speed.get(key)
     if not entry:
         return "not measured"
-    backend = f", {entry['backend']} backend" if entry.get("backend") else ""  # Atari: the backend it was measured on
-    return f"{entry['ratio']:.2f}× ({entry['reps']} reps{backend})"
+    return f"{entry['ratio']:.2f}× ({entry['reps']} reps)"
 
 
 def table_rows(rows: list = ROWS, results: Path = RESULTS, speed: Optional[dict] = None) -> list:

@@ -10,8 +10,8 @@ temperature) updates, one Polyak update. HalfCheetah sizes (17 observations, 6 a
     python benchmarks/update_ab.py OLD_SCRIPT.py NEW_SCRIPT.py [--bf16] [--rounds 30] [--steps 40] [--threads 2]
 
 The scripts are imported by path (e.g. `git show OLD:sac_continuous.py > /tmp/old.py`), so each must be a
-sac_continuous.py (or sac_continuous_ray.py) build exposing Learner (or, before issue 45, make_learner),
-ReplayBuffer, critic_update, actor_update and soft_update. --bf16 needs builds from before issue 45.
+sac_continuous.py (or sac_continuous_ray.py) build exposing Learner (or, in older builds, make_learner),
+ReplayBuffer, critic_update, actor_update and soft_update. --bf16 needs builds that still have it.
 """
 
 import argparse
@@ -75,7 +75,7 @@ def main() -> None:
             if i % 2 == 0:
                 for _ in range(2):
                     build.actor_update(learner, batch["obs"], True)
-            if not hasattr(build, "make_learner"):  # since issue 45: the critics' modules
+            if not hasattr(build, "make_learner"):  # the critics as modules
                 build.soft_update(learner.qf_target, learner.qf, 0.005)
             elif hasattr(learner, "qf_params"):  # the learner since the restructure: parameter lists
                 build.soft_update(learner.qf_target_params, learner.qf_params, 0.005)

@@ -381,3 +381,29 @@ def test_the_speed_check_catches_a_stale_figure():
     entry = {"ours_sps": 599.0, "reference_sps": 392.0, "ratio": 1.53, "reps": 5}
     assert stale_speed_figures(page, entry) == ["599", "392", "1.53×"]
     assert stale_speed_figures(page.replace("586", "599").replace("447", "392").replace("1.31", "1.53"), entry) == []
+
+
+# ---- every link and image a page names exists; each script's page shows its result figure ----
+def local_links(text: str) -> list:
+    """(is an image, target) of every markdown link and image to a file of this repository (no URL, no #anchor)."""
+    return [
+        (bang == "!", target.split("#", 1)[0])
+        for bang, target in re.findall(r"(!?)\[[^\]]*\]\(([^)\s]+)\)", text)
+        if "://" not in target and not target.startswith("#")
+    ]
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in (ROOT / "docs").glob("*.md")))
+def test_every_link_and_image_a_page_names_exists(name):
+    links = local_links((ROOT / "docs" / name).read_text())
+    missing = [target for _, target in links if not (ROOT / "docs" / target).exists()]
+    assert not missing, f"docs/{name} links to files that do not exist: {missing}"
+    if name[: -len(".md")] in SCRIPTS:  # a script's page shows a result figure of the script
+        images = [target for is_image, target in links if is_image]
+        assert any(Path(target).name.startswith(name[: -len(".md")] + "_") for target in images), images
+
+
+def test_the_link_check_catches_a_missing_image():
+    text = "![a](../benchmarks/results/x.png) [b](sweeps.md#a-grid) [c](https://example.com/y.md) [d](#flags)"
+    assert local_links(text) == [(True, "../benchmarks/results/x.png"), (False, "sweeps.md")]
+    assert not (ROOT / "docs" / "../benchmarks/results/x.png").exists()

@@ -1,4 +1,4 @@
-"""`python <script> --help` reads as one page in one voice (issue 32): after tyro's usage line, one line that says
+"""`python <script> --help` reads as one page in one voice: after tyro's usage line, one line that says
 what the script does, then where the other modes are (--resume, and tools/agent.py for eval / export); every flag
 has short help that says what it does, shows one default, and none keeps the phrasing inherited from CleanRL
 ("Toggles ...", "if toggled", "the K epochs", "whether to"). A flag that several scripts have reads the same in each,

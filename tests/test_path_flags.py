@@ -1,4 +1,4 @@
-"""Path flags and env ids of the wrong kind are refused before any work starts (issue 34, items 3 and 4): every path
+"""Path flags and env ids of the wrong kind are refused before any work starts: every path
 flag (--runs-dir, --resume) times every wrong kind of path, in
 every script, gets one short paragraph naming the flag and the path, exit code 2, and nothing is made; an env id of
 the other family of scripts names the scripts that take it.
@@ -92,7 +92,7 @@ PATH_ROWS += [(script, flag, kind) for script, rows in SOME.items() for flag, ki
 NO_RAY = ["--ray-address", "127.0.0.1:1"]
 WAYS = ("os.access says no",)  # how a row makes its folder unwritable
 
-# Item 4: an env id of the other family names the scripts that take it.
+# An env id of the other family names the scripts that take it.
 ATARI_HINT = "is an Atari game: use ppo_atari.py or a2c_atari.py"
 CONTINUOUS_HINT = "use ppo_continuous.py, sac_continuous.py or sac_continuous_ray.py"
 ENV_ROWS = [

@@ -1,8 +1,8 @@
 """Every example the README shows runs as written, in the README's order, after the ones before it: each line of a
 ```bash block, each ```python block and each inline `uv run ...` command. They run in a copy of the scripts in an
-empty folder (the README's "project folder", with tools/agent.py), with `uv run` meaning this interpreter, a small
-budget appended to each training command, and `<run>` / `<step>` replaced by the run the quick start made and its
-newest checkpoint.
+empty folder (the README's "project folder", with tools/agent.py and tools/plot.py), with `uv run` meaning this
+interpreter, a small budget appended to each training command, and `<run>` / `<step>` replaced by the run the quick
+start made and its newest checkpoint.
 LEFT_OUT names the examples that are not run, each with its reason; the test fails when one of them is no longer in
 the README, so the list stays true."""
 
@@ -175,6 +175,7 @@ def run_examples_in_order(tmp_path: Path, select) -> tuple:
         shutil.copy(ROOT / script, project / script)
     (project / "tools").mkdir()
     shutil.copy(ROOT / "tools" / "agent.py", project / "tools" / "agent.py")  # it loads the scripts beside its folder
+    shutil.copy(ROOT / "tools" / "plot.py", project / "tools" / "plot.py")
     env = {k: v for k, v in {**os.environ, **BASE_ENV, "PYTHON": sys.executable}.items() if k != "PYTHONPATH"}
     run_dir, ran, left_out = None, [], []
     for kind, text in examples(README.read_text()):
@@ -225,6 +226,9 @@ def test_the_readme_examples_run_in_order(tmp_path):
     folder = run_dir / "export" / "step_0000000384"
     assert "episode 1/1: return" in outputs[export]
     assert {"policy.pt2", "model.pt", "config.json", "README.md"} <= {path.name for path in folder.iterdir()}
+    plot = next(text for text in outputs if "tools/plot.py" in text)
+    assert "Hopper-v4 ppo_continuous (seeds [1])" in outputs[plot]  # the runs with a finished episode at these budgets
+    assert (project / "curves.png").read_bytes().startswith(b"\x89PNG")
     plain_torch = next(text for text in outputs if "torch.export.load" in text)
     assert re.fullmatch(r"return: -?\d+\.\d\n", outputs[plain_torch]), outputs[plain_torch]
     # every training command made its run (the seeds loop's `wait` does not report a failed run: check its checkpoints)

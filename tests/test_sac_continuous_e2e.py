@@ -63,7 +63,7 @@ def test_short_run_reaches_the_update_logs_every_tag_and_writes_complete_checkpo
     assert "eval:" in proc.stdout
     assert "leaked" not in proc.stderr, "objects frozen out of the collector must be handed back at exit"
     run_dir = only_run_dir(tmp_path)
-    assert "bf16" not in json.loads((run_dir / "args.json").read_text())  # float32 only: --bf16 went (issue 45)
+    assert "bf16" not in json.loads((run_dir / "args.json").read_text())  # float32 only: there is no --bf16
     for tag in LOSS_TAGS + CHART_TAGS + ["eval/episodic_return"]:
         assert scalars(run_dir, tag), f"tag {tag} missing"
     # every 100 steps (--log-interval), from the first update on
@@ -320,7 +320,7 @@ def test_a_checkpoint_of_another_script_is_refused(tmp_path, uninterrupted_run):
 
 
 def test_a_checkpoint_whose_networks_do_not_fit_is_refused_in_one_paragraph(tmp_path, uninterrupted_run):
-    """A checkpoint of the build before issue 45 (one TwinQ of stacked weights w1..b3), or of an edited copy: --resume
+    """A checkpoint whose critics are one TwinQ of stacked weights w1..b3, or of an edited copy: --resume
     names the mismatch and what to do, no traceback."""
     ckpt = torch.load(uninterrupted_run / "checkpoints" / "step_0000000300.pt", weights_only=True)
     for part in ("qf", "qf_target"):

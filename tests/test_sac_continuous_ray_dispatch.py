@@ -2,8 +2,8 @@
 harvest -> dispatch -> learn passes, every dispatch decided by the script's own next_dispatch() (the function main()
 calls), workers that take a fixed time per env step and a learner that takes a fixed time per update. In the
 learner-bound regime (the learner slower than the workers, as on a 2-core machine) the mean weight staleness must not
-grow with the number of workers, and every worker must get its share of the batches; the rules before issue 23
-(old_decide, passed in as `decide`) fail these checks."""
+grow with the number of workers, and every worker must get its share of the batches; naive rules (old_decide,
+passed in as `decide`: the lowest-numbered free worker takes the batch) fail these checks."""
 
 import ast
 import bisect
@@ -20,7 +20,7 @@ STEP_S, UPDATE_S, CALL_S = 140e-6, 8e-3, 1e-3  # a worker's env step, a gradient
 
 
 def old_decide(batches, state, args, total: int, lowest_free: bool = True):
-    """The rules before issue 23, in next_dispatch's place: the lowest-numbered free worker takes the batch (with
+    """Naive rules in next_dispatch's place: the lowest-numbered free worker takes the batch (with
     lowest_free=False: pick_worker's, as now), and it pulls after every --weight-sync-interval of its *own* env steps.
     Batch plans and the utd back-pressure as now."""
     plan = sr.next_dispatch(batches, state, args, total)  # None when no worker is free, nothing is left, or held back
@@ -184,7 +184,7 @@ def test_every_worker_gets_its_share_of_the_batches(runs):
 
 
 def test_the_old_rules_fail_the_shares_check(old_runs):
-    """The share check has teeth: under the rules before issue 23 the lowest-numbered free worker took most batches
+    """The share check has teeth: under the naive rules the lowest-numbered free worker takes most batches
     (worker 0 about 90 % of them at 4 workers) when the learner was the bottleneck."""
     with pytest.raises(AssertionError, match="shares"):
         check_shares(old_runs)

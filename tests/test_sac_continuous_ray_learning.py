@@ -23,7 +23,7 @@ SCRIPT = os.environ.get("SAC_CONTINUOUS_RAY_SCRIPT", "sac_continuous_ray.py")
 def test_pendulum_with_two_workers_reaches_minus_300(tmp_path, seed):
     """Default hyperparameters and utd ratio 1, 1,000 random steps first, 2 workers on the embedded Ray. Measured
     (seed 1, one learner thread, 2-core machine): last-10 training return -122 at 10k steps; the random policy scores
-    -1,200 to -1,500. The issue's budget is 20k env steps. 12k, not 8k: the workers run asynchronously, so the
+    -1,200 to -1,500. 12k, not 8k: the workers run asynchronously, so the
     data depends on timing, and at 8k one run of the suite, with other work on the machine, ended at -321. Since it
     runs the whole 12k (no stop at the threshold), its last 10 at 12k has not been measured yet: the test prints it."""
     proc = run_ray(

@@ -1,8 +1,7 @@
 """Student edits to ppo_atari.py and a2c_atari.py, each applied to a copy of the script alone in an empty folder
 (tests/student_copy.py). Every edit either keeps the script correct (the network as main() sets it up, in channels-last
 memory, computes what the edited plain module computes, and one real update moves every parameter tensor) or stops
-the run at once with a message naming what to change. How these checks fail on the scripts before issue 31:
-docs/ppo_atari.md, "Tests"."""
+the run at once with a message naming what to change."""
 
 import pytest
 import torch

@@ -1,7 +1,7 @@
 """Student edits to ppo_continuous.py, each applied to a copy of the script alone in an empty folder
 (tests/student_copy.py). Every edit either keeps the script correct (the rollout samples the edited policy, and one
-real update moves every parameter tensor) or stops the run at once with a message naming what to change. What they
-found in earlier builds: docs/ppo_continuous.md, "Editing the script"."""
+real update moves every parameter tensor) or stops the run at once with a message naming what to change
+(docs/ppo_continuous.md, "Editing the script")."""
 
 import numpy as np
 import pytest

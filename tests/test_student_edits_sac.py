@@ -1,7 +1,7 @@
 """Student edits to sac_continuous.py (and a subset to sac_continuous_ray.py), each applied to a copy of the script
 alone in an empty folder (tests/student_copy.py). Every edit either keeps the script correct (acting computes what
 the edited Actor computes, and a short real run moves every parameter tensor) or stops the run at once with a
-message naming what to change. How these checks fail on the scripts before issue 31: docs/sac_continuous.md, "Tests"."""
+message naming what to change."""
 
 import numpy as np
 import pytest

@@ -147,7 +147,7 @@ def test_a_trial_resumes_from_its_newest_checkpoint_and_at_one_step_from_the_one
 
 
 def test_a_trials_id_is_a_hash_of_its_whole_command_and_a_result_is_reused_only_for_it(tmp_path):
-    """Issue 59: ids left out the flags after `--`, and any result.json in a trial folder was taken as done."""
+    """Regression: ids left out the flags after `--`, and any result.json in a trial folder was taken as done."""
     script = tmp_path / "train.py"
     script.write_text("print('v1')\n")
     (a,) = expand_grid([str(script)], ["Pendulum-v1"], [1], {}, ["--total-timesteps", "1024"], 1)
@@ -178,7 +178,7 @@ def write_sweep(out: Path, seeds: list, extra: list) -> dict:
 
 
 def test_resume_with_new_seeds_or_grid_values_adds_their_trials_and_other_changes_are_refused(tmp_path):
-    """Issue 59: `--resume --grid ... --seeds 5 6 -- --total-timesteps 4096` ran nothing: the new trials were dropped."""
+    """Regression: `--resume --grid ... --seeds 5 6 -- --total-timesteps 4096` ran nothing: the new trials were dropped."""
     out = tmp_path / "sweep"
     old = write_sweep(out, [1], ["--total-timesteps", "1024"])
     argv = ["--out", str(out), "--resume", "--seeds", "5", "6", "--grid", "learning_rate=1e-3,3e-4"]
@@ -225,7 +225,7 @@ def test_bad_input_is_refused_in_one_paragraph_before_anything_runs(case, tmp_pa
 
 
 def test_a_second_sweep_on_a_folder_in_use_is_refused_naming_the_holder(tmp_path):
-    """Issue 59: two sweeps on one --out both ran, into one trial folder. The first holds the lock here (the race forced)."""
+    """Regression: two sweeps on one --out both ran, into one trial folder. The first holds the lock here (the race forced)."""
     import fcntl
 
     out = tmp_path / "sweep"
@@ -240,7 +240,7 @@ def test_a_second_sweep_on_a_folder_in_use_is_refused_naming_the_holder(tmp_path
 
 
 def test_an_address_that_is_not_a_ray_head_is_refused_within_30_seconds(tmp_path):
-    """Issue 59: an HTTP server as --address hung in ray.init for 300 s and more, after writing sweep.json."""
+    """Regression: an HTTP server as --address hung in ray.init for 300 s and more, after writing sweep.json."""
     server = subprocess.Popen(
         [sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1"], stdout=subprocess.PIPE, text=True
     )
@@ -257,7 +257,7 @@ def test_an_address_that_is_not_a_ray_head_is_refused_within_30_seconds(tmp_path
 
 
 def test_out_a_file_and_a_corrupt_sweep_json_get_one_paragraph(tmp_path):
-    """Issue 59: FileExistsError and JSONDecodeError tracebacks."""
+    """Regression: FileExistsError and JSONDecodeError tracebacks."""
     (tmp_path / "file").write_text("mine\n")
     proc = run_sweep("--out", tmp_path / "file", "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", timeout=60)
     assert_clean_error(proc, "is a file, not a folder")
@@ -271,7 +271,7 @@ def test_out_a_file_and_a_corrupt_sweep_json_get_one_paragraph(tmp_path):
 
 
 def test_summarize_of_an_empty_grid_and_of_a_tuning_sweep_works(tmp_path):
-    """Issue 59: ZeroDivisionError in `plot` for an empty grid (`--grid "learning_rate= ,"` was accepted) and a study."""
+    """Regression: ZeroDivisionError in `plot` for an empty grid (`--grid "learning_rate= ,"` was accepted) and a study."""
     proc = run_sweep(
         "--out", tmp_path / "s", "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--grid", "learning_rate= ,"
     )
@@ -303,7 +303,7 @@ seen["modes"] = [os.stat(p).st_mode & 0o777 for p in (temp, os.path.dirname(temp
 @pytest.mark.slow  # a Ray of its own and a trial (about a minute of the serial Ray group): the default tier stays under 10 min
 @pytest.mark.ray
 def test_the_sweeps_own_ray_has_token_auth_a_private_temp_folder_and_listens_on_127_0_0_1(tmp_path):
-    """Issue 59: the sweep turned Ray's token authentication off (RAY_AUTH_MODE=disabled) and put an empty entry on
+    """Regression: the sweep turned Ray's token authentication off (RAY_AUTH_MODE=disabled) and put an empty entry on
     PYTHONPATH. A stand-in script (it makes its run folder, so the probe passes) records what a trial sees: its env,
     its Ray node's command line and the listening sockets, while the sweep's Ray runs. The user's env asks for the
     opposite (auth disabled, an empty PYTHONPATH entry)."""
