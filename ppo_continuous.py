@@ -306,7 +306,6 @@ def main() -> None:
     envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
     agent = Agent(obs_dim, act_dim).to(device)
-    check_agent(agent, obs_dim, act_dim, device)  # below the banner: an edited Agent that cannot act stops here
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, fused=True)
     obs_rms, return_rms = RunningMeanStd(shape=(obs_dim,)), RunningMeanStd(shape=())
     norm = obs_rms if args.norm_obs else None  # normalize_obs(x, None, ...) only casts to float32
@@ -460,23 +459,6 @@ def validate_args(args: Args) -> None:
         raise UserError(
             f"--norm-adv divides by the advantages' standard deviation over a minibatch, undefined for a "
             f"minibatch of {args.minibatch_size}: lower --num-minibatches or give --no-norm-adv."
-        )
-
-
-def check_agent(agent: Agent, obs_dim: int, act_dim: int, device: torch.device) -> None:
-    """Before any step, an (edited) Agent must act on 8 observations, or the run stops here naming what to change."""
-    x, want = torch.randn(8, obs_dim, device=device), [(8, act_dim), (8,), (8,), (8,), (8, act_dim)]
-    try:
-        with torch.no_grad():
-            got = [tuple(out.shape) for out in (*agent.get_action_and_value(x), deterministic_action(agent.distribution(x)))]
-        problem = None if got == want else f"(action, log-prob, entropy, value, mean) of shapes {got}, not {want}"
-    except (RuntimeError, NotImplementedError) as e:  # torch's size mismatch: say which sizes must agree
-        problem = (str(e) or repr(e)).splitlines()[0]  # torch's NotImplementedError() has no message
-    if problem:
-        raise UserError(
-            f"the Agent cannot act on a batch of 8 observations of size obs_dim = {obs_dim}: {problem}. Each "
-            "layer's input size must be the previous one's output size, the first's obs_dim, the actor's output "
-            f"act_dim = {act_dim}, the critic's 1, and distribution() one event of act_dim actions per obs."
         )
 
 

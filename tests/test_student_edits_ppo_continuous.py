@@ -237,8 +237,7 @@ def test_edited_copy_learns_pendulum(edit, tmp_path):
 def test_tanh_under_independent_evaluates_the_squashed_mean(tmp_path):
     """Independent(TransformedDistribution(Normal(mu, sigma), [TanhTransform()]), 1): a run with in-training and final
     evaluation ends well, and the Policy that evaluates it (tools/agent.py's too: policy_from_checkpoint) plays
-    tanh(mu) of the normalized observation. Before: check_agent failed with an IndexError traceback (torch has no mean
-    for the transformed distribution, and the NotImplementedError has no message)."""
+    tanh(mu) of the normalized observation (torch has no mean for the transformed distribution)."""
     path = copy_alone(SCRIPT, tmp_path / "student", TANH_INDEPENDENT)
     script = import_copy(path)
     flags = ("--save-model", "--eval-interval", 64, "--eval-episodes", 1)
