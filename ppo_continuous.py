@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, get_args, get_type_hints
 
-for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C while the libraries below load (seconds): exit, nothing written yet
-    signal.signal(sig, lambda signum, frame: os._exit(130))
+if __name__ == "__main__":  # Ctrl-C while the libraries below load (seconds): exit at once, nothing is written yet
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: os._exit(130))
 import gymnasium as gym
 import numpy as np
 import torch
