@@ -626,6 +626,7 @@ def parse_command_line(cls):
         ckpt = load_checkpoint(resume, "--resume")
         check_checkpoint_matches(ckpt, resume, SCRIPT_NAME)  # another script's: refused before any flag check
         saved = {f.name: ckpt["args"][f.name] for f in dataclasses.fields(cls) if f.init and f.name in ckpt["args"]}
+        saved.pop("runs_dir", None)  # a checkpoint never chooses a path: a new run folder goes under this --runs-dir
         if ":" in str(saved.get("env_id")) and not any(word.startswith("--env-id") for word in sys.argv):
             raise UserError(f"checkpoint '{resume}' names an env that imports a module: give --env-id to allow it.")
         args = tyro.cli(cls, default=cls(**saved))

@@ -115,6 +115,20 @@ def test_a_checkpoint_outside_a_run_folder_resumes_into_a_new_one_under_runs_dir
     assert only_run_dir(tmp_path / "runs").name == finished_run.name
 
 
+def test_a_resume_never_takes_its_runs_dir_from_the_checkpoint(finished_run, tmp_path):
+    """A checkpoint shared by a colleague names their --runs-dir: without --runs-dir, the new run folder goes under this
+    user's default (./runs), and nothing is made where the checkpoint's runs_dir points."""
+    (tmp_path / "work").mkdir()
+    shutil.copy(finished_run / "checkpoints" / "step_0000000256.pt", tmp_path / "x.pt")
+    before = sorted(finished_run.parent.iterdir())
+    proc = run_script(
+        SCRIPT, "--resume", tmp_path / "x.pt", "--total-timesteps", "320", "--no-progress", cwd=tmp_path / "work"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(finished_run.parent.iterdir()) == before
+    assert only_run_dir(tmp_path / "work" / "runs").name == finished_run.name
+
+
 def test_the_newest_checkpoint_of_a_writable_run_folder_continues_in_it(finished_run, tmp_path):
     run = tmp_path / "runs" / finished_run.name
     shutil.copytree(finished_run, run)
