@@ -1,16 +1,22 @@
 """tools/agent.py on bad and shared places: it reads checkpoints with the script's own load_checkpoint; --force never
-replaces a run or anything the tool did not export; two exports to one --out never both succeed; a link or a file as
---out, and malformed checkpoints, end in one paragraph; a checkpoint outside a run folder is evaluated and exported
-beside itself."""
+replaces a run or anything the tool did not export (nor what a link in an export points at); two exports to one --out
+never both succeed; a link or a file as --out, malformed checkpoints, every bad flag, a --script that is not one of
+this project's, and Ctrl-C end in one paragraph; an eval's video never writes over a file; a checkpoint outside a run
+folder is evaluated and exported beside itself."""
 
+import contextlib
 import json
+import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from tests.conftest import ROOT, only_run_dir, run_script
+from tests.conftest import BASE_ENV, ROOT, needs_mujoco_rendering, only_run_dir, run_script
 from tools import agent as tool
 
 EXPORTED = {"policy.pt2", "model.pt", "config.json", "README.md"}
@@ -187,3 +193,115 @@ def test_a_malformed_checkpoint_ends_in_one_paragraph(run_dir, capsys, edit, nee
     for command in ("eval", "export"):
         assert needle in refused(capsys, command, bad, "--episodes", 1)
     assert files(run_dir) == before  # nothing written
+
+
+# ---- bad input of every kind: one paragraph; what the tool did not make: never written over ------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        ([], "the following arguments are required: command"),
+        (["evaluate", "CKPT"], "invalid choice: 'evaluate'"),
+        (["eval"], "the following arguments are required: checkpoint"),
+        (["eval", "CKPT", "--episodes", "0"], "--episodes 0: give 1 or more"),
+        (["eval", "CKPT", "--episodes", "ten"], "argument --episodes: invalid int value: 'ten'"),
+        (["export", "CKPT", "--frce"], "unrecognized arguments: --frce"),
+        (["export", "CKPT", "--out", "RUN/args.json/agent"], "goes through a file"),
+        (["export", "CKPT", "--out", "RUN/" + "x" * 300], "File name too long"),  # (one paragraph before too)
+    ],
+)
+def test_every_bad_flag_ends_in_one_paragraph(run_dir, capsys, argv, needle):
+    """argparse printed its usage block, then its error (and --episodes 0 the same): now one paragraph, exit 2."""
+    ckpt, before = checkpoint_of(run_dir), files(run_dir.parent)
+    argv = [a.replace("CKPT", str(ckpt)).replace("RUN", str(run_dir)) for a in argv]
+    assert needle in refused(capsys, *argv)
+    assert files(run_dir.parent) == before  # nothing written
+
+
+NOT_SCRIPTS = {
+    "not a Python file": ("notes.txt", "print('hi')\n", "is not a Python file"),
+    "a syntax error": ("broken.py", "def (:\n", "could not be imported (SyntaxError"),
+    "an import it lacks": ("lacks.py", "import no_such_module_here\n", "could not be imported (ModuleNotFoundError"),
+    "not a script of this project": ("other.py", "x = 1\n", "it has no UserError, Args, load_checkpoint"),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_SCRIPTS))
+def test_a_script_that_is_not_one_of_this_projects_ends_in_one_paragraph(run_dir, tmp_path, capsys, case):
+    """--script naming a file that does not import, or is not a script of this project: AttributeError, SyntaxError
+    and ModuleNotFoundError tracebacks."""
+    name, text, needle = NOT_SCRIPTS[case]
+    (tmp_path / name).write_text(text)
+    for command in ("eval", "export"):
+        assert needle in refused(capsys, command, checkpoint_of(run_dir), "--episodes", 1, "--script", tmp_path / name)
+
+
+def test_ctrl_c_during_eval_or_export_ends_in_one_paragraph_and_leaves_no_half_export(run_dir):
+    """Ctrl-C at a terminal (SIGINT to the tool's process group) during its episodes: a KeyboardInterrupt traceback.
+    Now one paragraph, exit code 130; the export's temporary folder goes with it."""
+    ckpt = checkpoint_of(run_dir)
+    for command in ("eval", "export"):
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "tools" / "agent.py"), command, str(ckpt), "--episodes", "100000"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, **BASE_ENV},
+            start_new_session=True,
+        )
+        try:
+            assert proc.stdout.readline().startswith("episode 1/100000: return"), proc.stderr.read()
+            os.killpg(proc.pid, signal.SIGINT)
+            _, stderr = proc.communicate(timeout=120)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode == 130 and stderr.startswith("error: stopped (Ctrl-C)"), stderr
+        assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert list((run_dir / "export").iterdir()) == []  # no export, and no temporary folder
+
+
+def test_force_replaces_an_earlier_export_whole_and_never_what_a_link_in_it_points_at(run_dir, capsys):
+    """Verified (this held before): a link put into an earlier export goes with the export, its target stays."""
+    ckpt, top = checkpoint_of(run_dir), run_dir.parent.parent
+    out, mine = top / "agent", top / "mine.pt"
+    tool.main(["export", str(ckpt), "--out", str(out), "--episodes", "1"])
+    mine.write_bytes(b"mine")
+    (out / "model.pt").unlink()
+    (out / "model.pt").symlink_to(mine)
+    tool.main(["export", str(ckpt), "--out", str(out), "--episodes", "1", "--force"])
+    assert mine.read_bytes() == b"mine" and not (out / "model.pt").is_symlink()
+    (out / "replay.mp4").symlink_to(top / "runs", target_is_directory=True)  # a link to a folder: not an export's file
+    assert "it holds replay.mp4" in refused(capsys, "export", ckpt, "--out", out, "--force", "--episodes", 1)
+    assert (top / "runs").is_dir() and files(run_dir) and (out / "replay.mp4").is_symlink()
+
+
+@pytest.fixture(scope="module")
+def trained_mujoco(tmp_path_factory):
+    """A tiny finished ppo_continuous run on a MuJoCo env (its videos render headless through EGL)."""
+    runs = tmp_path_factory.mktemp("mujoco_runs")
+    args = ["--num-steps", 64, "--num-minibatches", 2, "--total-timesteps", 64, "--save-model", "--eval-episodes", 1]
+    proc = run_script("ppo_continuous.py", "--env-id", "InvertedPendulum-v5", *args, "--no-progress", "--runs-dir", runs)
+    assert proc.returncode == 0, proc.stderr
+    return only_run_dir(runs)
+
+
+def test_an_eval_video_never_writes_over_the_files_of_a_videos_folder(trained_mujoco, tmp_path):
+    """gymnasium's RecordVideo writes rl-video-episode-0.mp4 over the file of that name in its folder: a second
+    `eval --capture-video` replaced the first's video, and a user's file of that name. Each eval now records into a
+    folder that was not there: <run>/eval/<checkpoint>/videos, else videos-2, videos-3, ..."""
+    needs_mujoco_rendering()
+    run_dir = shutil.copytree(trained_mujoco, tmp_path / "runs" / trained_mujoco.name)
+    ckpt, env = checkpoint_of(run_dir), {"MUJOCO_GL": None, "DISPLAY": None}
+    videos = run_dir / "eval" / ckpt.stem / "videos"
+    videos.mkdir(parents=True)
+    (videos / "rl-video-episode-0.mp4").write_bytes(b"mine")
+    for _ in range(2):
+        proc = run_script("tools/agent.py", "eval", ckpt, "--episodes", "1", "--capture-video", env=env)
+        assert proc.returncode == 0, proc.stderr
+    assert [p.name for p in videos.iterdir()] == ["rl-video-episode-0.mp4"]
+    assert (videos / "rl-video-episode-0.mp4").read_bytes() == b"mine"
+    for name in ("videos-2", "videos-3"):
+        assert [p.name for p in (videos.parent / name).glob("*.mp4")] == ["rl-video-episode-0.mp4"], name

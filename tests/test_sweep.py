@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,7 +21,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import BASE_ENV, ROOT, assert_clean_error, output_after_ctrl_c, scalars, wait_until
-from tools.sweep import expand_grid, flag_args, parse_args, parse_grid, plan, start_script
+from tools.sweep import DEFAULTS, expand_grid, flag_args, parse_args, parse_grid, plan, start_script
 
 SWEEP = str(ROOT / "tools" / "sweep.py")
 TINY = [
@@ -163,11 +164,9 @@ def test_a_trials_id_is_a_hash_of_its_whole_command_and_a_result_is_reused_only_
     assert read_result(tmp_path, a) is None  # a result written for another command is not this trial's
 
 
-def write_sweep(out: Path, seeds: list, extra: list) -> dict:
+def write_sweep(out: Path, seeds: list, extra: list, script: str = "ppo_continuous.py") -> dict:
     """A sweep.json as the tool writes it, its trials finished (no Ray: what --resume plans is checked before Ray)."""
-    ns, _ = parse_args(
-        ["--out", str(out), "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--seeds", *map(str, seeds)]
-    )
+    ns, _ = parse_args(["--out", str(out), "--script", script, "--env-id", "Pendulum-v1", "--seeds", *map(str, seeds)])
     out.mkdir(parents=True)
     spec, _ = plan(ns, extra, out)
     for t in spec["trials"]:
@@ -225,18 +224,163 @@ def test_bad_input_is_refused_in_one_paragraph_before_anything_runs(case, tmp_pa
 
 
 def test_a_second_sweep_on_a_folder_in_use_is_refused_naming_the_holder(tmp_path):
-    """Regression: two sweeps on one --out both ran, into one trial folder. The first holds the lock here (the race forced)."""
+    """Regression: two sweeps on one --out both ran, into one trial folder. This test holds the lock (an flock on the
+    folder itself, as a running sweep does: the race forced); the second sweep names this process as the holder."""
     import fcntl
 
     out = tmp_path / "sweep"
     out.mkdir()
-    with open(out / "sweep.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        lock.write("4242 on somehost\n")
-        lock.flush()
+    folder = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
         proc = run_sweep("--out", out, "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--", *TINY, timeout=60)
-        assert_clean_error(proc, f"--out {out} is in use by another sweep (pid 4242 on somehost)")
-        assert sorted(p.name for p in out.iterdir()) == ["sweep.lock"]  # nothing written, the holder's lock kept
+        assert_clean_error(proc, f"--out {out} is in use by another sweep (pid {os.getpid()})")
+        assert list(out.iterdir()) == []  # nothing written
+    finally:
+        os.close(folder)
+
+
+# ---- what is not the tool's: never deleted, truncated or written through --------------------------------------------
+
+
+def test_a_users_sweep_lock_in_out_is_never_deleted_or_truncated(tmp_path):
+    """Issue (tools never touch what they did not make): the tool's lock was <out>/sweep.lock, opened with O_CREAT,
+    truncated, and unlinked at the end: a user's file of that name was emptied, then deleted, even by a refused sweep.
+    The lock is now an flock on the folder: a file named sweep.lock is the user's, like any other."""
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "sweep.lock").write_text("mine\n")
+    base = ["--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--seeds", "1"]
+    # refused by its probe (the old tool), or as a folder that is not empty
+    proc = run_sweep("--out", out, *base, "--grid", "learning_rat=1e-3", "--", *TINY, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert [p.name for p in out.iterdir()] == ["sweep.lock"] and (out / "sweep.lock").read_text() == "mine\n"
+    (out / "notes.txt").write_text("mine too\n")
+    proc = run_sweep("--out", out, *base, "--", *TINY, timeout=120)
+    assert_clean_error(proc, f"--out {out} is not empty")
+    assert (out / "sweep.lock").read_text() == "mine\n" and (out / "notes.txt").read_text() == "mine too\n"
+    # a sweep's folder with the user's sweep.lock in it: a refused --resume leaves it
+    resumed = tmp_path / "resumed"
+    old = write_sweep(resumed, [1], ["--total-timesteps", "1024"])
+    (resumed / "sweep.lock").write_text("mine\n")
+    proc = run_sweep("--out", resumed, "--resume", "--", "--total-timesteps", "4096", timeout=120)
+    assert_clean_error(proc, "--resume with --extra")
+    assert (resumed / "sweep.lock").read_text() == "mine\n" and json.loads((resumed / "sweep.json").read_text()) == old
+
+
+DROPS_A_FILE = """import os, sys
+open(os.environ["SWEEP_TEST_DROP"], "w").write("the user's\\n")  # a file put into --out while the sweep checks its input
+print("error: this script refuses every command")
+sys.exit(2)
+"""
+
+
+def test_a_refused_sweep_removes_only_the_empty_folders_it_made(tmp_path):
+    """A refused sweep removed its --out with shutil.rmtree, with whatever had been put into it meanwhile (here: by the
+    probed script, while the tool checked its input). Now it removes the folders it made, each only if empty."""
+    script = tmp_path / "drops.py"
+    script.write_text(DROPS_A_FILE)
+    out = tmp_path / "a" / "b" / "sweep"
+    env = sweep_env(SWEEP_TEST_DROP=str(out / "notes.txt"))
+    proc = run_sweep("--out", out, "--script", script, "--env-id", "X", "--seeds", "1", env=env, timeout=120)
+    assert_clean_error(proc, "refused by the script", "this script refuses every command")
+    assert (out / "notes.txt").read_text() == "the user's\n" and list(out.iterdir()) == [out / "notes.txt"]
+    # refused with nothing put into it: the three folders it made are gone, not the one that was there
+    out = tmp_path / "c" / "d" / "sweep"
+    proc = run_sweep("--out", out, "--script", "ppo_continuous.py", "--env-id", "X", "--seeds", "1", "1", timeout=120)
+    assert proc.returncode == 2 and not (tmp_path / "c").exists() and tmp_path.is_dir(), proc.stderr
+
+
+def test_summaries_are_written_whole_never_through_a_link_or_over_a_file_of_another_name(tmp_path):
+    """summary.md was written in place (through a link: into the file it points at) and every JSON file by way of
+    <name>.tmp (a user's summary.tmp was renamed over summary.json, i.e. deleted). Now each file is written whole
+    under a name of its own (O_EXCL) and renamed into place: a link there is replaced, never followed."""
+    out = tmp_path / "sweep"
+    write_sweep(out, [1], ["--total-timesteps", "1024"])
+    mine = tmp_path / "mine.md"
+    mine.write_text("my notes\n")
+    (out / "summary.md").symlink_to(mine)
+    for name in ("summary.tmp", "sweep.tmp"):
+        (out / name).write_text("mine\n")
+    proc = run_sweep("--out", out, "--summarize", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert mine.read_text() == "my notes\n" and not (out / "summary.md").is_symlink()
+    assert "| task |" in (out / "summary.md").read_text() and json.loads((out / "summary.json").read_text())["trials"]
+    assert (out / "summary.tmp").read_text() == "mine\n" and (out / "sweep.tmp").read_text() == "mine\n"
+    assert not list(out.glob(".*.tmp")), "no temporary file left"
+
+
+# Each case is refused before any probe; the command also carries a grid flag the script refuses, so a tool that misses
+# the case stops at its probe (with another message) instead of running a sweep.
+BAD_FLAGS = {
+    "a seed twice": (["--seeds", "1", "1"], ["--seeds [1, 1]", "each seed given once"]),
+    "a negative --search-seed": (
+        ["--tune", "--space", "gamma=uniform:0.9:0.99", "--search-seed", "-1"],
+        ["--search-seed -1", "each >= 0"],
+    ),
+    "an infinite --space bound": (["--tune", "--space", "gamma=uniform:0.9:inf"], ["--space 'gamma=uniform:0.9:inf'"]),
+    "a NaN --report-interval": (["--report-interval", "nan"], ["--report-interval in (0, 3600]"]),
+    "a --grid flag twice": (["--grid", "gamma=0.9", "--grid", "gamma=0.99"], ["--grid 'gamma=0.99'", "each flag once"]),
+    "a value argparse refuses": (["--seeds", "one"], ["argument --seeds: invalid int value: 'one'"]),
+    "an unknown flag": (["--sedes", "1"], ["unrecognized arguments: --sedes 1"]),
+    "no --out": (["--out"], ["argument --out: expected one argument"]),
+    "an --out through a file": (["--out", "FILE/sub"], ["Not a directory", "FILE/sub"]),
+    "an --out name too long": (["--out", "TMP/" + "x" * 300], ["File name too long"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FLAGS))
+def test_every_bad_flag_or_path_is_refused_in_one_paragraph_before_any_probe(case, tmp_path):
+    """Issue (tools never touch what they did not make): argparse's usage block and error, tracebacks for an --out
+    through a file or a name too long, and --seeds 1 1, --search-seed -1, an inf bound, --report-interval nan, a grid
+    flag given twice all accepted (the sweep ran, or failed later in a traceback)."""
+    args, needles = BAD_FLAGS[case]
+    (tmp_path / "file").write_text("mine\n")
+    args = [str(a).replace("FILE", str(tmp_path / "file")).replace("TMP", str(tmp_path)) for a in args]
+    needles = [n.replace("FILE", str(tmp_path / "file")) for n in needles]
+    out = tmp_path / "sweep"
+    common = ["--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--grid", "learning_rat=1e-3"]
+    proc = run_sweep("--out", out, *common, *args, "--", *TINY, timeout=120)
+    assert_clean_error(proc, *needles)
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr  # one paragraph
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and (tmp_path / "file").read_text() == "mine\n"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into any folder")
+def test_an_out_this_user_cannot_write_is_refused_before_any_probe(tmp_path):
+    out = tmp_path / "sweep"
+    out.mkdir()
+    out.chmod(0o555)
+    try:
+        proc = run_sweep("--out", out, "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--", *TINY, timeout=60)
+        assert_clean_error(proc, f"--out {out} is not writable")
+    finally:
+        out.chmod(0o755)
+
+
+SLEEPS = """import os, pathlib, time
+pathlib.Path(os.environ["SWEEP_TEST_STARTED"]).touch()
+time.sleep(120)
+"""
+
+
+def test_ctrl_c_while_the_input_is_checked_ends_in_one_paragraph_and_leaves_no_folder(tmp_path):
+    """Ctrl-C at a terminal (SIGINT to the driver's process group) while a probe runs: a KeyboardInterrupt traceback
+    (and the probe's). Now: one paragraph, exit 130, the folder it made removed, nothing of it left running."""
+    (tmp_path / "sleeps.py").write_text(SLEEPS)
+    started, out = tmp_path / "started", tmp_path / "sweep"
+    env = sweep_env(SWEEP_TEST_STARTED=str(started))
+    proc = start_sweep("--out", out, "--script", tmp_path / "sleeps.py", "--env-id", "X", "--seeds", "1", env=env)
+    try:
+        wait_until(started.exists, 60, "the probe's start", proc)
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = output_after_ctrl_c(proc, 60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and stderr.startswith("error: stopped (Ctrl-C)"), stdout + stderr
+    assert "Traceback" not in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    assert not out.exists()
 
 
 def test_an_address_that_is_not_a_ray_head_is_refused_within_30_seconds(tmp_path):
@@ -270,19 +414,76 @@ def test_out_a_file_and_a_corrupt_sweep_json_get_one_paragraph(tmp_path):
     assert (tmp_path / "sweep" / "sweep.json").read_text() == '{"trials": ['
 
 
+def test_resume_after_the_script_moved_gets_one_paragraph(tmp_path):
+    """A --resume whose script was moved away (or deleted) ended in a FileNotFoundError traceback."""
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "ppo_continuous.py"
+    shutil.copy(ROOT / "ppo_continuous.py", script)
+    out = tmp_path / "sweep"
+    old = write_sweep(out, [1], ["--total-timesteps", "1024"], script=str(script))
+    script.rename(tmp_path / "moved.py")
+    proc = run_sweep("--out", out, "--resume", timeout=120)
+    assert_clean_error(proc, f"{script} moved or changed since the sweep started")
+    assert json.loads((out / "sweep.json").read_text()) == old
+
+
+def malformed_specs(valid: dict) -> dict:
+    """sweep.json files of the right JSON but not of the tool's shape: what a hand edit or another version leaves."""
+    trial = valid["trials"][0]
+    return {
+        "no args": {"args": {}, "trials": []},
+        "args of another type": {**valid, "args": {**valid["args"], "seeds": "1 2"}},
+        "an unknown metric": {**valid, "args": {**valid["args"], "metric": "best"}},
+        "a trial not an object": {**valid, "trials": [1]},
+        "a trial without its fields": {**valid, "trials": [{"id": trial["id"]}]},
+        "a trial with a field of another type": {**valid, "trials": [{**trial, "seed": "1"}]},
+        "a trial with a field more": {**valid, "trials": [{**trial, "note": "x"}]},
+    }
+
+
+def test_a_sweep_json_of_another_shape_gets_one_paragraph_from_resume_and_summarize(tmp_path):
+    """Only its top-level types were checked: a missing key or a field of another type ended in a KeyError or
+    TypeError traceback."""
+    valid = write_sweep(tmp_path / "valid", [1], ["--total-timesteps", "1024"])
+    for name, spec in malformed_specs(valid).items():
+        out = tmp_path / name.replace(" ", "-")
+        out.mkdir()
+        (out / "sweep.json").write_text(json.dumps(spec))
+        for flag in ("--resume", "--summarize"):
+            proc = run_sweep("--out", out, flag, timeout=120)
+            assert_clean_error(proc, "sweep.json is not a sweep this tool wrote")
+        assert json.loads((out / "sweep.json").read_text()) == spec and [p.name for p in out.iterdir()] == ["sweep.json"]
+
+
+def test_a_result_json_of_another_shape_is_not_taken_as_a_finished_trial(tmp_path):
+    """A result.json that was JSON but not an object (or had no state) ended --summarize in an AttributeError or
+    KeyError traceback; now such a trial counts as unfinished (its --resume runs it)."""
+    out = tmp_path / "sweep"
+    spec = write_sweep(out, [1, 2, 3], ["--total-timesteps", "1024"])
+    ids = [t["id"] for t in spec["trials"]]
+    (out / "trials" / ids[0] / "result.json").write_text("[1, 2]")
+    (out / "trials" / ids[1] / "result.json").write_text(json.dumps({"key": ids[1]}))
+    proc = run_sweep("--out", out, "--summarize", timeout=120)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    states = {t["id"]: t["state"] for t in json.loads((out / "summary.json").read_text())["trials"]}
+    assert states == {ids[0]: "unfinished", ids[1]: "unfinished", ids[2]: "done"}
+    assert "(unfinished: 1, 2)" in proc.stdout
+
+
 def test_summarize_of_an_empty_grid_and_of_a_tuning_sweep_works(tmp_path):
     """Regression: ZeroDivisionError in `plot` for an empty grid (`--grid "learning_rate= ,"` was accepted) and a study."""
     proc = run_sweep(
         "--out", tmp_path / "s", "--script", "ppo_continuous.py", "--env-id", "Pendulum-v1", "--grid", "learning_rate= ,"
     )
     assert_clean_error(proc, "--grid 'learning_rate= ,'")
+    args = {**DEFAULTS, "script": [], "env_id": [], "metric": "eval"}  # every key a sweep.json holds
     (tmp_path / "empty").mkdir()
-    (tmp_path / "empty" / "sweep.json").write_text(json.dumps({"args": {"tune": False, "metric": "eval"}, "trials": []}))
+    (tmp_path / "empty" / "sweep.json").write_text(json.dumps({"args": args, "trials": []}))
     proc = run_sweep("--out", tmp_path / "empty", "--summarize", timeout=60)
     assert proc.returncode == 0 and "| task |" in proc.stdout, proc.stdout + proc.stderr
     assert json.loads((tmp_path / "empty" / "summary.json").read_text())["tasks"] == []
     (tmp_path / "tune").mkdir()
-    (tmp_path / "tune" / "sweep.json").write_text(json.dumps({"args": {"tune": True, "metric": "eval"}, "trials": []}))
+    (tmp_path / "tune" / "sweep.json").write_text(json.dumps({"args": {**args, "tune": True}, "trials": []}))
     proc = run_sweep("--out", tmp_path / "tune", "--summarize", timeout=60)
     assert proc.returncode == 0 and "| task |" in proc.stdout, proc.stdout + proc.stderr  # no setting finished: no best
 

@@ -76,16 +76,36 @@ while not done:
 print(total)"""
 
 
+# What this tool calls in a script: a --script without them is not one of this project's (or an edited copy).
+SCRIPT_API = ("UserError", "Args", "load_checkpoint", "policy_from_checkpoint", "eval_env", "evaluate")
+
+
 class ToolError(Exception):
-    """Bad input (a path, a checkpoint): one paragraph, exit code 2."""
+    """Bad input (a flag, a path, a checkpoint): one paragraph, exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse's errors: one paragraph too (it would print its usage block first)
+        raise ToolError(f"{message} (see {self.prog} --help)")
 
 
 def import_script(file: Path):
-    """A script (this project's, or an edited copy) as a module."""
+    """A script (this project's, or an edited copy) as a module; one that does not import, or lacks what this tool
+    calls, is a ToolError."""
     spec = importlib.util.spec_from_file_location(f"onefile_{file.stem}", file)
+    if spec is None or file.suffix != ".py":
+        raise ToolError(f"--script '{file}' is not a Python file (.py).")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # a syntax error, an import it lacks, its own code failing: any of them, the same paragraph
+        first = f"{type(e).__name__}: {e}".splitlines()[0]
+        raise ToolError(
+            f"--script '{file}' could not be imported ({first}): give the script that wrote the checkpoint."
+        ) from None
+    if missing := [name for name in SCRIPT_API if not hasattr(module, name)]:
+        raise ToolError(f"--script '{file}' is not a script of this project: it has no {', '.join(missing)}.")
     return module
 
 
@@ -156,7 +176,11 @@ def evaluate_command(opts) -> None:
     """Deterministic episodes; the mean is printed and logged as eval/episodic_return in <run>/eval/<checkpoint>."""
     script, ckpt, policy = load(opts.checkpoint, opts.script)
     out = beside(opts.checkpoint, "eval")
-    returns = play(script, ckpt, policy, opts.episodes, str(out / "videos") if opts.capture_video else None)
+    videos, n = out / "videos", 1
+    while videos.exists():  # an earlier eval's videos stay: RecordVideo writes over the files of its folder
+        n += 1
+        videos = out / f"videos-{n}"
+    returns = play(script, ckpt, policy, opts.episodes, str(videos) if opts.capture_video else None)
     from torch.utils.tensorboard import SummaryWriter
 
     with SummaryWriter(str(out)) as writer:  # the checkpoint's flags beside its score, as the training run logs them
@@ -173,6 +197,8 @@ def check_out(out: Path, source: Path, force: bool) -> None:
     --force, a folder this tool did not export (a run's checkpoints, event files, args.json, anyone's own files)."""
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise ToolError(f"--out '{out}' is a link or a file, not a folder: nothing was written. Give a folder's path.")
+    if any(folder.exists() and not folder.is_dir() for folder in out.parents):  # (mkdir's words: "File exists")
+        raise ToolError(f"--out '{out}' goes through a file, not a folder: nothing was written. Give a folder's path.")
     if not out.exists() or not any(out.iterdir()):
         return
     if not force:
@@ -313,7 +339,7 @@ def model_card(script, ckpt: dict, path: str, returns: list, video: bool, dtype:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description=__doc__.split("\n\n")[0],
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -333,16 +359,16 @@ def main(argv=None) -> None:
             command.add_argument(
                 "--force", action="store_true", help="replace an earlier export in --out (never any other folder)"
             )
-    opts = parser.parse_args(argv)
-    if opts.episodes < 1:
-        parser.error("--episodes must be >= 1")
-    if opts.capture_video and not os.environ.get("DISPLAY"):
-        os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo renders through EGL; set before mujoco loads
     try:
+        opts = parser.parse_args(argv)
+        if opts.episodes < 1:
+            raise ToolError(f"--episodes {opts.episodes}: give 1 or more.")
+        if opts.capture_video and not os.environ.get("DISPLAY"):
+            os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo renders through EGL; set before mujoco loads
         (evaluate_command if opts.command == "eval" else export_command)(opts)
-    except (ToolError, OSError) as e:  # bad input, or the disk (full, unwritable): one paragraph
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    except (ToolError, OSError, KeyboardInterrupt) as e:  # bad input, a path, the disk; Ctrl-C: one paragraph
+        print(f"error: {str(e) or 'stopped (Ctrl-C); an export is written whole or not at all'}", file=sys.stderr)
+        sys.exit(130 if isinstance(e, KeyboardInterrupt) else 2)
 
 
 if __name__ == "__main__":

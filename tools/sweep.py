@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Optional
 
@@ -40,6 +40,7 @@ SET_BY_SWEEP = ("env-id", "seed", "runs-dir", "torch-threads", "resume", "progre
 CHECKPOINT = re.compile(r"(step|interrupted|final)_(\d{10})\.pt")  # the scripts' checkpoint names (best.pt aside)
 PROGRESS = re.compile(r"^step\s+[\d,]+/[\d,]+ \|\s+\d+ SPS", re.M)  # the scripts' plain progress line
 SPACE_FORMS = "loguniform:LOW:HIGH (LOW > 0), uniform:LOW:HIGH, int:LOW:HIGH or choice:A,B"  # --tune's --space
+DEFAULTS = dict(seeds=[1, 2, 3], grid={}, extra=[], cpus_per_trial=1, space=[], tune=False, num_samples=8, search_seed=0)
 INTERRUPTED, STOP_FILE, TAIL = 130, "STOP", 15  # a script's exit code after Ctrl-C; the driver's stop marker; log lines
 
 
@@ -93,8 +94,8 @@ def parse_grid(items: list) -> dict:
     for item in items:
         name, _, values = item.partition("=")
         values = list(dict.fromkeys(v.strip() for v in values.split(",") if v.strip()))
-        if not name.strip() or not values:
-            raise UserError(f"--grid '{item}': write flag=value1,value2 (e.g. learning_rate=3e-4,1e-3).")
+        if not name.strip() or not values or flag_name(name) in grid:
+            raise UserError(f"--grid '{item}': write flag=value1,value2 (e.g. learning_rate=3e-4,1e-3), each flag once.")
         grid[flag_name(name)] = values
     return grid
 
@@ -177,31 +178,23 @@ def check_address(address: str) -> None:
 
 
 # ---- the sweep's folder: one sweep at a time -----------------------------------------------------------------------
-def claim(out: Path) -> dict:
-    """Lock --out for this process's life (flock: released when it dies, however), or refuse, naming the holder."""
+def claim(out: Path) -> tuple:
+    """Lock --out for this process's life (an flock on the folder: no file; gone when it dies), or name the holder."""
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file, not a folder: give a folder (it is made if missing).")
-    created = not out.exists()
+    made = [p for p in (out, *out.parents) if not p.exists()]  # removed at the end if still empty (nothing written)
     out.mkdir(parents=True, exist_ok=True)
-    fd = os.open(out / "sweep.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise UserError(f"--out {out} is not writable by this user: give a folder you can write in.")
+    fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        if os.fstat(fd).st_ino != os.stat(out / "sweep.lock").st_ino:  # the holder removed it as we opened it
-            raise BlockingIOError
-    except (BlockingIOError, FileNotFoundError):
-        holder = os.read(fd, 100).decode(errors="replace").strip() or "unknown"
+    except BlockingIOError:
+        held = f":{os.fstat(fd).st_ino} "  # /proc/locks: "1: FLOCK ADVISORY WRITE <pid> <major>:<minor>:<inode> 0 EOF"
+        holder = next((line.split()[-4] for line in open("/proc/locks") if held in line), "unknown")
         os.close(fd)
         raise UserError(f"--out {out} is in use by another sweep (pid {holder}): wait for it, or use another --out.") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()} on {socket.gethostname()}\n".encode())
-    return {"out": out, "fd": fd, "created": created}
-
-
-def release(lock: dict, refused: bool) -> None:
-    os.unlink(lock["out"] / "sweep.lock")
-    os.close(lock["fd"])
-    if refused and lock["created"]:
-        shutil.rmtree(lock["out"], ignore_errors=True)
+    return fd, made
 
 
 # ---- a trial: the script in a subprocess, on a Ray worker ----------------------------------------------------------
@@ -245,17 +238,17 @@ def progress_of(log_path: Path) -> str:
     return found[-1] if found else ""
 
 
-def write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+def write(path: Path, data) -> None:
+    """Text, or a dict as JSON, written beside path, then renamed into place: a link there is replaced, not written to."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "x") as f:  # x: never over a file that is there
+        f.write(data if isinstance(data, str) else json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)
 
 
 def read_json(path: Path) -> Optional[dict]:
-    try:
+    with contextlib.suppress(OSError, ValueError):  # unreadable, or not JSON: None
         return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def run_trial(trial: dict, sweep_dir: str) -> dict:
@@ -279,14 +272,14 @@ def run_trial(trial: dict, sweep_dir: str) -> dict:
     result.update({"command": shlex.join(proc.args), "key": trial.id, "host": socket.gethostname()})
     log = (trial_dir / "log.txt").read_text(errors="replace").splitlines()
     result.update(progress=progress_of(trial_dir / "log.txt"), log_tail="\n".join(log[-TAIL:]) if rc else "")
-    write_json(trial_dir / "result.json", result)  # the marker: a finished trial is never run again
+    write(trial_dir / "result.json", result)  # the marker: a finished trial is never run again
     return result
 
 
 def read_result(sweep_dir: Path, trial: Trial) -> Optional[dict]:
     """A trial's result.json, if it was written for this very trial (its command's hash is in the id)."""
-    result = read_json(sweep_dir / "trials" / trial.id / "result.json")
-    return result if result and result.get("key") == trial.id else None
+    r = read_json(sweep_dir / "trials" / trial.id / "result.json")
+    return r if isinstance(r, dict) and r.get("key") == trial.id and r.get("state") in ("done", "failed") else None
 
 
 # ---- the driver: Ray, progress lines, Ctrl-C -----------------------------------------------------------------------
@@ -369,7 +362,8 @@ def parse_space(items: list) -> dict:
         try:
             if kind != "choice":
                 values = [(int if kind == "int" else float)(x) for x in values]
-            ok = kind == "choice" or (len(values) == 2 and values[0] <= values[1] and (kind != "loguniform" or values[0] > 0))
+            ok = kind == "choice" or (len(values) == 2 and -np.inf < values[0] <= values[1] < np.inf)
+            ok = ok and (kind != "loguniform" or values[0] > 0)
         except ValueError:
             ok = False
         if not name.strip() or not values or not ok or kind not in ("loguniform", "uniform", "int", "choice"):
@@ -383,9 +377,8 @@ def sample_space(items: list, n: int, seed: int) -> list:
     draws are the n draws (a --resume with a larger --num-samples adds settings)."""
     rng = np.random.default_rng(seed)
     draw = {"uniform": lambda lo, hi: f"{rng.uniform(lo, hi):.6g}", "int": lambda lo, hi: str(rng.integers(lo, hi + 1))}
-    draw.update(
-        loguniform=lambda lo, hi: f"{np.exp(rng.uniform(np.log(lo), np.log(hi))):.6g}", choice=lambda *v: rng.choice(v)
-    )
+    draw["loguniform"] = lambda lo, hi: f"{np.exp(rng.uniform(np.log(lo), np.log(hi))):.6g}"
+    draw["choice"] = lambda *v: rng.choice(v)
     space = parse_space(items)
     return [{name: str(draw[kind](*values)) for name, (kind, values) in space.items()} for _ in range(n)]
 
@@ -400,10 +393,8 @@ def read_scalars(run_dir: Path, tag: str) -> list:
     return sorted((e.step, e.value) for e in (acc.Scalars(tag) if tag in acc.Tags()[ea.SCALARS] else []))
 
 
-METRICS = {
-    "eval": ("eval_last", "the last evaluation's mean return (eval/episodic_return)"),
-    "train": ("train_last100_mean", "the mean return of the last 100 training episodes (charts/episodic_return)"),
-}
+METRICS = {"eval": ("eval_last", "the last evaluation's mean return (eval/episodic_return)")}
+METRICS["train"] = ("train_last100_mean", "the mean return of the last 100 training episodes (charts/episodic_return)")
 
 
 def trial_entry(sweep_dir: Path, t: Trial) -> dict:
@@ -449,19 +440,22 @@ def summarize(sweep_dir: Path, spec: dict, metric: str) -> dict:
         command = f"python {trial.shown()}"
         summary["best"] = {"task": best["task"], "mean": best["mean"], "command": command}
         lines += ["", f"[tune] best command line:\n{command}"]
-    write_json(sweep_dir / "summary.json", summary)
-    (sweep_dir / "summary.md").write_text("\n\n".join(["\n".join(lines), *failures]) + "\n")
+    write(sweep_dir / "summary.json", summary)
+    write(sweep_dir / "summary.md", "\n\n".join(["\n".join(lines), *failures]) + "\n")
     print("\n".join(lines), flush=True)
     print("\n\n".join(failures), file=sys.stderr)
     return summary
 
 
 # ---- command line --------------------------------------------------------------------------------------------------
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # a flag's error: one paragraph, as the tool's own (argparse prints its usage too)
+        raise UserError(f"{message} (see tools/sweep.py --help)")
+
+
 def parse_args(argv: list) -> tuple:
     """(options, the arguments after `--` or None); what a --resume leaves out is None (sweep.json's value)."""
-    parser = argparse.ArgumentParser(
-        prog="tools/sweep.py", description=__doc__.splitlines()[0], epilog="After --: flags for every trial."
-    )
+    parser = Parser(prog="tools/sweep.py", description=__doc__.splitlines()[0], epilog="After --: flags for every trial.")
     add = parser.add_argument
     add("--out", required=True, type=Path, help="the sweep's folder (trials, summary)")
     add("--script", nargs="+", type=find_script, help="training scripts (a path, or a name beside tools/)")
@@ -487,20 +481,21 @@ def sweep_args(ns, extra: Optional[list], old: Optional[dict]) -> dict:
     """The sweep's settings: those given, else sweep.json's (old), else the defaults; each checked."""
     if old is None and not (ns.script and ns.env_id):
         raise UserError("a new sweep needs --script and --env-id (or --resume / --summarize of an existing --out).")
-    defaults = dict(seeds=[1, 2, 3], grid={}, extra=[], cpus_per_trial=1, space=[], tune=False, num_samples=8, search_seed=0)
     settings = {**vars(ns), "grid": parse_grid(ns.grid) if ns.grid else None, "extra": extra, "tune": ns.tune or None}
-    given = {k: v for k, v in settings.items() if k in ("script", "env_id", *defaults) and v is not None}
+    given = {k: v for k, v in settings.items() if k in ("script", "env_id", *DEFAULTS) and v is not None}
     if old is not None:  # a --resume: a grid sweep gets the trials of new scripts, env ids, seeds or grid values
         grows = ("num_samples", "seeds") if old["tune"] else ("script", "env_id", "seeds", "grid")
         changed = [k for k, v in given.items() if k in old and k not in grows and v != old[k]]
         if changed:
             differ = "; ".join(f"--{k.replace('_', '-')} {given[k]} (the sweep's: {old[k]})" for k in changed)
             raise UserError(f"--resume with {differ}: a sweep's trials share these; start another --out.")
-    args = {**defaults, **(old or {}), **given, "max_failures": ns.max_failures, "report_interval": ns.report_interval}
+    args = {**DEFAULTS, **(old or {}), **given, "max_failures": ns.max_failures, "report_interval": ns.report_interval}
     evaluates = any(w.startswith("--eval-interval") for w in args["extra"])
     args["metric"] = ns.metric or args.get("metric") or ("eval" if evaluates else "train")
-    if args["cpus_per_trial"] < 1 or args["max_failures"] < 0 or args["report_interval"] <= 0 or min(args["seeds"]) < 0:
-        raise UserError("--cpus-per-trial must be >= 1, --max-failures >= 0, --report-interval > 0, seeds >= 0.")
+    if args["cpus_per_trial"] < 1 or args["max_failures"] < 0 or not 0 < args["report_interval"] <= 3600:
+        raise UserError("--cpus-per-trial must be >= 1, --max-failures >= 0, --report-interval in (0, 3600].")
+    if min(args["seeds"], default=-1) < 0 or args["search_seed"] < 0 or len(set(args["seeds"])) < len(args["seeds"]):
+        raise UserError(f"--seeds {args['seeds']}, --search-seed {args['search_seed']}: each >= 0, each seed given once.")
     names = [w[2:].split("=", 1)[0] for w in args["extra"] if w.startswith("--")] + list(args["grid"])
     for name in set(SET_BY_SWEEP) & set(names + list(parse_space(args["space"]))):
         raise UserError(f"--{name} is set by the sweep for each trial (--env-id, --seeds, --cpus-per-trial, --out, --resume).")
@@ -516,8 +511,7 @@ def sweep_args(ns, extra: Optional[list], old: Optional[dict]) -> dict:
     return args
 
 
-def grid_of(args: dict) -> list:
-    a = args
+def grid_of(a: dict) -> list:
     grid = [{n: [v] for n, v in s.items()} for s in sample_space(a["space"], a["num_samples"], a["search_seed"])]
     points = grid if a["tune"] else [a["grid"]]
     return [t for p in points for t in expand_grid(a["script"], a["env_id"], a["seeds"], p, a["extra"], a["cpus_per_trial"])]
@@ -526,8 +520,13 @@ def grid_of(args: dict) -> list:
 def load_spec(out: Path) -> dict:
     if not (out / "sweep.json").is_file():
         raise UserError(f"--out {out} holds no sweep (no sweep.json): start one without --resume / --summarize.")
-    spec = read_json(out / "sweep.json")
-    if not isinstance(spec, dict) or not isinstance(spec.get("args"), dict) or not isinstance(spec.get("trials"), list):
+    spec = read_json(out / "sweep.json")  # what the tool reads of it, each of the type the tool wrote
+    args, trials = (spec.get("args"), spec.get("trials")) if isinstance(spec, dict) else (None, None)
+    kinds = {**{k: type(v) for k, v in DEFAULTS.items()}, "script": list, "env_id": list, "metric": str}
+    ok = isinstance(args, dict) and {k: type(args.get(k)) for k in kinds} == kinds and args["metric"] in METRICS
+    kinds = {f.name: f.type for f in fields(Trial)}
+    ok = ok and type(trials) is list and all(type(t) is dict and dict(zip(t, map(type, t.values()))) == kinds for t in trials)
+    if not ok:
         raise UserError(f"{out / 'sweep.json'} is not a sweep this tool wrote (unreadable, or of an older version of it).")
     return spec
 
@@ -536,16 +535,17 @@ def plan(ns, extra: Optional[list], out: Path) -> tuple:
     """(the spec to write, the trials to probe) of a new sweep or a --resume; every check but the probes passed."""
     if ns.resume:
         spec = load_spec(out)
-    elif any(p.name != "sweep.lock" for p in out.iterdir()):
+    elif any(out.iterdir()):
         raise UserError(f"--out {out} is not empty: continue its sweep with --resume, or choose another --out.")
     else:
         spec = {"args": None, "trials": []}
     args = sweep_args(ns, extra, spec["args"])
-    for t in [Trial(**t) for t in spec["trials"]]:
-        if hashlib.sha256(Path(t.script).read_bytes()).hexdigest() != t.checksum and not read_result(out, t):
-            raise UserError(f"{t.script} changed since the sweep started: restore it, or start a sweep in another --out.")
+    for t in [Trial(**t) for t in spec["trials"]]:  # a script moved away: its trials' ids (a hash of it) are lost
+        digest = hashlib.sha256(Path(t.script).read_bytes()).hexdigest() if Path(t.script).is_file() else None
+        if digest is None or (digest != t.checksum and not read_result(out, t)):
+            raise UserError(f"{t.script} moved or changed since the sweep started: restore it, or start another --out.")
     known = {t["id"] for t in spec["trials"]}
-    new = [t for t in grid_of(args) if t.id not in known]
+    new = list({t.id: t for t in grid_of(args) if t.id not in known}.values())  # (--tune may draw a setting twice)
     if new and ns.resume:
         print(f"[sweep] {len(new)} new trial(s) added to the sweep", flush=True)
     return {**spec, "args": args, "trials": spec["trials"] + [asdict(t) for t in new]}, new
@@ -560,16 +560,12 @@ def main(argv: Optional[list] = None) -> int:
         return 0 if all(t["state"] == "done" for t in summary["trials"]) else 1
     if ns.address is not None:
         check_address(ns.address)
-    lock = claim(out)  # before any probe: one sweep per folder
+    (lock, made), ray, temp = claim(out), None, None  # before any probe: one sweep per folder
     try:
         spec, probes = plan(ns, extra, out)
         check_values(probes)
         ray, temp = start_ray(ns.address, spec["args"]["cpus_per_trial"])
-    except BaseException:
-        release(lock, refused=True)
-        raise
-    try:
-        write_json(out / "sweep.json", spec)
+        write(out / "sweep.json", spec)
         (out / STOP_FILE).unlink(missing_ok=True)
 
         def on_signal(signum, frame):  # Ctrl-C / SIGTERM: each trial's script saves a checkpoint, none starts anew
@@ -587,14 +583,18 @@ def main(argv: Optional[list] = None) -> int:
             return INTERRUPTED
         return 1 if "failed" in states else 0
     finally:
-        ray.shutdown()
+        if ray is not None:
+            ray.shutdown()
         shutil.rmtree(temp or "/nonexistent", ignore_errors=True)
-        release(lock, refused=False)
+        os.close(lock)
+        for folder in made:  # the folders claim made, if still empty: a refused sweep leaves nothing (never a file)
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    except (UserError, OSError, KeyboardInterrupt) as e:  # bad input, a path, the disk; Ctrl-C before trials start
+        print(f"error: {str(e) or 'stopped (Ctrl-C) before any trial started'}", file=sys.stderr)
+        sys.exit(INTERRUPTED if isinstance(e, KeyboardInterrupt) else 2)
