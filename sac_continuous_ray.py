@@ -639,11 +639,8 @@ def next_dispatch(batches, state, args, total: int) -> Optional[tuple[int, int, 
     utd = 0.0 if args.pause_learner else args.utd_ratio  # the coupling of collection to the learner (0: none)
     lead_steps = args.num_rollout_workers * args.worker_batch_steps * args.envs_per_worker  # one batch per worker
     made = state.grad_steps - state.updates_base  # the updates made under this schedule
-    if (
-        index is None
-        or steps == 0
-        or not collection_allowed(batches.dispatched, steps * args.envs_per_worker, made, state.updates_start, utd, lead_steps)
-    ):
+    allowed = collection_allowed(batches.dispatched, steps * args.envs_per_worker, made, state.updates_start, utd, lead_steps)
+    if index is None or steps == 0 or not allowed:
         return None
     # an acting worker pulls first if pull_due (of the learner's version, which main() publishes at the batch's start)
     pull = steps > random_steps and pull_due(
@@ -689,7 +686,7 @@ class Batches:
         was lost (with its node) before the shard fetched it, is dropped, never counted, and its env steps handed out
         again. A shard that cannot store raises ShardLost."""
         import ray
-        from ray.exceptions import ObjectLostError, RayActorError
+        from ray.exceptions import ActorDiedError, ObjectLostError, RayActorError
 
         ready = ray.wait(list(self.in_flight), num_returns=len(self.in_flight), timeout=0)[0] if self.in_flight else []
         adds = []
@@ -698,6 +695,8 @@ class Batches:
             self.busy[index] -= 1
             try:
                 stats = ray.get(ref)
+            except ActorDiedError:  # dead for good: Ray restarted it MAX_WORKER_RESTARTS times (else: ActorUnavailableError)
+                raise UserError(f"rollout worker {index} died {MAX_WORKER_RESTARTS + 1} times (out of memory?)") from None
             except RayActorError as e:
                 self.drop(index, steps, f"a batch of rollout worker {index} failed ({type(e).__name__}): Ray restarts it")
                 self.versions[index] = -1  # a restarted worker starts without weights
@@ -772,6 +771,7 @@ def new_window(state: LoopState, device: torch.device) -> dict:
 
 SAMPLE_GROUP = 16  # batches per buffer request: one Ray round trip per 16 gradient steps
 MAX_IN_FLIGHT = 2  # batches queued per worker: one it collects, the next behind it
+MAX_WORKER_RESTARTS = 3  # Ray restarts a dead rollout worker this many times; its next death ends the run (harvest)
 
 
 def main() -> None:
@@ -818,25 +818,25 @@ def main() -> None:
         .remote()
     )
     publisher = Publisher(param_server, learner.actor, state.actor_updates)
-    # Workers: restarted by Ray when their process dies; their in-flight batch then fails (max_task_retries=0) and the
-    # driver hands those steps to the next batch, so nothing is counted twice.
+    # Workers: restarted by Ray when their process dies (MAX_WORKER_RESTARTS times); their in-flight batch then fails
+    # (max_task_retries=0) and the driver hands those steps to the next batch, so nothing is counted twice.
     worker_class = ray.remote(RolloutWorker).options(
-        num_cpus=1, max_restarts=-1, max_task_retries=0, scheduling_strategy="SPREAD"
+        num_cpus=1, max_restarts=MAX_WORKER_RESTARTS, max_task_retries=0, scheduling_strategy="SPREAD"
     )
     workers = [
         worker_class.remote(i, args.env_id, args.envs_per_worker, args.seed + 1_000 * i + state.global_step, param_server_name)
         for i in range(args.num_rollout_workers)
     ]
-    batches = Batches(workers, state.global_step, args.envs_per_worker)
-    print_layout(args, batches, nbytes, device)  # (below the banner) where each part runs
     run.play = lambda episodes, video_dir=None: evaluate(
         learner.policy, eval_env(args.env_id, video_dir), episodes, args.seed + 10_000
     )
     shard_sizes = ray.get([shard.size.remote() for shard in shards])
     sampler = Sampler(shards, args.batch_size, SAMPLE_GROUP, device)
-    window = new_window(state, device)
 
     with stop_on_task_error(run, shard_states):  # (below the banner) a failed Ray task: checkpoint, one paragraph
+        batches = Batches(workers, state.global_step, args.envs_per_worker)  # waits until every worker has started
+        print_layout(args, batches, nbytes, device)  # (below the banner) where each part runs
+        window = new_window(state, device)
         # one pass: harvest, dispatch, learn, log; then (Run) evaluation every --eval-interval steps, checkpoints
         for _ in run.iterations(state, args.num_iterations):
             # ---- harvest: count each batch its shard stored, note its episodes and its staleness ----
@@ -929,9 +929,7 @@ def validate_args(args: Args) -> None:
             "would stay empty."
         )
     if args.total_timesteps < args.envs_per_worker:
-        raise UserError(
-            f"total_timesteps ({args.total_timesteps}) is below one vector step (envs_per_worker = {args.envs_per_worker})."
-        )
+        raise UserError(f"total_timesteps ({args.total_timesteps}) is below one vector step ({args.envs_per_worker} envs).")
     if args.learning_starts > args.total_timesteps:
         raise UserError(
             f"learning_starts ({args.learning_starts}) is above total_timesteps ({args.total_timesteps}): "
@@ -956,14 +954,24 @@ def check_resumable(ckpt: dict, path: str, total: int) -> None:
 
 
 def connect_ray(address: Optional[str], num_workers: int):
-    """Start an embedded Ray (address None) or join a cluster; an unreachable address fails in seconds, clearly."""
+    """Start an embedded Ray (address None) or join a cluster; an unreachable address fails in seconds, clearly. More
+    workers than it has CPUs are refused before any starts (an embedded Ray given a CPU per worker once ran 100 on 2 cores)."""
+    if address not in (None, "auto"):  # Why probe first: ray.init retries an unreachable address for minutes
+        host, _, port = address.removeprefix("ray://").rpartition(":")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
+        except (OSError, ValueError) as e:
+            raise UserError(
+                f"--ray-address {address}: cannot connect to {host or '127.0.0.1'}:{port} ({e}). Start the "
+                "cluster first (`ray start --head` prints the address), check the host and port, or leave "
+                "--ray-address out to run on this machine alone."
+            ) from None
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage-stats prompt or upload
     if address is None:  # (each read when ray is first imported, so set before that)
         # no second virtual environment for the workers under `uv run` (tens of seconds per start; a cluster needs it)
         os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-        # it serves this process alone: servers on 127.0.0.1 only (the switch is named for Windows and macOS), and
-        # Ray's token authentication on, with a token of this cluster's (its workers inherit it): no other local user
-        # can submit code to it
+        # it serves this process alone: servers on 127.0.0.1 only (the switch is named for Windows and macOS), and token
+        # authentication on, with a token of this cluster's (its workers inherit it): no other local user can submit code
         os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         os.environ["RAY_AUTH_MODE"], os.environ["RAY_AUTH_TOKEN"] = "token", secrets.token_hex(32)
         paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)  # an empty entry: the working folder on sys.path
@@ -976,38 +984,22 @@ def connect_ray(address: Optional[str], num_workers: int):
             "`uv run --all-extras ...`), or `pip install 'ray>=2.40,<3'`."
         ) from None
     if address is None:
-        # a CPU per worker (+1 for the learner) at least: 2 cores still start 4 workers. "local": a Ray of its own (with
-        # no address, ray.init() joins a `ray start` cluster already up on this machine, not what --ray-address None says)
+        # "local": a Ray of its own, as many CPUs as this machine (with no address, ray.init() joins a `ray start`
+        # cluster already up on this machine, not what --ray-address None says)
         temp = tempfile.mkdtemp(prefix=f"ray-{os.getuid()}-")  # this user's, mode 0700 (Ray makes its own 0777); short:
         atexit.register(shutil.rmtree, temp, ignore_errors=True)  # socket paths must stay under 108 bytes
-        ray.init(
-            address="local",
-            num_cpus=max(os.cpu_count() or 1, num_workers + 1),
-            include_dashboard=False,
-            logging_level=logging.WARNING,
-            _temp_dir=f"{temp}/r",
-        )
-        return ray
-    if address != "auto":
-        # Why probe first: ray.init keeps retrying an unreachable GCS address for minutes before it gives up.
-        host, _, port = address.removeprefix("ray://").rpartition(":")
+        ray.init(address="local", include_dashboard=False, logging_level=logging.WARNING, _temp_dir=f"{temp}/r")
+    else:
         try:
-            socket.create_connection((host or "127.0.0.1", int(port)), timeout=5).close()
-        except (OSError, ValueError) as e:
-            raise UserError(
-                f"--ray-address {address}: cannot connect to {host or '127.0.0.1'}:{port} ({e}). Start the "
-                "cluster first (`ray start --head` prints the address), check the host and port, or leave "
-                "--ray-address out to run on this machine alone."
-            ) from None
-    try:
-        ray.init(address=address, logging_level=logging.WARNING)
-    except ConnectionError as e:
-        raise UserError(f"--ray-address {address}: could not join a Ray cluster ({e}).") from None
-    if num_workers > (cpus := int(ray.cluster_resources().get("CPU", 0))):  # one CPU each: the rest would wait forever
+            ray.init(address=address, logging_level=logging.WARNING)
+        except ConnectionError as e:
+            raise UserError(f"--ray-address {address}: could not join a Ray cluster ({e}).") from None
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C again (run_ray_cli): Ray's is sys.exit(15)
+    if num_workers > (cpus := int(ray.cluster_resources().get("CPU", 0))):
         ray.shutdown()
+        where = f"the cluster at {address}" if address else "this machine"
         raise UserError(
-            f"--num-rollout-workers {num_workers}: each worker takes one CPU and the cluster at {address} has "
-            f"{cpus}; give at most {cpus}, or add nodes."
+            f"--num-rollout-workers {num_workers}: each worker takes one CPU and {where} has {cpus}; give at most {cpus}."
         )
     return ray
 
@@ -1028,11 +1020,8 @@ def print_end(run, batches, shards: list) -> None:
     """The last line: after a stop, the env steps in flight it drops; else the run's totals and its speed."""
     state = run.state
     if run.stopped:
-        print(
-            f"stopping: {batches.dispatched - state.global_step} env steps in flight are dropped (never counted: a resumed "
-            "run collects them again)",
-            file=sys.stderr,
-        )
+        dropped = batches.dispatched - state.global_step
+        print(f"stopping: {dropped} env steps in flight are dropped (never counted; a resume collects them)", file=sys.stderr)
         return
     import ray
 
@@ -1046,13 +1035,10 @@ def print_end(run, batches, shards: list) -> None:
 
 def restarted_actor() -> bool:
     """True inside a Ray actor that Ray restarted after its process died (False outside Ray)."""
-    if "ray" not in sys.modules:
-        return False
-    import ray
-
+    ray = sys.modules.get("ray")  # None: not imported, so not in Ray
     with warnings.catch_warnings():  # the property reads a deprecated attribute internally (Ray 2.5x)
         warnings.simplefilter("ignore")
-        return bool(ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed)
+        return bool(ray and ray.is_initialized() and ray.get_runtime_context().was_current_actor_reconstructed)
 
 
 class ShardStates:
@@ -1084,11 +1070,8 @@ def call(target, method: str, *args):
 
 def node_id() -> Optional[str]:
     """The Ray node this process runs on (None outside Ray): the workers report it, the log shows where they ran."""
-    if "ray" not in sys.modules:
-        return None
-    import ray
-
-    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    ray = sys.modules.get("ray")  # None: not imported, so not in Ray
+    return ray.get_runtime_context().get_node_id() if ray and ray.is_initialized() else None
 
 
 class ShardLost(Exception):
@@ -1096,23 +1079,23 @@ class ShardLost(Exception):
 
     def __init__(self, shard: Optional[int], cause: Exception):
         super().__init__(f"replay buffer shard {'' if shard is None else f'{shard} '}died ({type(cause).__name__})")
-        self.shard, self.cause = shard, cause
 
 
 @contextmanager
 def stop_on_task_error(run, shard_states: ShardStates):
     """Ray task errors the loop cannot repair (a lost buffer shard, an exception in an actor's code; dead workers, lost
     batches and a restarted parameter server are repaired inside it) end the run: an `interrupted` checkpoint (without
-    the buffer when a shard was lost), one paragraph on stderr, exit code 1, not a traceback."""
+    the buffer when a shard was lost), one paragraph on stderr, exit code 1 (a UserError: a worker dead for good, 2)."""
     from ray.exceptions import RayError
 
     try:
         yield
-    except (RayError, ShardLost) as e:
+    except (RayError, ShardLost, UserError) as e:
+        what = str(e)
         if isinstance(e, ShardLost):
             shard_states.save = False  # the lost shard's transitions cannot be saved: the checkpoint holds no buffer
-            what = f"{e}; it held the only copy of its transitions, so the run cannot go on (buffer shards are not restarted)"
-        else:
+            what += "; it held the only copy of its transitions, so the run cannot go on (buffer shards are not restarted)"
+        elif isinstance(e, RayError):
             lines = [line for line in str(e).splitlines() if line.strip()]
             what = f"a Ray task failed: {type(e).__name__}" + (f" ({lines[-1].strip()})" if lines else "")
         path = run.save("interrupted")
@@ -1122,7 +1105,23 @@ def stop_on_task_error(run, shard_states: ShardStates):
             file=sys.stderr,
         )
         run.close()
-        sys.exit(1)
+        sys.exit(2 if isinstance(e, UserError) else 1)
+
+
+def run_ray_cli(main: Callable[[], None]) -> None:
+    """run_cli(main); a Ctrl-C or SIGTERM before Run's handler takes over (or a second one): one line, exit code 130, and
+    a run whose first iteration has not ended takes what it added with it (as run_cli does); Ray's atexit stops Ray."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # (ray.init replaces it: connect_ray sets it again)
+    try:
+        run_cli(main)
+    except KeyboardInterrupt:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal must not interrupt the clean-up
+            signal.signal(sig, signal.SIG_IGN)
+        for folder, before in Run.unstarted:
+            for path in set(folder.iterdir()) - before if before else [folder]:
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        print("interrupted: " + ("the run had not started: nothing kept" if Run.unstarted else "not saved"), file=sys.stderr)
+        sys.exit(130)
 
 
 # --- shared: sac-run ---
@@ -1808,4 +1807,4 @@ def seed_everything(seed: int, torch_deterministic: bool) -> None:
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_ray_cli(main)

@@ -2,11 +2,13 @@
 ratio, checkpoints, a rollout worker killed mid-run, resume, evaluation, bad input, Ctrl-C, an unreachable cluster."""
 
 import os
+import queue
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -494,3 +496,125 @@ def test_every_worker_collects_episodes_of_its_own(saved_run):
     rows = np.concatenate([np.concatenate([b["obs"], b["actions"]], 1) for b in ckpt["replay_buffers"]])
     assert len(rows) == 1000
     assert len(np.unique(rows, axis=0)) == len(rows), "transitions stored twice: the workers are seeded alike"
+
+
+# ---- Ray stays within the machine: workers within its CPUs, a bounded restart loop, a start-up that can be stopped ----
+@pytest.mark.ray
+def test_more_workers_than_the_clusters_cpus_are_refused_before_any_worker_starts(tmp_path):
+    """One worker more than this machine's CPUs: refused once Ray says how many it has, before any worker starts,
+    with one paragraph and exit code 2; the run's new folder goes, and nothing Ray started is left. (It used to start
+    them all, on a Ray given a CPU per worker: 100 workers on 2 cores were killed for memory and restarted in a loop.)"""
+    workers = (os.cpu_count() or 1) + 1
+    proc = start_ray_run(
+        "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "200", "--num-rollout-workers", workers, "--runs-dir", tmp_path
+    )
+    try:
+        out, err = proc.communicate(timeout=180)
+        leftovers = lingering(proc.pid)
+    finally:
+        stop_session(proc.pid)
+    assert_clean_error(subprocess.CompletedProcess([], proc.returncode, out, err), f"--num-rollout-workers {workers}: ")
+    cpus = int(re.search(r"has (\d+); give at most", err).group(1))
+    assert cpus < workers and "ray:" not in out, out  # no worker started (the start-up line names their pids)
+    assert not any(tmp_path.iterdir()), "the refused run's folder is removed"
+    assert not leftovers, f"processes left in the run's session: {leftovers}"
+
+
+def lines_of(stream) -> queue.Queue:
+    """A stream's lines as a thread reads them (a test waits for one with a timeout, never blocks on the pipe)."""
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in stream], daemon=True).start()
+    return lines
+
+
+def next_match(lines: queue.Queue, pattern: str, timeout: float, seen: list) -> re.Match:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            seen.append(lines.get(timeout=max(deadline - time.monotonic(), 0.01)))
+        except queue.Empty:
+            break
+        if match := re.search(pattern, seen[-1]):
+            return match
+    pytest.fail(f"no line matching {pattern!r} within {timeout:.0f} s; the run printed:\n{''.join(seen[-30:])}")
+
+
+@pytest.mark.ray
+def test_a_worker_killed_again_and_again_ends_the_run_with_a_checkpoint_and_one_paragraph(tmp_path):
+    """SIGKILL rollout worker 0 each time Ray brings it back, as a machine short of memory does: after
+    MAX_WORKER_RESTARTS restarts Ray lets it die, and the driver saves an `interrupted` checkpoint, says so in one
+    paragraph and exits 2, leaving no Ray process behind. (With restarts unbounded it came back for ever.)"""
+    from sac_continuous_ray import MAX_WORKER_RESTARTS
+
+    proc = start_ray_run(
+        "--env-id", "Pendulum-v1", *SMALL, "--total-timesteps", "1000000", "--checkpoint-interval", "0", "--runs-dir", tmp_path
+    )
+    seen_out, seen_err = [], []
+    try:
+        out_lines, err_lines = lines_of(proc.stdout), lines_of(proc.stderr)
+        pid = int(next_match(out_lines, r"^ray: .*pids (\d+) ", 180, seen_out).group(1))
+        wait_for_updates(tmp_path, proc=proc)  # kill once the learner has started
+        for restart in range(MAX_WORKER_RESTARTS):
+            os.kill(pid, signal.SIGKILL)
+            pid = int(next_match(err_lines, r"rollout worker 0 is back \(restarted by Ray, pid (\d+)", 120, seen_err).group(1))
+        os.kill(pid, signal.SIGKILL)  # one death more than Ray restarts
+        proc.wait(timeout=120)
+        leftovers = lingering(proc.pid)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the run went on after worker 0's last death:\n{''.join(seen_err[-20:])}")
+    finally:
+        stop_session(proc.pid)
+    time.sleep(1)  # the reader threads take the pipes' last lines
+    err = "".join(seen_err + list(err_lines.queue))
+    assert proc.returncode == 2, err
+    assert not leftovers, f"processes left in the run's session: {leftovers}"
+    assert "Traceback" not in err, err
+    error = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "rollout worker 0" in error[0] and "--resume" in error[0], err
+    ckpts = list((only_run_dir(tmp_path) / "checkpoints").glob("interrupted_*.pt"))
+    assert len(ckpts) == 1 and str(ckpts[0]) in error[0], err
+    state = torch.load(ckpts[0], weights_only=True)
+    assert state["run_state"]["grad_steps"] > 0 and state["run_state"]["worker_restarts"] <= MAX_WORKER_RESTARTS
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(
+    "where, sig, target",
+    [
+        ("sac_continuous_ray.py:probe_env", "INT", "group"),  # before the run's folder exists
+        ("sac_continuous_ray.py:connect_ray", "TERM", "pid"),  # the folder exists; Ray not started
+        ("ray/_private/node.py:Node.start_raylet", "INT", "group"),  # inside ray.init, its GCS up
+        ("sac_continuous_ray.py:Learner.__init__", "TERM", "pid"),  # Ray up (and its own SIGTERM handler in place)
+        ("sac_continuous_ray.py:Batches.__init__@Worker.get_objects", "INT", "group"),  # waiting for the workers
+    ],
+)
+def test_a_signal_at_any_moment_of_start_up_ends_cleanly(tmp_path, where, sig, target):
+    """Ctrl-C (SIGINT to the process group) or SIGTERM (to the driver) at a chosen moment of start-up, before the
+    first iteration ends (tests/signal_at.py sends it there and says where it was): no traceback, one line, exit
+    code 130, no run folder left, no Ray process left. (It used to print a KeyboardInterrupt traceback, or exit 15
+    through Ray's own SIGTERM handler, leaving the run's folder behind.)"""
+    proc = start_ray_run(
+        where,
+        sig,
+        target,
+        ROOT / SCRIPT,
+        "--env-id",
+        "Pendulum-v1",
+        *SMALL,
+        "--runs-dir",
+        tmp_path,
+        script="tests/signal_at.py",
+    )
+    try:
+        out, err = proc.communicate(timeout=180)
+        leftovers = lingering(proc.pid)
+    finally:
+        stop_session(proc.pid)
+    moment = [line for line in err.splitlines() if line.startswith("signal_at:")]
+    function, _, inner = where.partition(":")[2].partition("@")
+    assert len(moment) == 1 and function in moment[0] and moment[0].endswith(inner), err  # signalled where asked
+    assert proc.returncode == 130, f"rc={proc.returncode}\n{err}"
+    assert "Traceback" not in err, err
+    assert [line for line in err.splitlines() if line.startswith("interrupted")], err
+    assert not any(tmp_path.iterdir()), "nothing is left of a run stopped before its first iteration ended"
+    assert not leftovers, f"processes left in the run's session: {leftovers}"

@@ -320,7 +320,7 @@ def test_the_embedded_ray_has_its_own_token_a_private_temp_folder_and_listens_on
     0700, not a shared /tmp/ray), and no empty PYTHONPATH entry (it would put the working folder on the workers'
     sys.path). A fake ray module records what ray.init would get."""
     seen = {}
-    fake = types.SimpleNamespace(init=lambda **kw: seen.update(kw, env=dict(os.environ)))
+    fake = types.SimpleNamespace(init=lambda **kw: seen.update(kw, env=dict(os.environ)), cluster_resources=lambda: {"CPU": 2})
     monkeypatch.setitem(sys.modules, "ray", fake)
     for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"):
         monkeypatch.delenv(name, raising=False)
