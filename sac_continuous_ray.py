@@ -994,7 +994,7 @@ def connect_ray(address: Optional[str], num_workers: int):
             ray.init(address=address, logging_level=logging.WARNING)
         except ConnectionError as e:
             raise UserError(f"--ray-address {address}: could not join a Ray cluster ({e}).") from None
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C again (run_ray_cli): Ray's is sys.exit(15)
+    signal.signal(signal.SIGTERM, Run.on_signal)  # ours again (run_cli installed it): Ray's is sys.exit(15)
     if num_workers > (cpus := int(ray.cluster_resources().get("CPU", 0))):
         ray.shutdown()
         where = f"the cluster at {address}" if address else "this machine"
@@ -1106,22 +1106,6 @@ def stop_on_task_error(run, shard_states: ShardStates):
         )
         run.close()
         sys.exit(2 if isinstance(e, UserError) else 1)
-
-
-def run_ray_cli(main: Callable[[], None]) -> None:
-    """run_cli(main); a Ctrl-C or SIGTERM before Run's handler takes over (or a second one): one line, exit code 130, and
-    a run whose first iteration has not ended takes what it added with it (as run_cli does); Ray's atexit stops Ray."""
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # (ray.init replaces it: connect_ray sets it again)
-    try:
-        run_cli(main)
-    except KeyboardInterrupt:
-        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal must not interrupt the clean-up
-            signal.signal(sig, signal.SIG_IGN)
-        for folder, before in Run.unstarted:
-            for path in set(folder.iterdir()) - before if before else [folder]:
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
-        print("interrupted: " + ("the run had not started: nothing kept" if Run.unstarted else "not saved"), file=sys.stderr)
-        sys.exit(130)
 
 
 # --- shared: sac-run ---
@@ -1807,4 +1791,4 @@ def seed_everything(seed: int, torch_deterministic: bool) -> None:
 
 
 if __name__ == "__main__":
-    run_ray_cli(main)
+    run_cli(main)
