@@ -1015,9 +1015,9 @@ def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
         ) from None
     found, kinds = state if isinstance(state, dict) else {}, {"script": str, "args": dict, "run_name": str, "global_step": int}
     kinds |= {"iteration": int, "run_state": dict, "rng_states": dict}  # what Run.checkpoint writes and --resume reads
-    kinds |= {"run_state.recent_returns": list, "run_state.best_score": float, "rng_states.torch": torch.Tensor}
-    if found.get("script") == SCRIPT_NAME:  # this script's flags, each of its Args type (another script's is refused later)
-        hints = get_type_hints(Args)
+    if found.get("script") == SCRIPT_NAME:  # what this script reads (another script's checkpoint is refused later)
+        kinds |= {"run_state.recent_returns": list, "run_state.best_score": float, "rng_states.torch": torch.Tensor}
+        hints = get_type_hints(Args)  # and each flag of Args's type
         kinds |= {f"args.{f.name}": hints[f.name] for f in dataclasses.fields(Args) if f.init and f.name in found["args"]}
     bad = [f"{key} ({getattr(kind, '__name__', kind)})" for key, kind in kinds.items() if not of_type(found, key, kind)]
     if bad or not plain_name(found["run_name"]):  # the run's folder is named after run_name: never a path

@@ -90,7 +90,7 @@ def test_running_mean_std_matches_numpy(rng):
     restored = ppo.RunningMeanStd(shape=(3,))  # checkpointed as plain attributes (the Run's to_plain / load_plain)
     saved = ppo.to_plain(rms)
     assert isinstance(saved["mean"], torch.Tensor) and isinstance(saved["count"], float)
-    ppo.load_plain(restored, saved)
+    ppo.load_plain(restored, saved, "obs_rms")
     np.testing.assert_array_equal(restored.mean, rms.mean)
     np.testing.assert_array_equal(restored.var, rms.var)
     assert restored.count == rms.count and restored.mean.dtype == np.float64
@@ -262,8 +262,8 @@ def minimal_checkpoint() -> dict:
         "global_step": 5,
         "iteration": 1,
         "run_name": "x",
-        "run_state": {},
-        "rng_states": {},
+        "run_state": {"recent_returns": [], "best_score": -math.inf},
+        "rng_states": {"torch": torch.get_rng_state()},
     }
 
 

@@ -80,9 +80,12 @@ WORKING_EDITS = {
 STOPPING_EDITS = {
     "first layer widened alone": (
         [(ACTOR, ACTOR.replace("Linear(obs_dim, 64)", "Linear(obs_dim, 128)"))],
-        ("Agent", "input size"),
+        ("cannot be multiplied", "at line", "of ppo_continuous.py"),  # torch's words, where the student's Agent runs
     ),
-    "action size hard-coded": ([(ACTOR, ACTOR.replace("Linear(64, act_dim)", "Linear(64, 2)"))], ("Agent", "act_dim")),
+    "action size hard-coded": (
+        [(ACTOR, ACTOR.replace("Linear(64, act_dim)", "Linear(64, 2)"))],
+        ("could not broadcast", "at line"),
+    ),
 }
 
 OBS_DIM, ACT_DIM = 17, 6  # HalfCheetah's sizes for the in-process check; the real run is Pendulum's (3, 1)

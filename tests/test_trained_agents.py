@@ -325,7 +325,7 @@ def test_ppo_continuous_keep_best_export_and_replay(tmp_path):
     agent = ppo.Agent(obs.shape[1], 1)
     agent.load_state_dict(ckpt["model"])
     rms = ppo.RunningMeanStd(shape=(obs.shape[1],))
-    ppo.load_plain(rms, ckpt["obs_rms"])
+    ppo.load_plain(rms, ckpt["obs_rms"], "obs_rms")
     with torch.no_grad():
         mean = agent.actor_mean(torch.from_numpy(ppo.normalize_obs(obs, rms, ckpt["args"]["obs_clip"]))).numpy()
     expected = np.clip(mean, -3.0, 3.0)  # InvertedPendulum's bounds
