@@ -22,7 +22,6 @@ import shlex
 import shutil
 import signal
 import sys
-import sysconfig
 import time
 import traceback
 from contextlib import contextmanager, suppress
@@ -582,7 +581,7 @@ def run_cli(main: Callable[[], None]) -> None:
             print("interrupted before the first iteration ended: the run left nothing behind.", file=sys.stderr)
             sys.exit(130)
         message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        libraries = tuple(sysconfig.get_paths()[kind] for kind in ("stdlib", "purelib", "platlib")) + ("<",)
+        libraries = (os.path.dirname(os.__file__), os.path.dirname(os.path.dirname(np.__file__)), "<")  # stdlib, site
         frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(libraries)]  # the user's
         if not isinstance(e, UserError) and frames:
             message += (
@@ -598,7 +597,7 @@ def check_flags(args, rules: dict) -> None:
         for name in names.split():
             if (value := getattr(args, name)) is not None and not RULES[rule](value):
                 raise UserError(f"--{name.replace('_', '-')} must be {rule}, not {value}.")
-    if not plain_name(args.exp_name):
+    if args.exp_name in ("", ".", "..") or Path(args.exp_name).name != args.exp_name:
         raise UserError(f"--exp-name '{args.exp_name}' must be a plain name, not a path: it names the run's folder.")
     if len(args.exp_name.encode()) > 200:  # a folder name holds 255 bytes, with the env id, seed and time beside it
         raise UserError(f"--exp-name is {len(args.exp_name.encode())} bytes long: it names the run's folder; at most 200.")
@@ -709,7 +708,6 @@ class Run:
         self.state, self.parts, self.closing, self.play, self.line = None, {}, None, None, ""
         self.stop_requested = self.evaluating = self.stopped = self.last = False
         self.best_path, self.best_step = self.ckpt_dir / "best.pt", None
-        self.videos = set((self.dir / "videos").rglob("*.mp4"))  # the videos wandb has (--track): none of a resume's
         self.best_score = float(ckpt["run_state"]["best_score"]) if in_place else -math.inf
 
     def attach(self, state, envs, **parts) -> None:
@@ -755,8 +753,6 @@ class Run:
                 if self.args.progress and (tty or time.monotonic() - last_print >= 30):
                     print(f"\r{self.line}" if tty else self.line, end="" if tty else "\n", flush=True)
                     last_print, self.line = time.monotonic(), self.line if tty else ""
-                if self.args.track:
-                    self.share_videos()
             if self.play is not None and due(step, evaluated_step, self.args.eval_interval):
                 self.evaluated(self.play(self.args.eval_episodes))
                 evaluated_step = step
@@ -910,15 +906,10 @@ class Run:
         if self.closing is not None:
             self.closing.close()  # the envs: a video being recorded is written now
         if self.args.track:
-            self.share_videos()
-            sys.modules["wandb"].finish()  # imported by __init__
-
-    def share_videos(self) -> None:
-        """Each video the run folder gained (--capture-video), to wandb as media (its own gym hook predates gymnasium 1.x)."""
-        wandb = sys.modules["wandb"]
-        for video in sorted(set((self.dir / "videos").rglob("*.mp4")) - self.videos):
-            wandb.log({"videos": wandb.Video(str(video))})
-            self.videos.add(video)
+            wandb = sys.modules["wandb"]  # imported by __init__
+            for video in sorted((self.dir / "videos").rglob("*.mp4")):  # as media: wandb's gym hook predates gymnasium 1.x
+                wandb.log({"videos": wandb.Video(str(video))})
+            wandb.finish()
 
 
 def resume_folder(args, ckpt: dict) -> Optional[Path]:
@@ -1020,18 +1011,13 @@ def load_checkpoint(path: str, what: str = "checkpoint") -> dict:
         hints = get_type_hints(Args)  # and each flag of Args's type
         kinds |= {f"args.{f.name}": hints[f.name] for f in dataclasses.fields(Args) if f.init and f.name in found["args"]}
     bad = [f"{key} ({getattr(kind, '__name__', kind)})" for key, kind in kinds.items() if not of_type(found, key, kind)]
-    if bad or not plain_name(found["run_name"]):  # the run's folder is named after run_name: never a path
+    if bad or found["run_name"] in ("", ".", "..") or Path(found["run_name"]).name != found["run_name"]:  # names a folder
         bad = bad or [f"run_name ({found['run_name']!r} is not a plain folder name)"]
         raise UserError(f"'{path}' is not a checkpoint written by these scripts: {', '.join(bad)} missing or of another type.")
-    if bad := [
-        key for key, part in state.items() if any(t.is_floating_point() and not t.isfinite().all() for t in tensors_in(part))
-    ]:
-        print(
-            f"error: non-finite value (NaN or Inf) in checkpoint '{path}' ({', '.join(bad)}): the run that saved it had "
-            "diverged, so it is not resumed, evaluated or exported. Use an earlier checkpoint of that run.",
-            file=sys.stderr,
-        )
-        sys.exit(3)
+    for key, part in state.items():  # NaN / Inf weights: the run that saved them had diverged (the NaN stop's exit code)
+        if any(t.is_floating_point() and not t.isfinite().all() for t in tensors_in(part)):
+            print(f"error: non-finite value (NaN or Inf) in checkpoint '{path}' ({key}): use an earlier one.", file=sys.stderr)
+            sys.exit(3)
     return state
 
 
@@ -1041,11 +1027,6 @@ def of_type(data: dict, key: str, kind) -> bool:
         data = data.get(part, ...) if isinstance(data, dict) else ...
     kinds = tuple(k for k in get_args(kind) or (kind,) if isinstance(k, type))  # Optional[float]: float, NoneType
     return not kinds or isinstance(data, kinds + ((int,) if float in kinds else ())) and data is not ...
-
-
-def plain_name(name: str) -> bool:
-    """A name that is one folder: not empty, not '.' or '..', no path separator (a run's folder is named from it)."""
-    return name not in ("", ".", "..") and Path(name).name == name
 
 
 def due(step: int, last_step: int, every: int) -> bool:
