@@ -731,7 +731,8 @@ class Run:
 
     def iterations(self, state, num_iterations: int):
         """The iteration numbers; after each, what is due: logs, evaluation, checkpoints, a stop (a signal, `run.last`)."""
-        self.handlers = {sig: signal.signal(sig, Run.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}  # again: Ray's
+        for sig in (signal.SIGINT, signal.SIGTERM):  # again: ray.init replaces SIGTERM's
+            signal.signal(sig, Run.on_signal)
         self.start_time, self.start_step, last_print, window_start = time.time(), state.global_step, 0.0, time.monotonic()
         self.window_step = saved_step = evaluated_step = state.global_step
         for iteration in range(state.iteration + 1, num_iterations + 1):
@@ -899,8 +900,8 @@ class Run:
         sys.exit(3)
 
     def close(self) -> None:
-        for sig, handler in getattr(self, "handlers", {}).items():  # the handlers before ours (Ray's own SIGTERM handler)
-            signal.signal(sig, handler)
+        for sig in (signal.SIGINT, signal.SIGTERM):  # the run is over: a late signal must not kill the process's exit
+            signal.signal(sig, signal.SIG_IGN)  # (at exit, Python would put back the default handler, which kills)
         self.writer.close()
         self.lock.close()  # the run folder is free for a resume
         if self.closing is not None:

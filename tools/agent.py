@@ -365,6 +365,7 @@ def main(argv=None) -> None:
             raise ToolError(f"--episodes {opts.episodes}: give 1 or more.")
         if opts.capture_video and not os.environ.get("DISPLAY"):
             os.environ.setdefault("MUJOCO_GL", "egl")  # headless MuJoCo renders through EGL; set before mujoco loads
+            os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # and pygame (classic control) off-screen
         (evaluate_command if opts.command == "eval" else export_command)(opts)
     except (ToolError, OSError, KeyboardInterrupt) as e:  # bad input, a path, the disk; Ctrl-C: one paragraph
         print(f"error: {str(e) or 'stopped (Ctrl-C); an export is written whole or not at all'}", file=sys.stderr)
