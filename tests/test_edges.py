@@ -267,11 +267,6 @@ def test_capture_video_on_classic_control_writes_an_mp4(pendulum_video_run):
     assert video.stat().st_size > 1000
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: pygame's display init (gymnasium's Pendulum renderer calls pygame.init()) prints SDL's "
-    "'error: XDG_RUNTIME_DIR is invalid or not set in the environment.' on a successful run's stderr",
-)
 @VIDEO
 def test_a_classic_control_video_run_prints_no_error_line(pendulum_video_run):
     proc, _ = pendulum_video_run
@@ -413,9 +408,7 @@ def test_four_ctrl_c_in_a_row_never_lose_the_save_which_resumes(tmp_path):
         out, err = (text.decode() for text in output_after_ctrl_c(proc, 120))
     finally:
         kill_run(proc)
-    # 130; or killed by the SIGINT (-2, which a shell shows as 130 too) where a later one reached the interpreter's
-    # exit after the save: the bug test_ctrl_c_repeated_while_the_run_exits_still_exits_130 pins down
-    assert proc.returncode in (130, -signal.SIGINT), err
+    assert proc.returncode == 130, err  # not -2: a later SIGINT reaching the interpreter's exit is ignored there
     assert "Traceback" not in err and "interrupted: saved step" in err, err
     (interrupted,) = (only_run_dir(tmp_path) / "checkpoints").glob("interrupted_*.pt")
     state = torch.load(interrupted, weights_only=True)
@@ -426,13 +419,6 @@ def test_four_ctrl_c_in_a_row_never_lose_the_save_which_resumes(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: after the interrupted save, Run.finish calls sys.exit(130) with Run.on_signal still installed; the "
-    "interpreter's exit puts SIGINT / SIGTERM back to the default action, so a signal repeated during it kills the "
-    "process (exit status -2 / -15) instead of exit 130 (the save is made). Setting both to SIG_IGN before the exit "
-    "(as on_signal does before run_cli's exit) keeps 130",
-)
 def test_ctrl_c_repeated_while_the_run_exits_still_exits_130(tmp_path):
     """SIGINT every millisecond from the first checkpoint until the process is gone: one reaches its exit."""
     proc = start_pendulum_until_its_first_checkpoint(tmp_path)  # (killed by wait_until if it stalls)
