@@ -1302,6 +1302,8 @@ def run_cli(main: Callable[[], None]) -> None:
     try:
         main()
     except (Exception, KeyboardInterrupt) as e:
+        with suppress(AttributeError):  # no run, or no writer yet; else its thread would write into a folder removed here
+            Run.current.writer.close()
         for folder, before in Run.unstarted:
             for path in set(folder.iterdir()) - before if before else [folder]:
                 shutil.rmtree(path) if path.is_dir() else path.unlink()

@@ -240,6 +240,7 @@ def actor_pid(sid: int, name: str, timeout: float = 120) -> int:
     pytest.fail(f"no {name} process in the run's session within {timeout:.0f} s")
 
 
+@pytest.mark.slow  # about 90 s of the serial Ray group
 @pytest.mark.ray
 def test_a_killed_worker_and_parameter_server_come_back_and_no_step_is_counted_twice(tmp_path):
     """SIGKILL one rollout worker's process mid-run, then the parameter server's (one run for both: each Ray start
@@ -326,6 +327,7 @@ def test_a_killed_buffer_shard_ends_the_run_with_a_checkpoint_and_one_paragraph(
     assert state["run_state"]["grad_steps"] > 0 and state["learner"]["log_alpha"].item() < 0
 
 
+@pytest.mark.slow  # about 45 s of the serial Ray group
 @pytest.mark.ray
 def test_resume_with_buffer_continues_the_counters_and_the_curve(tmp_path, saved_run):
     run_dir = tmp_path / saved_run[0].name
@@ -539,6 +541,7 @@ def next_match(lines: queue.Queue, pattern: str, timeout: float, seen: list) -> 
     pytest.fail(f"no line matching {pattern!r} within {timeout:.0f} s; the run printed:\n{''.join(seen[-30:])}")
 
 
+@pytest.mark.slow  # about 100 s of the serial Ray group
 @pytest.mark.ray
 def test_a_worker_killed_again_and_again_ends_the_run_with_a_checkpoint_and_one_paragraph(tmp_path):
     """SIGKILL rollout worker 0 each time Ray brings it back, as a machine short of memory does: after
@@ -583,9 +586,10 @@ def test_a_worker_killed_again_and_again_ends_the_run_with_a_checkpoint_and_one_
     [
         ("sac_continuous_ray.py:probe_env", "INT", "group"),  # before the run's folder exists
         ("sac_continuous_ray.py:connect_ray", "TERM", "pid"),  # the folder exists; Ray not started
-        ("ray/_private/node.py:Node.start_raylet", "INT", "group"),  # inside ray.init, its GCS up
+        # the slow tier: 15-35 s each of the serial Ray group
+        pytest.param("ray/_private/node.py:Node.start_raylet", "INT", "group", marks=pytest.mark.slow),  # in ray.init
         ("sac_continuous_ray.py:Learner.__init__", "TERM", "pid"),  # Ray up (and its own SIGTERM handler in place)
-        ("sac_continuous_ray.py:Batches.__init__@Worker.get_objects", "INT", "group"),  # waiting for the workers
+        pytest.param("sac_continuous_ray.py:Batches.__init__@Worker.get_objects", "INT", "group", marks=pytest.mark.slow),
     ],
 )
 def test_a_signal_at_any_moment_of_start_up_ends_cleanly(tmp_path, where, sig, target):
