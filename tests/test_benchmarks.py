@@ -326,6 +326,7 @@ def test_partial_failure_still_writes_finished_seeds(tmp_path, capsys):
     assert out.with_suffix(".png").stat().st_size > 1000
 
 
+@pytest.mark.slow  # about 27 s
 def test_update_ab_measures_a_slower_build_as_slower(tmp_path):
     """benchmarks/update_ab.py on sac_continuous.py against a copy whose critic update sleeps 200 ms more: the
     ratio must show it (a harness that timed the wrong thing, or swapped A and B, would not). 200 ms, not less: on a

@@ -21,13 +21,13 @@ BUDGETS = {
 # The "Honest lines" ceilings (whole file, above the banner), formatted; the issue's targets are 760/400, 790/410,
 # 770/380, 830/460 and 1,350/900, and 250 for the generic plumbing block every script carries.
 ISSUE_BUDGETS = {
-    "ppo_continuous.py": (1105, 430),
-    "ppo_atari.py": (1084, 412),
-    "a2c_atari.py": (1049, 379),
-    "sac_continuous.py": (1200, 458),
-    "sac_continuous_ray.py": (1777, 904),
+    "ppo_continuous.py": (1107, 430),
+    "ppo_atari.py": (1086, 412),
+    "a2c_atari.py": (1051, 379),
+    "sac_continuous.py": (1202, 458),
+    "sac_continuous_ray.py": (1779, 904),
 }
-PLUMBING_BUDGET = 497  # + the one boundary, signals from the first line, checkpoints checked as input
+PLUMBING_BUDGET = 499  # + the one boundary, signals from the first line, checkpoints checked as input
 SWEEP_BUDGET = 600  # tools/sweep.py, formatted: the issue's ceiling (a ceiling, not a target)
 ATARI_DIFF_BUDGET = 250  # lines that differ between ppo_atari.py and a2c_atari.py (diff's < and > lines)
 BANNER = re.compile(r"^# === Plumbing")

@@ -102,17 +102,19 @@ def parse(monkeypatch, *flags) -> "ppo.Args":
     return ppo.parse_command_line(ppo.Args)[0]
 
 
-def test_torch_threads_default_to_the_usable_cores_and_a_flag_fixes_them(monkeypatch, tmp_path):
-    """0 (the default): a thread per core this process may use (taskset / cgroups: os.sched_getaffinity), on macOS /
-    Windows (no sched_getaffinity) per core of the machine; --torch-threads N: N."""
+def test_torch_threads_0_is_the_usable_cores_and_a_flag_fixes_them(monkeypatch, tmp_path):
+    """0: a thread per core this process may use (taskset / cgroups: os.sched_getaffinity), on macOS / Windows (no
+    sched_getaffinity) per core of the machine; --torch-threads N: N; ppo_continuous's default is 1 (measured faster)."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 5, 7}, raising=False)
     parse(monkeypatch, "--runs-dir", str(tmp_path))
+    assert torch.get_num_threads() == 1
+    parse(monkeypatch, "--runs-dir", str(tmp_path), "--torch-threads", "0")
     assert torch.get_num_threads() == 3
     parse(monkeypatch, "--runs-dir", str(tmp_path), "--torch-threads", "2")
     assert torch.get_num_threads() == 2
     monkeypatch.delattr(os, "sched_getaffinity")
     monkeypatch.setattr(os, "cpu_count", lambda: 5)
-    parse(monkeypatch, "--runs-dir", str(tmp_path))
+    parse(monkeypatch, "--runs-dir", str(tmp_path), "--torch-threads", "0")
     assert torch.get_num_threads() == 5
 
 

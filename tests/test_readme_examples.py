@@ -212,6 +212,7 @@ def test_the_readme_ray_examples_run(tmp_path):
     assert ("HalfCheetah-v4", "sac_continuous_ray", "1") in made, made
 
 
+@pytest.mark.slow  # about 95 s: the slow tier keeps the default one within 10 minutes
 def test_the_readme_examples_run_in_order(tmp_path):
     """Every other example, in the README's order (the Ray ones: the test above)."""
     project, run_dir, outputs = run_examples_in_order(tmp_path, lambda text: not uses_ray(text))

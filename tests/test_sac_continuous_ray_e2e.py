@@ -290,6 +290,7 @@ def test_a_killed_worker_and_parameter_server_come_back_and_no_step_is_counted_t
     assert len(returns) >= 12  # 15 episodes of 200 steps, less those cut short by the kill and at the end
 
 
+@pytest.mark.slow  # about 30 s of the serial Ray group
 @pytest.mark.ray
 def test_a_killed_buffer_shard_ends_the_run_with_a_checkpoint_and_one_paragraph(tmp_path):
     """A shard holds the only copy of its transitions and is not restarted: losing it stops the run with an
@@ -368,6 +369,7 @@ def test_resume_with_buffer_continues_the_counters_and_the_curve(tmp_path, saved
     assert min(scalars(run_dir, "losses/qf1_loss")) < 500  # the earlier part is kept
 
 
+@pytest.mark.slow  # about 35 s of the serial Ray group
 @pytest.mark.ray
 def test_resume_without_buffer_warns_and_refills_before_updating(tmp_path, saved_run):
     run_dir = tmp_path / saved_run[0].name
@@ -450,6 +452,7 @@ def test_unreachable_ray_address_is_refused_before_ray_tries_it(tmp_path):
     assert not any(tmp_path.iterdir()), "nothing is written for a run that could not start"
 
 
+@pytest.mark.slow  # about 70 s of the serial Ray group
 @pytest.mark.ray
 def test_ctrl_c_saves_shuts_ray_down_and_resumes_with_the_learner_paused(tmp_path):
     """SIGINT to the whole process group, as a terminal's Ctrl-C: the driver saves and exits 130, no Ray process is

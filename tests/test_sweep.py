@@ -383,6 +383,7 @@ def test_ctrl_c_while_the_input_is_checked_ends_in_one_paragraph_and_leaves_no_f
     assert not out.exists()
 
 
+@pytest.mark.slow  # about 20 s: gRPC's handshake wait
 def test_an_address_that_is_not_a_ray_head_is_refused_within_30_seconds(tmp_path):
     """Regression: an HTTP server as --address hung in ray.init for 300 s and more, after writing sweep.json."""
     server = subprocess.Popen(

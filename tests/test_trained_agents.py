@@ -278,6 +278,7 @@ def test_sac_keep_best_keeps_the_agent_before_the_return_fell_without_the_buffer
 
 
 # ---- keep-best by evaluation, the export round trip and replay, per script ----
+@pytest.mark.slow  # about 21 s
 def test_ppo_continuous_keep_best_export_and_replay(tmp_path):
     needs_video_encoder()
     needs_mujoco_rendering()
@@ -384,6 +385,7 @@ def test_export_never_overwrites_and_a_failed_export_leaves_nothing(tmp_path, mo
 @pytest.mark.parametrize(
     "script", ["sac_continuous", pytest.param("sac_continuous_ray", marks=[pytest.mark.ray, pytest.mark.slow])]
 )
+@pytest.mark.slow  # about 22 s each
 def test_sac_keep_best_export_and_replay(tmp_path, script):
     needs_video_encoder()
     needs_mujoco_rendering()
@@ -458,6 +460,7 @@ def test_sac_keep_best_export_and_replay(tmp_path, script):
     assert [p.name for p in (run_dir / "eval" / "best" / "videos").glob("*.mp4")] == ["rl-video-episode-0.mp4"]
 
 
+@pytest.mark.slow  # about 40 s each
 @pytest.mark.parametrize("script", ["ppo_atari", "a2c_atari"])
 def test_atari_keep_best_export_and_replay(tmp_path, script):
     needs_video_encoder()
